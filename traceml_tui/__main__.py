@@ -1,0 +1,5 @@
+import sys
+
+from traceml_tui.cli import main
+
+sys.exit(main())

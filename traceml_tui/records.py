@@ -1,0 +1,248 @@
+"""Step record v1: the one place that knows the field names of a record.
+
+A JSONL file under ``ranks/rank_<r>/steps-<attempt>.jsonl`` (or
+``nodes/node_<k>/system.jsonl``) starts with a header line that makes the
+file unique, followed by one JSON object per line:
+
+* ``header``      — ``v, kind, run, rank, attempt, uuid, ts`` (+ ``node_rank``, ``world_size``)
+* ``step``        — one completed optimizer step (see :class:`Step`)
+* ``eval``        — an evaluation observation (``role``, ``checkpoint``, ``split``, ``metrics``, ``status``)
+* ``checkpoint``  — a published checkpoint (``id``, ``path`` relative to the run dir, ``step``)
+* ``field_stats`` — latent-field distribution QC (``name``, ``median``, ``p_low``, ``p_high``, ``occupancy``)
+* ``rank_end``    — the rank finished (``status``: ``completed``/``failed``, ``exit_code``)
+* ``system``      — one node sample in ``system.jsonl`` (see :class:`SystemSample`)
+
+Conventions: ``step`` counts completed steps from 1; ``ts`` is wall-clock
+seconds at step end; timings are milliseconds; a phase that was not measured is
+``null`` (never a fabricated 0); non-finite floats are written as ``null``.
+Readers keep unknown keys (forward compatible); a new major shape bumps ``v``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Union
+
+import msgspec
+
+RECORD_VERSION = 1
+MAX_LINE_BYTES = 1 << 20  # readers refuse longer lines (DESIGN.md daemon rule 4)
+
+#: Phases timed on each clock, in the order they happen within a step.
+PHASES: tuple[str, ...] = ("step", "input_wait", "h2d", "forward", "backward", "optimizer")
+
+KINDS: tuple[str, ...] = ("header", "step", "eval", "checkpoint", "field_stats", "rank_end", "system")
+
+
+class Phases(msgspec.Struct, omit_defaults=False):
+    """Per-phase timings on one clock, in milliseconds; ``None`` = not measured."""
+
+    step: Optional[float] = None
+    input_wait: Optional[float] = None
+    h2d: Optional[float] = None
+    forward: Optional[float] = None
+    backward: Optional[float] = None
+    optimizer: Optional[float] = None
+
+
+class Memory(msgspec.Struct):
+    """Process memory at step end, in bytes."""
+
+    rss: Optional[int] = None
+    cuda_peak_allocated: Optional[int] = None
+    cuda_peak_reserved: Optional[int] = None
+
+
+class Component(msgspec.Struct):
+    """One loss component, scale-free (seed 004).
+
+    ``target_ms`` is the mean square of the component's own target and
+    ``ratio = value / target_ms``: 1.0 is what predicting zero scores.
+    ``weighted = weight * value`` is its contribution to the total loss.
+    """
+
+    value: Optional[float]
+    weight: float = 1.0
+    weighted: Optional[float] = None
+    target_ms: Optional[float] = None
+    ratio: Optional[float] = None
+
+
+class Header(msgspec.Struct, tag="header", tag_field="kind"):
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    uuid: str
+    ts: float
+    node_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    stream: str = "steps"  # "steps" (rank file) or "system" (node file)
+
+
+class Step(msgspec.Struct, tag="step", tag_field="kind"):
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    step: int
+    ts: float
+    cpu_ms: Phases = msgspec.field(default_factory=Phases)
+    gpu_ms: Optional[Phases] = None
+    loss: Optional[float] = None
+    lr: Optional[float] = None
+    grad_norm: Optional[float] = None
+    examples: Optional[int] = None
+    mem: Optional[Memory] = None
+    components: Optional[dict[str, Component]] = None
+    metrics: Optional[dict[str, Optional[float]]] = None  # task metrics on training data
+
+
+class Eval(msgspec.Struct, tag="eval", tag_field="kind"):
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    step: int
+    ts: float
+    role: str = "eval"
+    checkpoint: Optional[str] = None
+    split: Optional[str] = None
+    metrics: dict[str, Optional[float]] = msgspec.field(default_factory=dict)
+    status: str = "completed"  # completed | pending | failed
+
+
+class Checkpoint(msgspec.Struct, tag="checkpoint", tag_field="kind"):
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    step: int
+    ts: float
+    id: str = ""
+    path: Optional[str] = None
+
+
+class FieldStats(msgspec.Struct, tag="field_stats", tag_field="kind"):
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    step: int
+    ts: float
+    name: str = ""
+    space: str = "linear"
+    median: Optional[float] = None
+    p_low: Optional[float] = None
+    p_high: Optional[float] = None
+    occupancy: Optional[float] = None
+
+
+class RankEnd(msgspec.Struct, tag="rank_end", tag_field="kind"):
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    step: int
+    ts: float
+    status: str = "completed"
+    exit_code: Optional[int] = None
+
+
+class GpuSample(msgspec.Struct):
+    index: int
+    util_pct: Optional[float] = None
+    mem_used: Optional[int] = None
+    mem_total: Optional[int] = None
+    temp_c: Optional[float] = None
+    power_w: Optional[float] = None
+
+
+class SystemSample(msgspec.Struct, tag="system", tag_field="kind"):
+    v: int
+    run: str
+    node_rank: int
+    ts: float
+    cpu_pct: Optional[float] = None
+    ram_used: Optional[int] = None
+    ram_total: Optional[int] = None
+    gpus: list[GpuSample] = msgspec.field(default_factory=list)
+
+
+Record = Union[Header, Step, Eval, Checkpoint, FieldStats, RankEnd, SystemSample]
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Record)
+
+
+class RecordError(ValueError):
+    """A line that is not a valid v1 record; ``str()`` is one plain sentence."""
+
+
+def finite_or_none(value: Any) -> Optional[float]:
+    """Return ``value`` as a float, or ``None`` for missing/non-finite values."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def encode(record: Record) -> bytes:
+    """Encode one record as a JSON line (trailing ``\\n``). Non-finite floats become null."""
+    return _encoder.encode(record) + b"\n"
+
+
+def encode_dict(record: dict[str, Any]) -> bytes:
+    """Encode a plain dict record as one JSON line (non-finite floats become null)."""
+    return _encoder.encode(record) + b"\n"
+
+
+def decode(line: bytes | str) -> Record:
+    """Decode and validate one line into a typed record.
+
+    Raises :class:`RecordError` for malformed JSON, a non-object, an unknown
+    kind or a field of the wrong type. Unknown *keys* are ignored, so newer
+    writers stay readable.
+    """
+    if isinstance(line, str):
+        line = line.encode("utf-8")
+    if len(line) > MAX_LINE_BYTES:
+        raise RecordError(f"line of {len(line)} bytes exceeds the {MAX_LINE_BYTES}-byte limit")
+    try:
+        return _decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        raise RecordError(f"invalid record: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise RecordError(f"malformed JSON: {exc}") from None
+
+
+def decode_raw(line: bytes | str) -> dict[str, Any]:
+    """Decode one line into a plain dict, keeping unknown keys (RecordError if not an object)."""
+    try:
+        value = msgspec.json.decode(line)
+    except msgspec.DecodeError as exc:
+        raise RecordError(f"malformed JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise RecordError("record is not a JSON object")
+    return value
+
+
+def to_builtins(record: Record) -> dict[str, Any]:
+    """Convert a typed record to plain Python builtins (dicts, lists, floats)."""
+    return msgspec.to_builtins(record)
+
+
+def steps_file_name(attempt: int) -> str:
+    """File name of one rank's step stream for one attempt."""
+    return f"steps-{attempt}.jsonl"
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank_{rank}"
+
+
+def node_dir_name(node_rank: int) -> str:
+    return f"node_{node_rank}"
