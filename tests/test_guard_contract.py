@@ -283,3 +283,65 @@ def test_digest_format_matches_published_construction():
 def test_digest_of_raw_declaration_equals_digest_of_normalized():
     raw = valid()
     assert contract_digest(raw) == contract_digest(parse_guard_contract(copy.deepcopy(raw)))
+
+
+# --- YAML 1.1 scalar spelling through load_config on real files --------------
+
+
+def load_guard(tmp_path, parameters: str, measurement: str = "start_step: 10\n    completed_steps: 50"):
+    from traceml_tui.guard.config import load_config
+
+    text = (
+        "mode: summary\nhistory_enabled: true\nguard:\n  schema_version: 1\n"
+        "  workload:\n    name: w\n    parameters:\n"
+        + "".join(f"      {line}\n" for line in parameters.splitlines())
+        + f"  measurement:\n    {measurement}\n"
+    )
+    path = tmp_path / "traceml.yaml"
+    path.write_text(text, encoding="utf-8")
+    return load_config(path).guard
+
+
+def test_yaml_scalar_spelling_decides_type(tmp_path):
+    params = load_guard(
+        tmp_path,
+        'octal: 010\nsexagesimal: 1:30\nsci: 1e-3\ndec: 0.001\nsci_float: 1.0e-3\n'
+        'y: yes\nn: no\non_: on\noff_: off\nquoted: "010"\nbatch: 32\nbatch_s: "32"',
+    )["workload"]["parameters"]
+    assert params["octal"] == 8 and type(params["octal"]) is int
+    assert params["sexagesimal"] == 90 and type(params["sexagesimal"]) is int
+    assert params["sci"] == "1e-3"
+    assert params["dec"] == 0.001 and params["sci_float"] == 0.001
+    assert (params["y"], params["n"], params["on_"], params["off_"]) == (True, False, True, False)
+    assert params["quoted"] == "010"
+    assert params["batch"] == 32 and params["batch_s"] == "32"
+    assert list(params) == sorted(params)
+
+
+def test_yaml_integer_forms_accepted_for_steps(tmp_path):
+    contract = load_guard(tmp_path, "model: m", "start_step: 010\n    completed_steps: 1:30")
+    assert contract["measurement"] == {"start_step": 8, "completed_steps": 90}
+
+
+def test_yaml_bool_where_step_required_is_rejected(tmp_path):
+    from traceml_tui.guard.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_guard(tmp_path, "model: m", "start_step: yes\n    completed_steps: 5")
+    assert info.value.field == "guard.measurement.start_step"
+
+
+def test_yaml_null_parameter_rejected(tmp_path):
+    from traceml_tui.guard.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_guard(tmp_path, "model:")
+    assert info.value.field == "guard.workload.parameters.model"
+
+
+def test_yaml_digest_same_for_reordered_files_and_differs_for_quoted_int(tmp_path):
+    a = load_guard(tmp_path, "model: resnet50\nbatch: 32")
+    b = load_guard(tmp_path, "batch: 32\nmodel: resnet50")
+    c = load_guard(tmp_path, 'batch: "32"\nmodel: resnet50')
+    assert contract_digest(a) == contract_digest(b)
+    assert contract_digest(a) != contract_digest(c)

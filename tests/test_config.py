@@ -1,0 +1,288 @@
+"""traceml.yaml discovery and validation on real files."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from traceml_tui.guard.config import (
+    DEFAULT_HISTORY_RETENTION_S,
+    ConfigError,
+    TracemlConfig,
+    check_trace_max_steps,
+    find_config,
+    load_config,
+)
+from traceml_tui.guard.contract import parse_guard_contract
+
+GUARD = """\
+mode: summary
+history_enabled: true
+
+guard:
+  schema_version: 1
+  workload:
+    name: resnet50-imagenet-training
+    parameters:
+      model: resnet50
+      data_version: imagenet-1k-v1
+      precision: bf16
+      per_rank_batch_size: 32
+  measurement:
+    start_step: 10
+    completed_steps: 50
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+# --- discovery ---------------------------------------------------------------
+
+
+def test_find_config_in_start_directory(tmp_path):
+    cfg = write(tmp_path / "traceml.yaml", "mode: summary\n")
+    assert find_config(tmp_path) == cfg
+
+
+def test_find_config_walks_up_to_nearest_parent(tmp_path):
+    outer = write(tmp_path / "traceml.yaml", "mode: summary\n")
+    inner = write(tmp_path / "proj" / "traceml.yaml", "mode: cli\n")
+    deep = tmp_path / "proj" / "src" / "pkg"
+    deep.mkdir(parents=True)
+    assert find_config(deep) == inner
+    os.unlink(inner)
+    assert find_config(deep) == outer
+
+
+def test_find_config_none_when_absent(tmp_path):
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    found = find_config(deep)
+    # Nothing under tmp_path; anything found must lie above it (e.g. a stray /tmp file).
+    assert found is None or tmp_path not in found.parents
+
+
+def test_find_config_skips_directory_named_like_the_file(tmp_path):
+    (tmp_path / "proj" / "traceml.yaml").mkdir(parents=True)
+    outer = write(tmp_path / "traceml.yaml", "mode: summary\n")
+    assert find_config(tmp_path / "proj") == outer
+
+
+# --- loading -----------------------------------------------------------------
+
+
+def test_defaults_without_a_file():
+    cfg = load_config(None)
+    assert cfg == TracemlConfig()
+    assert cfg.mode == "summary" and cfg.history_enabled is True
+    assert cfg.history_retention == DEFAULT_HISTORY_RETENTION_S
+    assert cfg.guard is None and cfg.hygiene is None and cfg.path is None
+
+
+def test_empty_file_gives_defaults(tmp_path):
+    cfg = load_config(write(tmp_path / "traceml.yaml", ""))
+    assert cfg.guard is None and cfg.mode == "summary" and cfg.path == tmp_path / "traceml.yaml"
+
+
+def test_seed_example_loads_normalized_guard(tmp_path):
+    cfg = load_config(write(tmp_path / "traceml.yaml", GUARD))
+    assert cfg.guard == {
+        "schema_version": 1,
+        "workload": {
+            "name": "resnet50-imagenet-training",
+            "parameters": {
+                "data_version": "imagenet-1k-v1",
+                "model": "resnet50",
+                "per_rank_batch_size": 32,
+                "precision": "bf16",
+            },
+        },
+        "measurement": {"start_step": 10, "completed_steps": 50},
+    }
+    assert cfg.guard == parse_guard_contract(cfg.guard)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "seconds"),
+    [("1800", 1800), ("90", 90), ("30s", 30), ("30m", 1800), ("2h", 7200), ("1d", 86400), ("1.5", 2), ('"45"', 45)],
+)
+def test_history_retention_is_seconds(tmp_path, spelling, seconds):
+    cfg = load_config(write(tmp_path / "traceml.yaml", f"history_retention: {spelling}\n"))
+    assert cfg.history_retention == seconds
+
+
+def test_hygiene_mapping_is_passed_through(tmp_path):
+    cfg = load_config(write(tmp_path / "traceml.yaml", "hygiene:\n  early_stopping:\n    patience: 3\n"))
+    assert cfg.hygiene == {"early_stopping": {"patience": 3}}
+
+
+def test_reference_settings_are_accepted(tmp_path):
+    cfg = load_config(
+        write(
+            tmp_path / "traceml.yaml",
+            """\
+            logs_dir: ./runs
+            finalize_timeout_sec: 60
+            interval: 2.0
+            enable_logging: false
+            dashboard_port: 8765
+            dashboard_auto_open: false
+            """,
+        )
+    )
+    assert cfg.logs_dir == "./runs"
+    assert cfg.finalize_timeout_sec == 60.0
+
+
+# --- errors: one line naming the file and the field --------------------------
+
+
+def assert_config_error(path: Path, field: str | None, *needles: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    err = info.value
+    message = str(err)
+    assert "\n" not in message
+    assert message.startswith(str(path))
+    assert err.field == field
+    if field:
+        assert f": {field}: " in message
+    for needle in needles:
+        assert needle in message
+    return err
+
+
+def test_unreadable_file(tmp_path):
+    path = tmp_path / "traceml.yaml"
+    assert_config_error(path, None, "cannot read")  # missing
+    path.mkdir()
+    assert_config_error(path, None, "cannot read")  # a directory
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads any file")
+def test_unreadable_permissions(tmp_path):
+    path = write(tmp_path / "traceml.yaml", "mode: summary\n")
+    path.chmod(0)
+    try:
+        assert_config_error(path, None, "cannot read")
+    finally:
+        path.chmod(0o644)
+
+
+def test_not_utf8(tmp_path):
+    path = tmp_path / "traceml.yaml"
+    path.write_bytes(b"mode: \xff\xfe\n")
+    assert_config_error(path, None, "UTF-8")
+
+
+def test_invalid_yaml_reports_line(tmp_path):
+    path = write(tmp_path / "traceml.yaml", "mode: summary\nguard:\n  workload: [unclosed\n  other: 1\n")
+    err = assert_config_error(path, None, "invalid YAML", "line ")
+    assert "line 4" in str(err) or "line 3" in str(err)
+
+
+def test_invalid_yaml_tab_indentation(tmp_path):
+    path = write(tmp_path / "traceml.yaml", "guard:\n\tschema_version: 1\n")
+    assert_config_error(path, None, "invalid YAML", "line 2")
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n"])
+def test_top_level_not_a_mapping(tmp_path, text):
+    assert_config_error(write(tmp_path / "traceml.yaml", text), None, "top level must be a mapping")
+
+
+def test_unknown_top_level_key(tmp_path):
+    assert_config_error(write(tmp_path / "traceml.yaml", "mode: summary\ngaurd: {}\n"), "gaurd", "unknown setting")
+
+
+def test_non_string_top_level_key(tmp_path):
+    assert_config_error(write(tmp_path / "traceml.yaml", "1: x\n"), None, "must be strings")
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("mode: 3\n", "mode"),
+        ("mode: fancy\n", "mode"),
+        ("history_enabled: maybe\n", "history_enabled"),
+        ("history_enabled: 2\n", "history_enabled"),
+        ("history_retention: yes\n", "history_retention"),
+        ("history_retention: 0\n", "history_retention"),
+        ("history_retention: -5\n", "history_retention"),
+        ("history_retention: 10 minutes\n", "history_retention"),
+        ("history_retention: .inf\n", "history_retention"),
+        ("history_retention: [1]\n", "history_retention"),
+        ("hygiene: [a]\n", "hygiene"),
+        ("hygiene: null\n", "hygiene"),
+        ("logs_dir: 5\n", "logs_dir"),
+        ("finalize_timeout_sec: 0\n", "finalize_timeout_sec"),
+        ("finalize_timeout_sec: soon\n", "finalize_timeout_sec"),
+        ("interval: true\n", "interval"),
+        ("dashboard_port: 70000\n", "dashboard_port"),
+        ("enable_logging: sometimes\n", "enable_logging"),
+    ],
+)
+def test_bad_types(tmp_path, text, field):
+    assert_config_error(write(tmp_path / "traceml.yaml", text), field)
+
+
+def test_guard_error_keeps_contract_field_path(tmp_path):
+    text = GUARD.replace("name: resnet50-imagenet-training", 'name: " resnet50"')
+    err = assert_config_error(write(tmp_path / "traceml.yaml", text), "guard.workload.name", "surrounding whitespace")
+    assert str(err) == f"{tmp_path / 'traceml.yaml'}: guard.workload.name: must not have surrounding whitespace"
+
+
+def test_guard_parameter_list_rejected(tmp_path):
+    text = GUARD.replace("precision: bf16", "precision: [bf16, fp32]")
+    assert_config_error(write(tmp_path / "traceml.yaml", text), "guard.workload.parameters.precision")
+
+
+def test_guard_requires_history(tmp_path):
+    text = GUARD.replace("history_enabled: true", "history_enabled: false")
+    assert_config_error(write(tmp_path / "traceml.yaml", text), "history_enabled", "guard")
+
+
+def test_guard_requires_summary_mode(tmp_path):
+    text = GUARD.replace("mode: summary", "mode: cli")
+    assert_config_error(write(tmp_path / "traceml.yaml", text), "mode", "summary")
+
+
+def test_guard_null_is_rejected(tmp_path):
+    assert_config_error(write(tmp_path / "traceml.yaml", "guard:\n"), "guard", "mapping")
+
+
+def test_duplicate_key_inside_guard_is_rejected(tmp_path):
+    text = GUARD.replace("      precision: bf16\n", "      precision: bf16\n      precision: fp32\n")
+    assert_config_error(write(tmp_path / "traceml.yaml", text), "guard.workload.parameters.precision", "duplicate")
+
+
+def test_recursive_alias_does_not_hang(tmp_path):
+    path = write(tmp_path / "traceml.yaml", "hygiene: &a\n  self: *a\n")
+    cfg = load_config(path)
+    assert cfg.hygiene is not None and "self" in cfg.hygiene
+
+
+# --- --trace-max-steps -------------------------------------------------------
+
+
+def test_trace_max_steps_must_cover_declared_range():
+    contract = parse_guard_contract(
+        {"schema_version": 1, "workload": {"name": "w"}, "measurement": {"start_step": 10, "completed_steps": 50}}
+    )
+    check_trace_max_steps(contract, None)
+    check_trace_max_steps(contract, 59)
+    check_trace_max_steps(contract, 1000)
+    with pytest.raises(ConfigError) as info:
+        check_trace_max_steps(contract, 58)
+    message = str(info.value)
+    assert message.startswith("--trace-max-steps: ")
+    assert "10-59" in message and "59" in message
+    with pytest.raises(ConfigError):
+        check_trace_max_steps(contract, 0)

@@ -1,0 +1,344 @@
+"""``traceml.yaml``: discovery, loading and validation.
+
+The file is looked up in the launch directory and then in each parent (seed
+000: "TraceML searches the launch directory and its parents"). It is parsed
+with PyYAML's safe loader, so YAML 1.1 scalar spelling decides the stored
+type exactly as PyYAML does: ``010`` is the integer 8, ``1:30`` the integer
+90, ``1e-3`` the *string* "1e-3", ``yes``/``no``/``on``/``off`` Booleans, and
+a quoted ``"010"`` stays a string.
+
+Every problem becomes one :class:`ConfigError` line naming the file and the
+field path inside it; nothing is guessed or silently dropped.
+
+Accepted top-level keys are ours (``mode``, ``history_enabled``,
+``history_retention``, ``guard``, ``hygiene``) plus the settings the published
+traceml-ai package reads from the same file (``logs_dir``,
+``finalize_timeout_sec``, ``interval``, ``enable_logging``,
+``dashboard_port``, ``dashboard_auto_open``), so one ``traceml.yaml`` serves
+both tools. The last four are type-checked and otherwise ignored: they tune
+displays this tool does not have.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from traceml_tui.guard.contract import ContractError, measurement_end, parse_guard_contract
+
+CONFIG_FILENAME = "traceml.yaml"
+DEFAULT_HISTORY_RETENTION_S = 30 * 60
+SUPPORTED_MODES = ("summary", "cli", "dashboard")
+GUARD_MODE = "summary"
+
+_DURATION = re.compile(r"^\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[smhdSMHD]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+_KNOWN_KEYS = (
+    "mode",
+    "history_enabled",
+    "history_retention",
+    "guard",
+    "hygiene",
+    "logs_dir",
+    "finalize_timeout_sec",
+    "interval",
+    "enable_logging",
+    "dashboard_port",
+    "dashboard_auto_open",
+)
+
+
+class ConfigError(ValueError):
+    """An unusable ``traceml.yaml``.
+
+    ``str(err)`` is one line: ``"<file>: <field>: <rule>"`` (or
+    ``"<file>: <rule>"`` when the whole file is at fault, ``"<field>: <rule>"``
+    for a command-line value checked against the file). ``field`` is the
+    dotted path inside the file (``guard.workload.name``), or ``None``.
+    """
+
+    def __init__(self, path: Path | str | None, field: str | None, rule: str) -> None:
+        self.path = None if path is None else Path(path)
+        self.field = field
+        self.rule = " ".join(str(rule).split())  # one line, whatever the cause said
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        parts = [str(self.path)] if self.path is not None else []
+        if self.field:
+            parts.append(self.field)
+        parts.append(self.rule)
+        return ": ".join(parts)
+
+
+@dataclass(frozen=True)
+class TracemlConfig:
+    """The validated contents of one ``traceml.yaml`` (or the defaults).
+
+    ``history_retention`` is in **seconds** of wall-clock time, as in the
+    published traceml-ai package (a bare number means seconds; ``"30m"``,
+    ``"2h"``, ``"1d"`` are accepted and a fractional value is rounded up to a
+    whole second). The final summary's analysis window is the common
+    completed steps across ranks whose step-end time ``ts`` lies within this
+    many seconds of the last step; ``None`` means no time bound. Seconds, not
+    steps, so that a file written for traceml-ai means the same here.
+
+    ``guard`` is the normalized contract (see ``guard.contract``) or ``None``
+    for an ordinary run. ``hygiene`` is the raw mapping, validated by the
+    hygiene module. ``path`` is the file read, ``None`` for defaults.
+    """
+
+    mode: str = GUARD_MODE
+    history_enabled: bool = True
+    history_retention: int | None = DEFAULT_HISTORY_RETENTION_S
+    guard: dict | None = None
+    hygiene: dict | None = None
+    path: Path | None = None
+    logs_dir: str | None = None
+    finalize_timeout_sec: float | None = None
+
+
+def find_config(start: Path) -> Path | None:
+    """Return ``traceml.yaml`` in ``start`` or its nearest parent that has one.
+
+    Walks up to the filesystem root; returns ``None`` when no file is found.
+    Only regular files count (a directory named ``traceml.yaml`` is skipped).
+    """
+    current = Path(start).absolute()
+    while True:
+        candidate = current / CONFIG_FILENAME
+        if candidate.is_file():
+            return candidate
+        if current.parent == current:
+            return None
+        current = current.parent
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a Boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def _duplicate_key(node: yaml.Node, field: str, seen_nodes: set[int] | None = None) -> tuple[str, int] | None:
+    """First duplicated mapping key under ``node`` as (field path, line)."""
+    # Aliases share (and may recursively contain) nodes: visit each node once.
+    seen_nodes = set() if seen_nodes is None else seen_nodes
+    if id(node) in seen_nodes:
+        return None
+    seen_nodes.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        seen: set[tuple[str, str]] = set()
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                ident = (key_node.tag, key_node.value)
+                child = f"{field}.{key_node.value}" if field else key_node.value
+                if ident in seen:
+                    return child, key_node.start_mark.line + 1
+                seen.add(ident)
+                found = _duplicate_key(value_node, child, seen_nodes)
+            else:
+                found = _duplicate_key(value_node, field, seen_nodes)
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            found = _duplicate_key(item, field, seen_nodes)
+            if found:
+                return found
+    return None
+
+
+def _parse_yaml(path: Path) -> Any:
+    try:
+        source = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, None, f"not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(path, None, f"cannot read file: {exc.strerror or exc}") from None
+    try:
+        # PyYAML keeps the last of two equal keys; a duplicated key would let one
+        # declaration silently shadow another, so it is an error here.
+        root = yaml.compose(source, Loader=yaml.SafeLoader)
+        duplicate = _duplicate_key(root, "") if root is not None else None
+        if duplicate:
+            raise ConfigError(path, duplicate[0], f"duplicate key at line {duplicate[1]}")
+        return yaml.safe_load(source)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(path, None, f"invalid YAML at {where}{problem}") from None
+
+
+def _bool(path: Path, key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    # traceml-ai accepts 0/1 for Boolean settings; keep files interchangeable.
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(path, key, f"must be a Boolean (true/false), not {_type_name(value)}")
+
+
+def _positive_number(path: Path, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(path, key, f"must be a number, not {_type_name(value)}")
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(path, key, f"must be a finite number greater than 0 (got {value!r})")
+    return number
+
+
+def _retention_seconds(path: Path, value: Any) -> int:
+    key = "history_retention"
+    if isinstance(value, bool):
+        raise ConfigError(path, key, "must be a duration in seconds or like 30m, 2h, 1d, not a Boolean")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.fullmatch(value)
+        if match is None:
+            raise ConfigError(path, key, f"must be a duration such as 1800, 30s, 30m, 2h or 1d (got {value!r})")
+        seconds = float(match.group("value")) * _UNIT_SECONDS[match.group("unit").lower()]
+    else:
+        raise ConfigError(path, key, f"must be a duration in seconds or like 30m, not {_type_name(value)}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(path, key, f"must be a finite positive duration (got {value!r})")
+    return math.ceil(seconds)
+
+
+def load_config(path: Path | None) -> TracemlConfig:
+    """Load and validate ``traceml.yaml`` at ``path``; ``None`` gives the defaults.
+
+    An empty file gives the defaults too. Raises :class:`ConfigError` for an
+    unreadable file, invalid YAML (with its line), a top level that is not a
+    mapping, unknown top-level keys, wrongly typed settings, an invalid guard
+    declaration (keeping the contract's field path), and a guard declared
+    together with ``history_enabled: false`` or a mode other than
+    ``summary`` (seed 000: the guard requires summary mode and history).
+    """
+    if path is None:
+        return TracemlConfig()
+    path = Path(path)
+    raw = _parse_yaml(path)
+    if raw is None:
+        return TracemlConfig(path=path)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, None, f"top level must be a mapping of settings, not {_type_name(raw)}")
+
+    for key in raw:
+        if not isinstance(key, str):
+            raise ConfigError(path, None, f"setting names must be strings, found {key!r}")
+    unknown = sorted(key for key in raw if key not in _KNOWN_KEYS)
+    if unknown:
+        known = ", ".join(_KNOWN_KEYS)
+        raise ConfigError(path, ascii(unknown[0])[1:-1], f"unknown setting (known: {known})")
+
+    mode = raw.get("mode", GUARD_MODE)
+    if not isinstance(mode, str):
+        raise ConfigError(path, "mode", f"must be a string, not {_type_name(mode)}")
+    if mode not in SUPPORTED_MODES:
+        raise ConfigError(path, "mode", f"must be one of {', '.join(SUPPORTED_MODES)} (got {mode!r})")
+
+    history_enabled = _bool(path, "history_enabled", raw.get("history_enabled", True))
+    retention = (
+        _retention_seconds(path, raw["history_retention"]) if "history_retention" in raw else DEFAULT_HISTORY_RETENTION_S
+    )
+
+    logs_dir = raw.get("logs_dir")
+    if logs_dir is not None and (not isinstance(logs_dir, str) or not logs_dir.strip()):
+        raise ConfigError(path, "logs_dir", f"must be a nonempty string, not {_type_name(logs_dir)}")
+    finalize_timeout = (
+        _positive_number(path, "finalize_timeout_sec", raw["finalize_timeout_sec"])
+        if "finalize_timeout_sec" in raw
+        else None
+    )
+    if "interval" in raw:
+        _positive_number(path, "interval", raw["interval"])
+    for key in ("enable_logging", "dashboard_auto_open"):
+        if key in raw:
+            _bool(path, key, raw[key])
+    if "dashboard_port" in raw:
+        port = raw["dashboard_port"]
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ConfigError(path, "dashboard_port", f"must be an integer port 1-65535 (got {port!r})")
+
+    hygiene = raw.get("hygiene")
+    if "hygiene" in raw and not isinstance(hygiene, Mapping):
+        raise ConfigError(path, "hygiene", f"must be a mapping, not {_type_name(hygiene)}")
+
+    guard = None
+    if "guard" in raw:
+        try:
+            guard = parse_guard_contract(raw["guard"])
+        except ContractError as exc:
+            raise ConfigError(path, exc.field, exc.rule) from None
+        if mode != GUARD_MODE:
+            raise ConfigError(path, "mode", f"must be {GUARD_MODE!r} when a guard is declared (got {mode!r})")
+        if not history_enabled:
+            raise ConfigError(path, "history_enabled", "must be true when a guard is declared")
+
+    return TracemlConfig(
+        mode=mode,
+        history_enabled=history_enabled,
+        history_retention=retention,
+        guard=guard,
+        hygiene=dict(hygiene) if hygiene is not None else None,
+        path=path,
+        logs_dir=logs_dir,
+        finalize_timeout_sec=finalize_timeout,
+    )
+
+
+def check_trace_max_steps(contract: dict, trace_max_steps: int | None) -> None:
+    """Refuse a step cap that would cut the declared measurement range short.
+
+    Seed 000: "If --trace-max-steps is used, it must include the complete
+    requested range", i.e. ``trace_max_steps >= start_step + completed_steps - 1``.
+    ``None`` (no cap) always passes.
+    """
+    if trace_max_steps is None:
+        return
+    if isinstance(trace_max_steps, bool) or not isinstance(trace_max_steps, int) or trace_max_steps < 1:
+        raise ConfigError(None, "--trace-max-steps", f"must be a positive integer (got {trace_max_steps!r})")
+    end = measurement_end(contract)
+    if trace_max_steps < end:
+        start = contract["measurement"]["start_step"]
+        raise ConfigError(
+            None,
+            "--trace-max-steps",
+            f"{trace_max_steps} stops before the declared measurement range ends "
+            f"(guard.measurement covers steps {start}-{end}); use at least {end}",
+        )
+
+
+__all__ = [
+    "CONFIG_FILENAME",
+    "ConfigError",
+    "DEFAULT_HISTORY_RETENTION_S",
+    "TracemlConfig",
+    "check_trace_max_steps",
+    "find_config",
+    "load_config",
+]
