@@ -286,3 +286,22 @@ def test_trace_max_steps_must_cover_declared_range():
     assert "10-59" in message and "59" in message
     with pytest.raises(ConfigError):
         check_trace_max_steps(contract, 0)
+
+
+def test_guard_modules_import_neither_textual_nor_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, traceml_tui.guard.contract, traceml_tui.guard.config, traceml_tui.guard.outcome\n"
+        "print(sorted(m for m in ('textual', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
+def test_duplicate_key_with_control_character_stays_one_line(tmp_path):
+    path = tmp_path / "traceml.yaml"
+    path.write_text('hygiene:\n  "a\\u0007": 1\n  "a\\u0007": 2\n', encoding="utf-8")
+    err = assert_config_error(path, "hygiene.'a\\x07'", "duplicate")
+    assert "\x07" not in str(err)

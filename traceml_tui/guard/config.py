@@ -153,7 +153,8 @@ def _duplicate_key(node: yaml.Node, field: str, seen_nodes: set[int] | None = No
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
                 ident = (key_node.tag, key_node.value)
-                child = f"{field}.{key_node.value}" if field else key_node.value
+                name = key_node.value if key_node.value.isprintable() else ascii(key_node.value)
+                child = f"{field}.{name}" if field else name
                 if ident in seen:
                     return child, key_node.start_mark.line + 1
                 seen.add(ident)
