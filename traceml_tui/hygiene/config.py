@@ -1,0 +1,245 @@
+"""The ``hygiene:`` block of ``traceml.yaml``: validation and normalization.
+
+Seed 004 requires the launcher to refuse a run *before* expensive execution
+when the loss-history schema/output, the curve cadence, the validation recipe,
+cadence and worker binding, or the early-stopping policy are absent. This
+module is pure: it takes the already-parsed YAML value and returns a
+normalized dict (the "effective config" recorded in the manifest) or raises
+:class:`HygieneConfigError` whose message is one line naming the field path.
+
+Shape (all cadences are in optimizer updates)::
+
+    hygiene:
+      history:
+        schema: 1                    # step record version (traceml_tui.records.RECORD_VERSION)
+        output: ranks                # relative folder of the append-only history
+      curve:
+        cadence: 50                  # re-render learning_curve.png every N updates
+      validation:
+        recipe: regression-holdout-v1
+        cadence: 100                 # publish a checkpoint + request every N updates
+        first_evaluation: 0          # first checkpoint step (0 = at initialization)
+        worker: [python, validate.py, --checkpoint, "{checkpoint}"]
+      early_stopping:
+        metric: r2
+        direction: max               # min | max
+        min_delta: 0.001
+        patience: 3                  # completed eligible evaluations
+        warmup: 200                  # updates before evaluations become eligible
+        max_budget: 5000             # hard cap in updates
+        # or: enabled: false + reason: "exact reproduction of …"
+      qc:
+        cadence: 100
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shlex
+from pathlib import PurePosixPath
+from typing import Any
+
+from traceml_tui.records import RECORD_VERSION
+
+DIRECTIONS = ("min", "max")
+SECTIONS = ("history", "curve", "validation", "early_stopping", "qc")
+CURVE_FILE = "learning_curve.png"
+WORKER_PLACEHOLDERS = ("{checkpoint}", "{step}", "{run_dir}")
+
+
+class HygieneConfigError(ValueError):
+    """A malformed ``hygiene:`` block; ``str()`` is one line: ``<field path>: <problem>``."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+def _mapping(value: Any, path: str) -> dict:
+    if value is None:
+        raise HygieneConfigError(path, "required")
+    if not isinstance(value, dict):
+        raise HygieneConfigError(path, f"must be a mapping, got {type(value).__name__}")
+    for key in value:
+        if not isinstance(key, str):
+            raise HygieneConfigError(path, f"keys must be strings, got {key!r}")
+    return value
+
+
+def _required(block: dict, key: str, path: str) -> Any:
+    if key not in block or block[key] is None:
+        raise HygieneConfigError(f"{path}.{key}", "required")
+    return block[key]
+
+
+def _int(value: Any, path: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HygieneConfigError(path, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise HygieneConfigError(path, f"must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _number(value: Any, path: str, *, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise HygieneConfigError(path, f"must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < minimum:
+        raise HygieneConfigError(path, f"must be a finite number >= {minimum:g}, got {value!r}")
+    return number
+
+
+def _text(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise HygieneConfigError(path, "must be a nonempty string")
+    return value.strip()
+
+
+def _unknown_keys(block: dict, allowed: tuple[str, ...], path: str) -> None:
+    for key in block:
+        if key not in allowed:
+            raise HygieneConfigError(f"{path}.{key}", f"unknown key (allowed: {', '.join(allowed)})")
+
+
+def _relative_path(value: Any, path: str) -> str:
+    text = _text(value, path)
+    pure = PurePosixPath(text)
+    if pure.is_absolute() or ".." in pure.parts:
+        # Outputs must stay inside the run directory (seed 004: the experiment's
+        # output directory is authoritative) and artifacts hold no absolute paths.
+        raise HygieneConfigError(path, f"must be a path relative to the run directory, got {text!r}")
+    return pure.as_posix()
+
+
+def _worker(value: Any, path: str) -> list[str]:
+    if isinstance(value, str):
+        try:
+            argv = shlex.split(value)
+        except ValueError as exc:
+            raise HygieneConfigError(path, f"cannot split command: {exc}") from None
+    elif isinstance(value, list) and all(isinstance(item, (str, int, float)) and not isinstance(item, bool) for item in value):
+        argv = [str(item) for item in value]
+    else:
+        raise HygieneConfigError(path, "must be a command (string or list of strings)")
+    if not argv or not argv[0].strip():
+        raise HygieneConfigError(path, "must be a nonempty command")
+    if not any("{checkpoint}" in arg for arg in argv):
+        raise HygieneConfigError(path, "must pass the checkpoint to the worker with a {checkpoint} placeholder")
+    return argv
+
+
+def _history(raw: Any) -> dict:
+    path = "hygiene.history"
+    block = _mapping(raw, path)
+    _unknown_keys(block, ("schema", "output"), path)
+    schema = _required(block, "schema", path)
+    if isinstance(schema, str) and schema.lower().lstrip("v").isdigit():
+        schema = int(schema.lower().lstrip("v"))
+    schema = _int(schema, f"{path}.schema", minimum=1)
+    if schema != RECORD_VERSION:
+        raise HygieneConfigError(f"{path}.schema", f"unsupported history schema {schema} (this traceml writes {RECORD_VERSION})")
+    output = _relative_path(_required(block, "output", path), f"{path}.output")
+    return {"schema": schema, "output": output}
+
+
+def _curve(raw: Any) -> dict:
+    path = "hygiene.curve"
+    block = _mapping(raw, path)
+    _unknown_keys(block, ("cadence",), path)
+    cadence = _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)
+    return {"cadence": cadence, "path": CURVE_FILE}
+
+
+def _validation(raw: Any) -> dict:
+    path = "hygiene.validation"
+    block = _mapping(raw, path)
+    _unknown_keys(block, ("recipe", "cadence", "first_evaluation", "worker", "lease_s", "max_attempts"), path)
+    recipe = _text(_required(block, "recipe", path), f"{path}.recipe")
+    cadence = _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)
+    first = _int(_required(block, "first_evaluation", path), f"{path}.first_evaluation", minimum=0)
+    worker = _worker(_required(block, "worker", path), f"{path}.worker")
+    lease = _number(block.get("lease_s", 60), f"{path}.lease_s", minimum=1)
+    attempts = _int(block.get("max_attempts", 3), f"{path}.max_attempts", minimum=1)
+    return {
+        "recipe": recipe,
+        "cadence": cadence,
+        "first_evaluation": first,
+        "worker": worker,
+        "lease_s": lease,
+        "max_attempts": attempts,
+    }
+
+
+def _early_stopping(raw: Any) -> dict:
+    path = "hygiene.early_stopping"
+    block = _mapping(raw, path)
+    keys = ("enabled", "reason", "metric", "direction", "min_delta", "patience", "warmup", "max_budget")
+    _unknown_keys(block, keys, path)
+    enabled = block.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise HygieneConfigError(f"{path}.enabled", f"must be true or false, got {enabled!r}")
+    if not enabled:
+        # A fixed-duration protocol may opt out, but only with its reason on record.
+        reason = _text(_required(block, "reason", path), f"{path}.reason")
+        result: dict[str, Any] = {"enabled": False, "reason": reason}
+        if block.get("max_budget") is not None:
+            result["max_budget"] = _int(block["max_budget"], f"{path}.max_budget", minimum=1)
+        return result
+    metric = _text(_required(block, "metric", path), f"{path}.metric")
+    direction = _required(block, "direction", path)
+    if direction not in DIRECTIONS:
+        raise HygieneConfigError(f"{path}.direction", f"must be min or max, got {direction!r}")
+    min_delta = _number(_required(block, "min_delta", path), f"{path}.min_delta", minimum=0.0)
+    patience = _int(_required(block, "patience", path), f"{path}.patience", minimum=1)
+    warmup = _int(block.get("warmup", 0) if block.get("warmup") is not None else 0, f"{path}.warmup", minimum=0)
+    max_budget = _int(_required(block, "max_budget", path), f"{path}.max_budget", minimum=1)
+    return {
+        "enabled": True,
+        "metric": metric,
+        "direction": direction,
+        "min_delta": min_delta,
+        "patience": patience,
+        "warmup": warmup,
+        "max_budget": max_budget,
+    }
+
+
+def _qc(raw: Any) -> dict:
+    path = "hygiene.qc"
+    block = _mapping(raw, path)
+    _unknown_keys(block, ("cadence",), path)
+    return {"cadence": _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)}
+
+
+def parse_hygiene(raw: object) -> dict:
+    """Validate and normalize the ``hygiene:`` block of ``traceml.yaml``.
+
+    ``raw`` is the value under the ``hygiene`` key (``None`` when absent). Returns
+    the effective config with every default filled in, suitable for the
+    manifest. Raises :class:`HygieneConfigError` naming the first bad field.
+    """
+    block = _mapping(raw, "hygiene")
+    _unknown_keys(block, SECTIONS, "hygiene")
+    return {
+        "history": _history(block.get("history")),
+        "curve": _curve(block.get("curve")),
+        "validation": _validation(block.get("validation")),
+        "early_stopping": _early_stopping(block.get("early_stopping")),
+        "qc": _qc(block.get("qc")),
+    }
+
+
+def validation_config_digest(hygiene: dict) -> str:
+    """Digest of the settings that determine a validation result.
+
+    Receipts carry it so a result is bound to the recipe and worker command
+    that produced it; cadences and leases are excluded because they change
+    when work happens, not what it computes.
+    """
+    validation = hygiene.get("validation", hygiene) if isinstance(hygiene, dict) else {}
+    bound = {"recipe": validation.get("recipe"), "worker": validation.get("worker")}
+    canonical = json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()

@@ -1,0 +1,211 @@
+"""A validation worker is a backlog drainer, not a one-checkpoint job (seed 004).
+
+On start it discovers every pending request (including those left by
+interrupted workers), claims one atomically, runs the worker command on it,
+records a receipt or a failure, then rescans from the start so work is taken in
+checkpoint order as new requests arrive. It exits when no claimable work
+remains or when its runtime limit nears.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from traceml_tui.hygiene import backlog
+from traceml_tui.hygiene.checkpoints import resolve_checkpoint_path
+
+
+@dataclass
+class DrainResult:
+    completed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
+    reason: str = "no_work"  # no_work | runtime_limit
+
+
+def substitute(argv: list[str], *, checkpoint: Path, step: object, run_dir: Path) -> list[str]:
+    """Fill ``{checkpoint}``, ``{step}`` and ``{run_dir}`` in each argument (plain text replace)."""
+    values = {"{checkpoint}": str(checkpoint), "{step}": str(step), "{run_dir}": str(run_dir)}
+    out = []
+    for arg in argv:
+        for key, value in values.items():
+            arg = arg.replace(key, value)
+        out.append(arg)
+    return out
+
+
+def parse_metrics(stdout: str) -> dict[str, Optional[float]]:
+    """Metrics from the LAST nonempty stdout line, which must be a JSON object of numbers.
+
+    Raises ``ValueError`` with a one-line reason otherwise. Non-finite numbers
+    become ``None`` (never a fabricated value).
+    """
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("worker printed nothing; its last stdout line must be a JSON object of metrics")
+    try:
+        value = json.loads(lines[-1])
+    except ValueError:
+        raise ValueError("last stdout line is not JSON; it must be a JSON object of metrics") from None
+    if not isinstance(value, dict) or not value:
+        raise ValueError("last stdout line must be a nonempty JSON object of metrics")
+    metrics: dict[str, Optional[float]] = {}
+    for key, item in value.items():
+        if item is None:
+            metrics[key] = None
+        elif isinstance(item, (int, float)) and not isinstance(item, bool):
+            metrics[key] = float(item) if math.isfinite(item) else None
+        else:
+            raise ValueError(f"metric {key!r} is not a number")
+    return metrics
+
+
+class _Heartbeat(threading.Thread):
+    """Rewrites our claim every lease/3 seconds so other hosts see we are alive."""
+
+    def __init__(self, run_dir: Path, claim: dict, interval: float) -> None:
+        super().__init__(daemon=True, name="traceml-claim-heartbeat")
+        self.run_dir, self.claim, self.interval = run_dir, claim, interval
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            try:
+                if not backlog.heartbeat(self.run_dir, self.claim):
+                    return
+            except OSError:
+                pass  # a transient filesystem error must not kill the worker
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join()
+
+
+def _run_worker(argv: list[str], timeout: Optional[float]) -> tuple[Optional[int], str, str]:
+    """Run the command; returns (exit code or None on timeout, stdout, stderr tail)."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    except OSError as exc:
+        return 127, "", f"cannot start worker: {exc.strerror or exc}"
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return None, out, err
+    return proc.returncode, out, err
+
+
+def _error_line(code: int, stderr: str, reason: str = "") -> str:
+    tail = [line.strip() for line in stderr.splitlines() if line.strip()]
+    detail = reason or (tail[-1] if tail else "")
+    return f"exit code {code}" + (f": {detail}" if detail else "")
+
+
+def drain(
+    run_dir: Path,
+    command: list[str],
+    *,
+    max_runtime: Optional[float] = None,
+    lease_s: float = 60.0,
+    max_attempts: int = 3,
+    on_receipt: Optional[Callable[[dict], None]] = None,
+    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
+) -> DrainResult:
+    """Drain ``run_dir``'s validation backlog with ``command`` until no claimable work is left.
+
+    A request with ``max_attempts`` failures is blocked (reported, not retried
+    automatically); one this worker already failed is not retried in the same
+    session. ``on_receipt`` runs after each receipt (e.g. to refresh the curve).
+    """
+    run_dir = Path(run_dir)
+    started = time.monotonic()
+    owner = backlog.current_owner()
+    result = DrainResult()
+    tried: set[str] = set()
+    slowest = 0.0
+
+    def remaining() -> Optional[float]:
+        return None if max_runtime is None else max_runtime - (time.monotonic() - started)
+
+    while True:
+        left = remaining()
+        # Stop before starting work that would likely be cut off by the allocation limit.
+        if left is not None and left <= max(1.0, slowest):
+            result.reason = "runtime_limit"
+            return result
+        took = None
+        for request in backlog.list_requests(run_dir):
+            ckpt = request["checkpoint"]
+            if ckpt in tried or backlog.receipt_path(run_dir, ckpt).exists():
+                continue
+            if backlog.failure_count(run_dir, ckpt) >= max_attempts:
+                continue
+            claim = backlog.try_claim(run_dir, ckpt, owner, lease_s)
+            if claim is None:
+                continue
+            # Someone may have finished it between our scan and our claim.
+            if backlog.receipt_path(run_dir, ckpt).exists() or backlog.failure_count(run_dir, ckpt) >= max_attempts:
+                backlog.release_claim(run_dir, claim)
+                continue
+            took = (request, claim)
+            break
+        if took is None:
+            result.reason = "no_work"
+            return result
+        request, claim = took
+        ckpt = request["checkpoint"]
+        tried.add(ckpt)
+        beat = _Heartbeat(run_dir, claim, max(0.2, lease_s / 3.0))
+        beat.start()
+        t0 = time.monotonic()
+        try:
+            argv = substitute(
+                command,
+                checkpoint=resolve_checkpoint_path(run_dir, request),
+                step=request.get("step"),
+                run_dir=run_dir.resolve(),
+            )
+            left = remaining()
+            code, out, err = _run_worker(argv, None if left is None else max(0.1, left))
+            if code is None:
+                # Cut off by our own runtime limit: not the checkpoint's fault, so no
+                # failure record; releasing the claim leaves it pending for the next worker.
+                result.interrupted.append(ckpt)
+                log(f"traceml validate: {ckpt}: interrupted at the runtime limit; left pending")
+            elif code != 0:
+                backlog.write_failure(run_dir, ckpt, _error_line(code, err))
+                result.failed.append(ckpt)
+                log(f"traceml validate: {ckpt}: failed ({_error_line(code, err)})")
+            else:
+                try:
+                    metrics = parse_metrics(out)
+                except ValueError as exc:
+                    backlog.write_failure(run_dir, ckpt, _error_line(code, err, str(exc)))
+                    result.failed.append(ckpt)
+                    log(f"traceml validate: {ckpt}: failed ({exc})")
+                else:
+                    try:
+                        receipt = backlog.write_receipt(run_dir, request, metrics)
+                    except FileExistsError:
+                        receipt = None  # completed elsewhere meanwhile; keep the first result
+                    if receipt is not None:
+                        result.completed.append(ckpt)
+                        log(f"traceml validate: {ckpt}: completed {json.dumps(metrics, sort_keys=True)}")
+                        if on_receipt is not None:
+                            on_receipt(receipt)
+        finally:
+            beat.stop()
+            backlog.release_claim(run_dir, claim)
+        slowest = max(slowest, time.monotonic() - t0)
+        if result.interrupted:
+            result.reason = "runtime_limit"
+            return result

@@ -1,0 +1,163 @@
+"""`traceml validate drain|status`: the validation backlog from the command line.
+
+    traceml validate drain RUN_DIR [--max-runtime S] [--lease S] [--max-attempts N] [--no-curve] -- CMD ...{checkpoint}...
+    traceml validate status RUN_DIR [--json]
+
+`drain` exits 0 when no claimable work is left or its runtime limit nears
+(failures are recorded in the backlog, not in the exit code); 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+USAGE = "usage: traceml validate drain RUN_DIR [options] -- CMD ... | traceml validate status RUN_DIR [--json]"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        raise _UsageError(message)
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"traceml validate: {message}", file=sys.stderr)
+    return code
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _drain(argv: list[str]) -> int:
+    if "--" in argv:
+        split = argv.index("--")
+        opts, command = argv[:split], argv[split + 1:]
+    else:
+        opts, command = argv, []
+    parser = _Parser(prog="traceml validate drain", add_help=True)
+    parser.add_argument("run_dir")
+    parser.add_argument("--max-runtime", type=_positive, default=None, help="seconds this worker may run")
+    parser.add_argument("--lease", type=_positive, default=60.0, help="claim lease in seconds (heartbeat every lease/3)")
+    parser.add_argument("--max-attempts", type=int, default=3, help="failures after which a request is blocked")
+    parser.add_argument("--no-curve", action="store_true", help="do not refresh learning_curve.png after receipts")
+    args = parser.parse_args(opts)
+    if not command:
+        return _fail("drain needs a worker command after `--` (with a {checkpoint} placeholder)")
+    if not any("{checkpoint}" in arg for arg in command):
+        return _fail("the worker command must contain a {checkpoint} placeholder")
+    if args.max_attempts < 1:
+        return _fail("--max-attempts must be >= 1")
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        return _fail(f"run directory not found: {run_dir}")
+
+    from traceml_tui.hygiene.drain import drain
+
+    state = {"last_render": 0.0, "dirty": False}
+
+    def refresh(_receipt: dict) -> None:
+        state["dirty"] = True
+        # Throttled: a burst of quick validations should not spend its time rendering.
+        if time.monotonic() - state["last_render"] >= 10.0:
+            _render(run_dir)
+            state["last_render"], state["dirty"] = time.monotonic(), False
+
+    result = drain(
+        run_dir,
+        command,
+        max_runtime=args.max_runtime,
+        lease_s=args.lease,
+        max_attempts=args.max_attempts,
+        on_receipt=None if args.no_curve else refresh,
+    )
+    if state["dirty"]:
+        _render(run_dir)
+    print(
+        f"drained: {len(result.completed)} completed, {len(result.failed)} failed, "
+        f"{len(result.interrupted)} interrupted; stopped: {result.reason}"
+    )
+    return 0
+
+
+def _render(run_dir: Path) -> None:
+    try:
+        from traceml_tui.hygiene.curve import render_learning_curve
+
+        render_learning_curve(run_dir)
+    except Exception as exc:  # the curve is derived; a render error must not lose a receipt
+        print(f"traceml validate: curve not refreshed: {exc}", file=sys.stderr)
+
+
+def _status(argv: list[str]) -> int:
+    parser = _Parser(prog="traceml validate status")
+    parser.add_argument("run_dir")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--max-attempts", type=int, default=3)
+    args = parser.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        return _fail(f"run directory not found: {run_dir}")
+    from traceml_tui.hygiene.backlog import backlog_status
+
+    status = backlog_status(run_dir, max_attempts=args.max_attempts)
+    if args.json:
+        print(json.dumps({k: status[k] for k in ("newest_completed", "latest_requested", "counts", "outstanding")}, indent=2))
+        return 0
+    print(format_status(status))
+    return 0
+
+
+def format_status(status: dict) -> str:
+    """Plain-text backlog report: newest completed checkpoint, lag, outstanding requests, failures."""
+    lines = []
+    newest = status["newest_completed"]
+    latest = status["latest_requested"]
+    if newest is None:
+        lines.append("newest completed: none")
+    else:
+        metrics = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(newest["metrics"].items()))
+        lines.append(f"newest completed: {newest['checkpoint']} (step {newest['step']}) {metrics}".rstrip())
+    if latest is not None:
+        lag = None
+        if newest is not None and isinstance(latest["step"], int) and isinstance(newest["step"], int):
+            lag = latest["step"] - newest["step"]
+        lines.append(f"latest requested: {latest['checkpoint']} (step {latest['step']})" + (f", eval lag {lag} updates" if lag is not None else ""))
+    counts = status["counts"]
+    summary = ", ".join(f"{counts[k]} {k}" for k in ("completed", "running", "pending", "failed", "blocked", "stale_claim") if counts.get(k))
+    lines.append(f"requests: {summary or 'none'}")
+    outstanding = status["outstanding"]
+    lines.append(f"outstanding: {len(outstanding)}")
+    for row in outstanding:
+        extra = f" ({row['failures']} failed: {row['last_error']})" if row["failures"] else ""
+        lines.append(f"  {row['checkpoint']:<20} step {row['step']!s:<8} {row['state']}{extra}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `traceml validate`."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    sub, rest = argv[0], argv[1:]
+    try:
+        if sub == "drain":
+            return _drain(rest)
+        if sub == "status":
+            return _status(rest)
+    except _UsageError as exc:
+        return _fail(str(exc))
+    return _fail(f"unknown subcommand {sub!r} (drain or status)")
