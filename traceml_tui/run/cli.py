@@ -1,0 +1,174 @@
+"""`traceml run SCRIPT …`: parse and validate everything before anything starts.
+
+Every refusal is one line on stderr and a non-zero exit, and happens before
+the manifest is written or a process is spawned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+EXIT_USAGE = 2
+EXIT_REFUSED = 1
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class LaunchError(Exception):
+    """A refusal before launch; ``str()`` is the one line shown to the user."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Validated command line of `traceml run`."""
+
+    script: Path
+    script_args: tuple[str, ...]
+    run_name: str
+    logs_dir: Path
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: Optional[int]
+    trace_max_steps: Optional[int]
+    finalize_timeout: float
+    resume: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.logs_dir / self.run_name
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (usage error)
+        print(f"traceml run: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="traceml run",
+        description="Launch a training script under traceml (one process, DDP or multi-node).",
+        epilog="Everything after --args is passed to the script unchanged.",
+    )
+    parser.add_argument("script", help="training script (Python file)")
+    parser.add_argument("--run-name", help="fresh name of this run (default: <script>-<timestamp>)")
+    parser.add_argument("--logs-dir", help="folder holding run directories (default: traceml.yaml logs_dir, else ./logs)")
+    parser.add_argument("--nproc-per-node", type=int, default=1, help="processes (ranks) on this node")
+    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (one launcher per node)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
+    parser.add_argument("--master-addr", default="127.0.0.1", help="rendezvous address (multi-node)")
+    parser.add_argument("--master-port", type=int, help="rendezvous port (multi-node)")
+    parser.add_argument("--trace-max-steps", type=int, help="record at most this many steps per rank")
+    parser.add_argument("--finalize-timeout", type=float, help="seconds node 0 waits for node outcomes (default 60)")
+    parser.add_argument("--resume", action="store_true", help="continue an existing unguarded run directory as a new attempt")
+    return parser
+
+
+def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split off everything after ``--args`` (or a bare ``--``) as the script's own arguments."""
+    for marker in ("--args", "--"):
+        if marker in argv:
+            index = argv.index(marker)
+            return argv[:index], argv[index + 1 :]
+    return argv, []
+
+
+def parse_options(argv: list[str], config_logs_dir: Optional[str] = None, config_timeout: Optional[float] = None) -> LaunchOptions:
+    """Parse and check the command line (usage errors exit 2; bad values raise LaunchError)."""
+    own, script_args = split_script_args(argv)
+    ns = build_parser().parse_args(own)
+    script = Path(ns.script)
+    if not script.exists():
+        raise LaunchError(f"training script not found: {ns.script}")
+    if not script.is_file():
+        raise LaunchError(f"training script is not a file: {ns.script}")
+    if not os.access(script, os.R_OK):
+        raise LaunchError(f"training script is not readable: {ns.script}")
+    if ns.nproc_per_node < 1:
+        raise LaunchError(f"--nproc-per-node must be at least 1 (got {ns.nproc_per_node})")
+    if ns.nnodes < 1:
+        raise LaunchError(f"--nnodes must be at least 1 (got {ns.nnodes})")
+    if not 0 <= ns.node_rank < ns.nnodes:
+        raise LaunchError(f"--node-rank must be in 0..{ns.nnodes - 1} for --nnodes {ns.nnodes} (got {ns.node_rank})")
+    if ns.master_port is not None and not 1 <= ns.master_port <= 65535:
+        raise LaunchError(f"--master-port must be 1-65535 (got {ns.master_port})")
+    if ns.nnodes > 1 and ns.master_port is None:
+        raise LaunchError("--master-port is required with --nnodes > 1 (every launcher must use the same one)")
+    if ns.nnodes > 1 and not ns.run_name:
+        raise LaunchError("--run-name is required with --nnodes > 1 (every launcher must use the same one)")
+    if ns.trace_max_steps is not None and ns.trace_max_steps < 1:
+        raise LaunchError(f"--trace-max-steps must be at least 1 (got {ns.trace_max_steps})")
+    timeout = ns.finalize_timeout if ns.finalize_timeout is not None else (config_timeout or 60.0)
+    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+        raise LaunchError(f"--finalize-timeout must be a positive number of seconds (got {ns.finalize_timeout})")
+    run_name = ns.run_name or f"{script.stem}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
+    if not _RUN_NAME.match(run_name):
+        raise LaunchError(
+            f"--run-name {run_name!r} is not a plain name (letters, digits, '.', '_', '-'; at most 128 characters)"
+        )
+    logs_dir = Path(ns.logs_dir or config_logs_dir or "logs")
+    return LaunchOptions(
+        script=script,
+        script_args=tuple(script_args),
+        run_name=run_name,
+        logs_dir=logs_dir,
+        nproc_per_node=ns.nproc_per_node,
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        master_addr=ns.master_addr,
+        master_port=ns.master_port,
+        trace_max_steps=ns.trace_max_steps,
+        finalize_timeout=float(timeout),
+        resume=bool(ns.resume),
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `traceml run`; returns the training command's exit code."""
+    from traceml_tui.guard.config import ConfigError, check_trace_max_steps, find_config, load_config
+
+    if argv and argv[0] in ("-h", "--help"):
+        build_parser().print_help()
+        return 0
+    try:
+        config_path = find_config(Path.cwd())
+        config = load_config(config_path)
+        options = parse_options(argv, config.logs_dir, config.finalize_timeout_sec)
+        if config.guard is not None:
+            check_trace_max_steps(config.guard, options.trace_max_steps)
+            if options.resume:
+                raise LaunchError("--resume is not allowed for a guarded run: choose a fresh --run-name")
+        hygiene = None
+        if config.hygiene is not None:
+            from traceml_tui.hygiene.config import HygieneConfigError, parse_hygiene
+
+            try:
+                hygiene = parse_hygiene(config.hygiene)
+            except HygieneConfigError as exc:
+                where = f"{config.path.name}: " if config.path is not None else ""
+                raise LaunchError(f"{where}{exc}") from None
+    except (ConfigError, LaunchError) as exc:
+        print(f"traceml run: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+
+    from traceml_tui.run.launch import Launcher
+
+    launcher = Launcher(options, config, hygiene)
+    try:
+        launcher.prepare()
+    except LaunchError as exc:
+        print(f"traceml run: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    return launcher.run()

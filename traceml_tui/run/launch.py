@@ -1,0 +1,379 @@
+"""The launcher of one node: manifest, spawn, tee, sample, outcomes, finalize.
+
+Order of events (seed 000 "Saved artifacts and completion checks"):
+
+1. node 0 writes ``manifest.json`` (exclusively: an existing run is never
+   touched) and prints the "Measurement contract captured" confirmation;
+2. the training command starts — the script itself for one process, else
+   ``torch.distributed.run`` — with the run directory in its environment;
+   its stdout/stderr go to the terminal and to ``nodes/node_<k>/training.*.log``;
+3. a sampler appends ``nodes/node_<k>/system.jsonl`` at ~1 Hz;
+4. after training exits, a guarded launcher writes its node outcome; node 0
+   collects all outcomes (bounded by the finalization timeout), records
+   ``guard.training`` in the manifest and writes ``final_summary.json``/``.txt``;
+5. the launcher exits with the training command's exit code. Collection or
+   summary problems warn; they never replace that exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, Optional
+
+from traceml_tui import atomic, records
+from traceml_tui.run.cli import LaunchError, LaunchOptions
+from traceml_tui.sdk import env as sdk_env
+
+MANIFEST = "manifest.json"
+MANIFEST_SCHEMA_VERSION = 1
+
+
+def _warn(message: str) -> None:
+    print(f"traceml run: warning: {message}", file=sys.stderr, flush=True)
+
+
+class _Tee(threading.Thread):
+    """Copy a child's pipe to our own stream and to a log file, chunk by chunk."""
+
+    def __init__(self, pipe: IO[bytes], terminal: IO[bytes], log_path: Path) -> None:
+        super().__init__(name=f"traceml-tee-{log_path.name}", daemon=True)
+        self.pipe = pipe
+        self.terminal = terminal
+        self.log = open(log_path, "ab")
+
+    def run(self) -> None:
+        fd = self.pipe.fileno()
+        try:
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                self.log.write(chunk)
+                self.log.flush()
+                try:
+                    self.terminal.write(chunk)
+                    self.terminal.flush()
+                except (OSError, ValueError):  # our terminal went away; keep the log complete
+                    pass
+        finally:
+            self.log.close()
+
+
+class Launcher:
+    """Launch and supervise the training command of one node."""
+
+    def __init__(self, options: LaunchOptions, config: Any, hygiene: Optional[dict] = None) -> None:
+        self.options = options
+        self.config = config
+        self.hygiene = hygiene
+        self.run_dir = options.run_dir
+        self.node_dir = self.run_dir / "nodes" / records.node_dir_name(options.node_rank)
+        self.guarded = config.guard is not None
+        self.digest: Optional[str] = None
+        self.manifest: dict = {}
+        self.interrupted = False
+        self.child: Optional[subprocess.Popen] = None
+
+    # -- before anything starts -------------------------------------------------------------
+    def prepare(self) -> None:
+        """Create the run directory and (node 0) write the manifest; refuse without side effects."""
+        opts = self.options
+        manifest_path = self.run_dir / MANIFEST
+        if opts.node_rank == 0 and manifest_path.exists() and not opts.resume:
+            raise LaunchError(
+                f"run {opts.run_name!r} already exists ({manifest_path}); choose a fresh --run-name"
+            )
+        if opts.resume and opts.node_rank == 0 and not manifest_path.exists():
+            raise LaunchError(f"--resume: no run {opts.run_name!r} to resume in {opts.logs_dir}")
+        try:
+            self.node_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LaunchError(f"logs dir {opts.logs_dir} is not writable: {exc.strerror}") from None
+        if not os.access(self.node_dir, os.W_OK | os.X_OK):
+            raise LaunchError(f"logs dir {opts.logs_dir} is not writable")
+        if self.guarded:
+            from traceml_tui.guard.contract import contract_digest
+
+            self.digest = contract_digest(self.config.guard)
+        if opts.node_rank != 0:
+            return
+        if opts.resume:
+            import json
+
+            try:
+                self.manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise LaunchError(f"--resume: cannot read {manifest_path}: {exc}") from None
+            self.manifest["attempts"] = int(self.manifest.get("attempts", 1)) + 1
+            self.manifest["status"] = "running"
+            atomic.atomic_write_json(manifest_path, self.manifest)
+            return
+        self.manifest = self._initial_manifest()
+        try:
+            atomic.atomic_write_json(manifest_path, self.manifest, exclusive=True)
+        except FileExistsError:
+            raise LaunchError(
+                f"run {opts.run_name!r} already exists ({manifest_path}); choose a fresh --run-name"
+            ) from None
+        except OSError as exc:
+            raise LaunchError(f"cannot write {manifest_path}: {exc.strerror}") from None
+        if self.guarded:
+            contract = self.config.guard
+            measurement = contract["measurement"]
+            end = measurement["start_step"] + measurement["completed_steps"] - 1
+            source = self.config.path.name if self.config.path is not None else "traceml.yaml"
+            print(
+                f"[traceml] Measurement contract captured from {source}: "
+                f"workload={contract['workload']['name']}, steps={measurement['start_step']}-{end} "
+                f"-> {manifest_path}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _initial_manifest(self) -> dict:
+        opts = self.options
+        manifest: dict = {
+            "schema_version": MANIFEST_SCHEMA_VERSION,
+            "run_name": opts.run_name,
+            "status": "running",
+            "started_at": time.time(),
+            "ended_at": None,
+            "exit_code": None,
+            "mode": self.config.mode,
+            "history_enabled": self.config.history_enabled,
+            "history_retention_s": self.config.history_retention,
+            "topology": {
+                "nnodes": opts.nnodes,
+                "nproc_per_node": opts.nproc_per_node,
+                "world_size": opts.world_size,
+            },
+            "launch": {"kind": "process" if opts.world_size == 1 else "torch.distributed.run"},
+            "trace_max_steps": opts.trace_max_steps,
+            "attempts": 1,
+        }
+        if self.guarded:
+            manifest["guard"] = {"contract": self.config.guard, "contract_digest": self.digest}
+        if self.hygiene is not None:
+            manifest["hygiene"] = self.hygiene
+        return manifest
+
+    # -- training ---------------------------------------------------------------------------
+    def command(self) -> list[str]:
+        opts = self.options
+        script = [str(opts.script), *opts.script_args]
+        if opts.world_size == 1:
+            return [sys.executable, "-u", *script]
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc_per_node}"]
+        if opts.nnodes == 1 and opts.master_port is None:
+            cmd.append("--standalone")
+        else:
+            cmd += [
+                f"--nnodes={opts.nnodes}",
+                f"--node-rank={opts.node_rank}",
+                f"--master-addr={opts.master_addr}",
+                f"--master-port={opts.master_port}",
+            ]
+        return cmd + script
+
+    def child_env(self) -> dict[str, str]:
+        opts = self.options
+        child = dict(os.environ)
+        child[sdk_env.RUN_DIR] = str(self.run_dir.resolve())
+        child[sdk_env.RUN_NAME] = opts.run_name
+        child[sdk_env.NODE_RANK] = str(opts.node_rank)
+        child[sdk_env.NNODES] = str(opts.nnodes)
+        child[sdk_env.NPROC_PER_NODE] = str(opts.nproc_per_node)
+        if opts.trace_max_steps is not None:
+            child[sdk_env.TRACE_MAX_STEPS] = str(opts.trace_max_steps)
+        if self.hygiene is not None:
+            from traceml_tui.hygiene.config import validation_config_digest
+
+            child[sdk_env.VALIDATION_DIGEST] = validation_config_digest(self.hygiene)
+        child["PYTHONUNBUFFERED"] = "1"
+        return child
+
+    def _forward_signal(self, signum: int, _frame: Any) -> None:
+        child = self.child
+        if self.interrupted and child is not None:  # second signal: stop waiting politely
+            self._signal_group(child, signal.SIGKILL)
+            return
+        self.interrupted = True
+        if child is not None:
+            self._signal_group(child, signum)
+
+    @staticmethod
+    def _signal_group(child: subprocess.Popen, signum: int) -> None:
+        try:
+            os.killpg(child.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def run(self) -> int:
+        """Run training to completion, then finalize; return the training exit code."""
+        from traceml_tui.run.sampler import SystemSampler
+
+        opts = self.options
+        sampler = SystemSampler(self.node_dir / "system.jsonl", opts.run_name, opts.node_rank)
+        sampler.start()
+        curve = self._start_curve_refresher()
+        previous = {sig: signal.signal(sig, self._forward_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            try:
+                self.child = subprocess.Popen(
+                    self.command(),
+                    env=self.child_env(),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                print(f"traceml run: cannot start training: {exc.strerror}", file=sys.stderr)
+                exit_code = 127
+            else:
+                tees = [
+                    _Tee(self.child.stdout, sys.stdout.buffer, self.node_dir / "training.stdout.log"),
+                    _Tee(self.child.stderr, sys.stderr.buffer, self.node_dir / "training.stderr.log"),
+                ]
+                for tee in tees:
+                    tee.start()
+                returncode = self.child.wait()
+                for tee in tees:
+                    tee.join(timeout=10)
+                exit_code = returncode if returncode >= 0 else 128 - returncode
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            sampler.stop()
+            if curve is not None:
+                curve.set()
+        self.finalize(exit_code)
+        return exit_code
+
+    # -- after training ---------------------------------------------------------------------
+    def status_for(self, exit_code: int) -> str:
+        if exit_code == 0:
+            return "completed"
+        return "interrupted" if self.interrupted else "failed"
+
+    def finalize(self, exit_code: int) -> None:
+        """Outcomes, manifest, summary, curve. Never raises; problems are warnings."""
+        opts = self.options
+        if self.guarded:
+            try:
+                from traceml_tui.guard.outcome import build_outcome, write_outcome
+
+                outcome = build_outcome(
+                    run_name=opts.run_name,
+                    node_rank=opts.node_rank,
+                    nnodes=opts.nnodes,
+                    nproc_per_node=opts.nproc_per_node,
+                    contract_digest=self.digest,
+                    exit_code=exit_code,
+                    completed_at=time.time(),
+                )
+                write_outcome(self.run_dir, opts.node_rank, outcome)
+            except Exception as exc:  # noqa: BLE001 - outcome problems never change the exit code
+                _warn(f"could not write the node outcome: {exc}")
+        if opts.node_rank != 0:
+            return
+        training = None
+        if self.guarded:
+            try:
+                from traceml_tui.guard.outcome import collect_outcomes
+
+                training = collect_outcomes(
+                    self.run_dir,
+                    run_name=opts.run_name,
+                    nnodes=opts.nnodes,
+                    nproc_per_node=opts.nproc_per_node,
+                    contract_digest=self.digest,
+                    timeout_s=opts.finalize_timeout,
+                )
+            except Exception as exc:  # noqa: BLE001
+                _warn(f"node outcome collection failed: {exc}")
+                training = {
+                    "status": "incomplete",
+                    "nodes_expected": opts.nnodes,
+                    "nodes_observed": 0,
+                    "reasons": ["node_outcome_collection_failed"],
+                    "nodes": [],
+                }
+            if training.get("status") != "completed":
+                _warn(f"launcher completion incomplete: {', '.join(training.get('reasons', [])) or 'unknown'}")
+        self._finish_manifest(exit_code, training)
+        self._write_summary()
+        if self.hygiene is not None:
+            self._render_curve()
+
+    def _finish_manifest(self, exit_code: int, training: Optional[dict]) -> None:
+        manifest = dict(self.manifest)
+        manifest["status"] = self.status_for(exit_code)
+        manifest["exit_code"] = exit_code
+        manifest["ended_at"] = time.time()
+        if training is not None:
+            manifest.setdefault("guard", {})["training"] = training
+        try:
+            atomic.atomic_write_json(self.run_dir / MANIFEST, manifest)
+            self.manifest = manifest
+        except OSError as exc:
+            _warn(f"could not update the manifest: {exc}")
+
+    def _write_summary(self) -> None:
+        try:
+            from traceml_tui.summary.build import build_summary
+            from traceml_tui.summary.text import render_text
+
+            summary = build_summary(self.run_dir, self.manifest)
+            summary["text"] = render_text(summary)
+            atomic.atomic_write_json(self.run_dir / "final_summary.json", summary)
+            atomic.atomic_write_bytes(self.run_dir / "final_summary.txt", summary["text"].encode("utf-8") + b"\n")
+        except Exception as exc:  # noqa: BLE001 - a summary problem must not change the exit code
+            _warn(f"could not write final_summary.json: {type(exc).__name__}: {exc}")
+            return
+        print(summary["text"], file=sys.stderr, flush=True)
+        print(f"[traceml] summary: {self.run_dir / 'final_summary.json'}", file=sys.stderr, flush=True)
+
+    # -- learning curve (hygiene) -------------------------------------------------------------
+    def _curve_cmd(self) -> list[str]:
+        return [sys.executable, "-m", "traceml_tui", "curve", str(self.run_dir)]
+
+    def _render_curve(self) -> None:
+        try:
+            subprocess.run(self._curve_cmd(), check=False, timeout=120, stdout=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _warn(f"could not render the learning curve: {exc}")
+
+    def _start_curve_refresher(self) -> Optional[threading.Event]:
+        """Refresh learning_curve.png every ``hygiene.curve.cadence`` updates while training runs.
+
+        Node 0 polls rank 0's step files (a cheap tail read) and renders in a
+        subprocess, so matplotlib never loads into the launcher.
+        """
+        if self.hygiene is None or self.options.node_rank != 0:
+            return None
+        cadence = int((self.hygiene.get("curve") or {}).get("cadence") or 0)
+        if cadence < 1:
+            return None
+        from traceml_tui.sdk.session import last_recorded_step
+
+        rank_dir = self.run_dir / "ranks" / records.rank_dir_name(0)
+        stop = threading.Event()
+
+        def loop() -> None:
+            rendered_bucket = -1
+            while not stop.wait(2.0):
+                _, step = last_recorded_step(rank_dir)
+                bucket = step // cadence
+                if step >= 1 and bucket != rendered_bucket:
+                    rendered_bucket = bucket
+                    self._render_curve()
+
+        threading.Thread(target=loop, name="traceml-curve-refresh", daemon=True).start()
+        return stop

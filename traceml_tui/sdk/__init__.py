@@ -1,0 +1,223 @@
+"""What a training script imports (``import traceml_tui as traceml``).
+
+* :func:`init` — optional under ``traceml run``; elsewhere records go to ``./logs/<run-name>``.
+* :func:`trace_step` — ``with traceml.trace_step(model): …`` around one optimizer step.
+* :func:`log` — loss, lr, grad norm, examples and scale-free loss components of the current step.
+* :func:`log_eval`, :func:`publish_checkpoint`, :func:`finish`, :func:`current_run`.
+
+torch is never imported here; phase hooks import it only when a model is passed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from time import perf_counter
+from typing import Any, Optional
+
+from traceml_tui import records
+from traceml_tui.sdk import env
+from traceml_tui.sdk.session import Session, _mean_square, detect_rank, register_exit, resolve_run
+
+_session: Optional[Session] = None
+
+
+def _current_state() -> Any:
+    session = _session
+    return session.current if session is not None else None
+
+
+def init(
+    run_name: Optional[str] = None,
+    *,
+    logs_dir: Optional[str] = None,
+    start_step: Optional[int] = None,
+) -> Session:
+    """Start recording for this rank and return the session (idempotent).
+
+    Under ``traceml run`` the run directory comes from the launcher. A process
+    that finds earlier attempt files for its rank starts a new attempt
+    (``steps-<n>.jsonl``) that continues at the next step; pass ``start_step``
+    when resuming from an older checkpoint (it may repeat steps, which the newer
+    attempt supersedes, but may not leave a gap).
+    """
+    global _session
+    if _session is not None and not _session.closed:
+        return _session
+    run_dir, name = resolve_run(run_name, logs_dir)
+    rank, world = detect_rank()
+    max_steps_env = os.environ.get(env.TRACE_MAX_STEPS)
+    max_steps = int(max_steps_env) if max_steps_env and max_steps_env.isdigit() else None
+    _session = Session(run_dir, name, rank=rank, world_size=world, start_step=start_step, max_steps=max_steps)
+    register_exit(_session)
+    return _session
+
+
+def current_run() -> Optional[Session]:
+    """The active session, or None before :func:`init`."""
+    return _session
+
+
+class trace_step:  # noqa: N801 - used as a context manager, reads like a function
+    """Time one optimizer step: ``with traceml.trace_step(model): …``.
+
+    Measures the input wait since the previous step ended, the step envelope
+    and, when ``model`` is given, forward/backward/optimizer phases. A step
+    whose body raises is not recorded as completed.
+    """
+
+    __slots__ = ("_model", "_state", "_session")
+
+    def __init__(self, model: Any = None) -> None:
+        self._model = model
+
+    def __enter__(self) -> "trace_step":
+        session = _session if _session is not None else init()
+        self._session = session
+        if self._model is not None:
+            from traceml_tui.sdk import phases
+
+            if phases.attach(self._model, _current_state) and not session.cuda:
+                session.cuda = True
+        now = perf_counter()
+        state = session.begin(now)
+        if session.cuda:
+            import torch
+
+            from traceml_tui.sdk.phases import GpuStepEvents
+
+            prev = session.pending[-1][2].gpu.end if session.pending else getattr(session, "_gpu_prev_end", None)
+            state.gpu = GpuStepEvents(torch, prev)
+        self._state = state
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        session = self._session
+        state = self._state
+        session.end(state, perf_counter(), exc_type is None)
+        if state.gpu is not None:
+            session._gpu_prev_end = state.gpu.end  # type: ignore[attr-defined]
+        return False
+
+
+def log(
+    *,
+    loss: Any = None,
+    lr: Any = None,
+    grad_norm: Any = None,
+    examples: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    components: Optional[dict[str, Any]] = None,
+    metrics: Optional[dict[str, Any]] = None,
+) -> None:
+    """Attach values to the current step's record (or the next step's, outside one).
+
+    ``examples`` is the cumulative count of training examples seen; or pass
+    ``batch_size`` and the SDK accumulates it. ``components`` maps a loss
+    component name to ``(value, target[, weight])``: a tensor ``target`` is the
+    component's own target and its mean square is computed lazily (no extra
+    device sync); a number is taken as the target's mean square already.
+    Tensors are converted to floats only when the record is written.
+    """
+    session = _session if _session is not None else init()
+    values = session.current.values if session.current is not None else session.carry
+    if loss is not None:
+        values["loss"] = loss.detach() if hasattr(loss, "detach") else loss
+    if lr is not None:
+        values["lr"] = lr
+    if grad_norm is not None:
+        values["grad_norm"] = grad_norm
+    if examples is not None:
+        values["examples"] = int(examples)
+    if batch_size is not None:
+        values["batch_size"] = int(batch_size)
+    if components:
+        prepared = {}
+        for name, spec in components.items():
+            if isinstance(spec, (tuple, list)) and len(spec) >= 2:
+                value = spec[0].detach() if hasattr(spec[0], "detach") else spec[0]
+                prepared[name] = (value, _mean_square(spec[1]), *spec[2:])
+            else:
+                prepared[name] = spec
+        values["components"] = prepared
+    if metrics:
+        values["metrics"] = dict(metrics)
+
+
+def log_eval(
+    metrics: dict[str, Any],
+    *,
+    checkpoint: Optional[str] = None,
+    split: str = "val",
+    role: str = "eval",
+    step: Optional[int] = None,
+    status: str = "completed",
+) -> None:
+    """Record an evaluation observation (``status``: completed, pending or failed)."""
+    if status not in ("completed", "pending", "failed"):
+        raise ValueError(f"status must be completed, pending or failed, not {status!r}")
+    session = _session if _session is not None else init()
+    session.write(
+        records.Eval(
+            v=records.RECORD_VERSION,
+            run=session.run_name,
+            rank=session.rank,
+            attempt=session.attempt,
+            step=session.last_step if step is None else int(step),
+            ts=time.time(),
+            role=role,
+            checkpoint=checkpoint,
+            split=split,
+            metrics={str(k): records.finite_or_none(getattr(v, "item", lambda v=v: v)()) for k, v in metrics.items()},
+            status=status,
+        )
+    )
+
+
+def publish_checkpoint(path_or_state: Any, *, step: Optional[int] = None) -> str:
+    """Publish an immutable checkpoint and a durable validation request (rank 0 writes).
+
+    ``path_or_state`` is a checkpoint file already written or a state object
+    saved with ``torch.save``. Returns the checkpoint id on every rank.
+    """
+    from traceml_tui.hygiene import checkpoints
+
+    session = _session if _session is not None else init()
+    step = session.last_step if step is None else int(step)
+    checkpoint_id = checkpoints.checkpoint_id(step)
+    if session.rank == 0:
+        checkpoint_id = checkpoints.publish_checkpoint(
+            session.run_dir,
+            path_or_state,
+            step=step,
+            config_digest=os.environ.get(env.VALIDATION_DIGEST, ""),
+        )
+        path = checkpoints.request_path(session.run_dir, checkpoint_id)
+        relative = None
+        try:
+            import json
+
+            relative = json.loads(Path(path).read_text()).get("path")
+        except (OSError, ValueError):
+            pass
+        session.write(
+            records.Checkpoint(
+                v=records.RECORD_VERSION,
+                run=session.run_name,
+                rank=session.rank,
+                attempt=session.attempt,
+                step=step,
+                ts=time.time(),
+                id=checkpoint_id,
+                path=relative,
+            )
+        )
+    return checkpoint_id
+
+
+def finish(status: str = "completed", exit_code: Optional[int] = None) -> None:
+    """Flush pending GPU timings and write this rank's ``rank_end`` record."""
+    global _session
+    if _session is not None and not _session.closed:
+        _session.close(status, exit_code)

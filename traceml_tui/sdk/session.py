@@ -1,0 +1,366 @@
+"""One rank's recording session: the step-record writer and the step clock.
+
+Everything on the per-step path is plain attribute access, ``perf_counter``
+and one ``os.write``: the budget is ≤ 10 µs per traced step without phase
+hooks (see tests/benchmarks/bench_sdk_overhead.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+import uuid as uuid_mod
+from collections import deque
+from pathlib import Path
+from typing import Any, Optional
+
+from traceml_tui import atomic, records
+from traceml_tui.sdk import env
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_RSS_PERIOD_S = 1.0
+
+
+def _rss_bytes() -> Optional[int]:
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _as_float(value: Any) -> Optional[float]:
+    """Convert a number or a one-element tensor to a finite float (None otherwise)."""
+    if value is None:
+        return None
+    item = getattr(value, "item", None)
+    if item is not None:
+        try:
+            value = item()
+        except (RuntimeError, ValueError):
+            return None
+    return records.finite_or_none(value)
+
+
+def _mean_square(target: Any) -> Any:
+    """Mean square of a target: a tensor stays a (lazy) tensor; a number is taken as already reduced."""
+    if hasattr(target, "detach") and hasattr(target, "float"):
+        return target.detach().float().pow(2).mean()
+    return target
+
+
+def detect_rank() -> tuple[int, int]:
+    """(rank, world_size) from torch.distributed when initialized, else RANK/WORLD_SIZE, else (0, 1)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        dist = getattr(torch, "distributed", None)
+        try:
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                return int(dist.get_rank()), int(dist.get_world_size())
+        except (RuntimeError, ValueError):
+            pass
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError:
+        rank = 0
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    return rank, world
+
+
+def last_recorded_step(rank_dir: Path) -> tuple[int, int]:
+    """(highest attempt number, highest completed step) among a rank's existing step files.
+
+    Returns (-1, 0) when the rank has no files yet. Only complete lines count.
+    """
+    best_attempt, best_step = -1, 0
+    if not rank_dir.is_dir():
+        return best_attempt, best_step
+    for path in rank_dir.glob("steps-*.jsonl"):
+        try:
+            attempt = int(path.stem.split("-", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        best_attempt = max(best_attempt, attempt)
+        best_step = max(best_step, _last_step_in_file(path))
+    return best_attempt, best_step
+
+
+def _last_step_in_file(path: Path) -> int:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            chunk = min(size, 1 << 20)
+            handle.seek(size - chunk)
+            data = handle.read(chunk)
+    except OSError:
+        return 0
+    end = data.rfind(b"\n")
+    if end < 0:
+        return 0
+    for line in reversed(data[:end].split(b"\n")):
+        try:
+            record = records.decode(line)
+        except records.RecordError:
+            continue
+        if isinstance(record, (records.Step, records.RankEnd)) and record.step:
+            return record.step
+    return 0
+
+
+class _StepState:
+    """Timestamps and values gathered during one traced step (CPU perf_counter seconds)."""
+
+    __slots__ = (
+        "start", "input_wait_ms", "fwd_start", "fwd_ms", "bwd_start", "bwd_ms",
+        "opt_start", "opt_ms", "values", "gpu",
+    )
+
+    def __init__(self, start: float, input_wait_ms: Optional[float]) -> None:
+        self.start = start
+        self.input_wait_ms = input_wait_ms
+        self.fwd_start = None
+        self.fwd_ms = None
+        self.bwd_start = None
+        self.bwd_ms = None
+        self.opt_start = None
+        self.opt_ms = None
+        self.values: dict[str, Any] = {}
+        self.gpu = None  # phases.GpuStepEvents when CUDA timing is active
+
+
+class Session:
+    """The recording state of one rank for one attempt."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        run_name: str,
+        *,
+        rank: int,
+        world_size: int,
+        start_step: Optional[int] = None,
+        max_steps: Optional[int] = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.run_name = run_name
+        self.rank = rank
+        self.world_size = world_size
+        self.max_steps = max_steps
+        rank_dir = run_dir / "ranks" / records.rank_dir_name(rank)
+        last_attempt, last_step = last_recorded_step(rank_dir)
+        self.attempt = last_attempt + 1
+        if start_step is None:
+            start_step = last_step + 1
+        if start_step > last_step + 1:
+            raise ValueError(
+                f"start_step {start_step} would leave a gap: the history of rank {rank} ends at step {last_step}"
+            )
+        if start_step < 1:
+            raise ValueError("start_step must be at least 1")
+        self.next_step = start_step
+        self.path = rank_dir / records.steps_file_name(self.attempt)
+        self.fd = atomic.open_append(self.path)
+        node_rank = os.environ.get(env.NODE_RANK)
+        header = records.Header(
+            v=records.RECORD_VERSION,
+            run=run_name,
+            rank=rank,
+            attempt=self.attempt,
+            uuid=uuid_mod.uuid4().hex,
+            ts=time.time(),
+            node_rank=int(node_rank) if node_rank and node_rank.isdigit() else None,
+            world_size=world_size,
+        )
+        atomic.append_line(self.fd, records.encode(header))
+        self.prev_end: Optional[float] = None
+        self.current: Optional[_StepState] = None
+        self.carry: dict[str, Any] = {}  # values logged outside a step join the next one
+        self.examples: Optional[int] = None
+        self.pending: deque = deque()  # steps waiting for their CUDA events
+        self.cuda = False
+        self._rss: Optional[int] = None
+        self._rss_at = 0.0
+        self.closed = False
+        self.failed = False
+        # perf_counter → wall clock, so records carry wall time without a second clock read per step
+        self._wall_offset = time.time() - time.perf_counter()
+
+    # -- step clock ---------------------------------------------------------------------------
+    def begin(self, now: float) -> _StepState:
+        wait = (now - self.prev_end) * 1000.0 if self.prev_end is not None else None
+        state = _StepState(now, wait)
+        if self.carry:
+            state.values.update(self.carry)
+            self.carry.clear()
+        self.current = state
+        return state
+
+    def end(self, state: _StepState, now: float, ok: bool) -> None:
+        self.current = None
+        self.prev_end = now
+        if not ok:
+            return
+        step = self.next_step
+        self.next_step += 1
+        if self.max_steps is not None and step > self.max_steps:
+            return
+        if state.gpu is not None:
+            state.gpu.close()
+            self.pending.append((step, now, state))
+            self.drain_gpu(block=False)
+        else:
+            self._emit(step, now, state, None)
+
+    def drain_gpu(self, *, block: bool) -> None:
+        """Emit steps whose CUDA events completed (all of them when ``block``)."""
+        while self.pending:
+            step, now, state = self.pending[0]
+            if not block and not state.gpu.ready():
+                return
+            self.pending.popleft()
+            self._emit(step, now, state, state.gpu.resolve())
+
+    def _emit(self, step: int, now: float, state: _StepState, gpu: Optional[records.Phases]) -> None:
+        values = state.values
+        traced_ms = (now - state.start) * 1000.0
+        cpu = records.Phases(
+            step=traced_ms,
+            input_wait=state.input_wait_ms,
+            forward=state.fwd_ms,
+            backward=state.bwd_ms,
+            optimizer=state.opt_ms,
+        )
+        if now - self._rss_at >= _RSS_PERIOD_S:
+            self._rss = _rss_bytes()
+            self._rss_at = now
+        mem = records.Memory(rss=self._rss)
+        if self.cuda:
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                mem.cuda_peak_allocated = int(torch.cuda.max_memory_allocated())
+                mem.cuda_peak_reserved = int(torch.cuda.max_memory_reserved())
+        if "examples" in values:
+            self.examples = values["examples"]
+        elif "batch_size" in values:
+            self.examples = (self.examples or 0) + int(values["batch_size"])
+        record = records.Step(
+            v=records.RECORD_VERSION,
+            run=self.run_name,
+            rank=self.rank,
+            attempt=self.attempt,
+            step=step,
+            ts=now + self._wall_offset,
+            cpu_ms=cpu,
+            gpu_ms=gpu,
+            loss=_as_float(values.get("loss")),
+            lr=_as_float(values.get("lr")),
+            grad_norm=_as_float(values.get("grad_norm")),
+            examples=self.examples,
+            mem=mem,
+            components=_components(values.get("components")),
+            metrics=_metrics(values.get("metrics")),
+        )
+        atomic.append_line(self.fd, records.encode(record))
+
+    # -- other records ------------------------------------------------------------------------
+    @property
+    def last_step(self) -> int:
+        return self.next_step - 1
+
+    def write(self, record: records.Record) -> None:
+        atomic.append_line(self.fd, records.encode(record))
+
+    def close(self, status: str, exit_code: Optional[int] = None) -> None:
+        if self.closed:
+            return
+        try:
+            self.drain_gpu(block=True)
+        except Exception:  # noqa: BLE001 - a CUDA error at exit must not hide the rank_end record
+            pass
+        self.write(
+            records.RankEnd(
+                v=records.RECORD_VERSION,
+                run=self.run_name,
+                rank=self.rank,
+                attempt=self.attempt,
+                step=self.last_step,
+                ts=time.time(),
+                status=status,
+                exit_code=exit_code,
+            )
+        )
+        os.close(self.fd)
+        self.closed = True
+
+
+def _components(raw: Any) -> Optional[dict[str, records.Component]]:
+    if not raw:
+        return None
+    out: dict[str, records.Component] = {}
+    for name, spec in raw.items():
+        weight: Any = 1.0
+        if isinstance(spec, dict):
+            value = spec.get("value")
+            target_ms = spec.get("target_ms", spec.get("target"))
+            weight = spec.get("weight", 1.0)
+        elif isinstance(spec, (tuple, list)):
+            value = spec[0]
+            target_ms = spec[1] if len(spec) > 1 else None
+            if len(spec) > 2:
+                weight = spec[2]
+        else:
+            value, target_ms = spec, None
+        v = _as_float(value)
+        t = _as_float(target_ms)
+        w = _as_float(weight)
+        w = 1.0 if w is None else w
+        ratio = v / t if (v is not None and t is not None and t > 0.0) else None
+        out[str(name)] = records.Component(
+            value=v,
+            weight=w,
+            weighted=None if v is None else v * w,
+            target_ms=t,
+            ratio=ratio,
+        )
+    return out
+
+
+def _metrics(raw: Any) -> Optional[dict[str, Optional[float]]]:
+    if not raw:
+        return None
+    return {str(k): _as_float(v) for k, v in raw.items()}
+
+
+def resolve_run(run_name: Optional[str], logs_dir: Optional[str]) -> tuple[Path, str]:
+    """Run directory and name: the launcher's (environment) or ``./logs/<run-name>``."""
+    launched = os.environ.get(env.RUN_DIR)
+    if launched:
+        path = Path(launched)
+        return path, os.environ.get(env.RUN_NAME) or path.name
+    if not run_name:
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        run_name = run_id if run_id and run_id != "none" else time.strftime("run-%Y%m%d-%H%M%S")
+    return Path(logs_dir or "logs") / run_name, run_name
+
+
+def register_exit(session: Session) -> None:
+    """Write ``rank_end`` at interpreter exit; an uncaught exception marks the rank failed."""
+    previous_hook = sys.excepthook
+
+    def _excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+        session.failed = True
+        previous_hook(exc_type, exc, tb)
+
+    sys.excepthook = _excepthook
+
+    def _at_exit() -> None:
+        if not session.closed:
+            session.close("failed" if session.failed else "completed", 1 if session.failed else 0)
+
+    atexit.register(_at_exit)

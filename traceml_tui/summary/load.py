@@ -1,0 +1,90 @@
+"""Read a run directory's JSONL streams into compact per-rank columns.
+
+Only complete lines count; a malformed line is skipped (the daemon reports
+those). When a rank has several attempts, the newest attempt's record of a
+step supersedes an older one, so a resumed history has each step once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+from traceml_tui import records
+
+
+@dataclass
+class RankSteps:
+    """One rank's step history keyed by step number (newest attempt wins)."""
+
+    rank: int
+    steps: dict[int, records.Step] = field(default_factory=dict)
+    attempts: set[int] = field(default_factory=set)
+    evals: list[records.Eval] = field(default_factory=list)
+    ended: Optional[records.RankEnd] = None
+
+
+def iter_complete_lines(path: Path) -> Iterator[bytes]:
+    """Yield the complete (newline-terminated) lines of a file; a trailing partial line is ignored."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return
+    end = data.rfind(b"\n")
+    if end < 0:
+        return
+    for line in data[:end].split(b"\n"):
+        if line.strip():
+            yield line
+
+
+def _attempt_of(path: Path) -> int:
+    try:
+        return int(path.stem.split("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def load_ranks(run_dir: Path) -> dict[int, RankSteps]:
+    """Load every rank's step records under ``run_dir/ranks``."""
+    out: dict[int, RankSteps] = {}
+    ranks_dir = run_dir / "ranks"
+    if not ranks_dir.is_dir():
+        return out
+    for rank_dir in sorted(ranks_dir.glob("rank_*")):
+        try:
+            rank = int(rank_dir.name.split("_", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        series = RankSteps(rank)
+        for path in sorted(rank_dir.glob("steps-*.jsonl"), key=_attempt_of):
+            for line in iter_complete_lines(path):
+                try:
+                    record = records.decode(line)
+                except records.RecordError:
+                    continue
+                if isinstance(record, records.Step):
+                    series.steps[record.step] = record
+                    series.attempts.add(record.attempt)
+                elif isinstance(record, records.Eval):
+                    series.evals.append(record)
+                elif isinstance(record, records.RankEnd):
+                    series.ended = record
+        if series.steps or series.ended is not None:
+            out[rank] = series
+    return out
+
+
+def load_system(run_dir: Path) -> dict[int, list[records.SystemSample]]:
+    """Load node samples: node_rank → samples in time order."""
+    out: dict[int, list[records.SystemSample]] = {}
+    for path in sorted((run_dir / "nodes").glob("node_*/system.jsonl")):
+        for line in iter_complete_lines(path):
+            try:
+                record = records.decode(line)
+            except records.RecordError:
+                continue
+            if isinstance(record, records.SystemSample):
+                out.setdefault(record.node_rank, []).append(record)
+    return out

@@ -1,0 +1,76 @@
+"""The human-readable card stored in ``final_summary.json`` ``text`` and ``final_summary.txt``.
+
+A presentation of stored values only: nothing here is recomputed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+def _ms(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.2f} ms"
+
+
+def render_text(summary: dict[str, Any]) -> str:
+    """Render the compact card: verdict, why, next, then the step-time table."""
+    meta = summary.get("meta", {})
+    context = summary.get("run_context", {})
+    step_time = summary.get("step_time", {})
+    glob = step_time.get("global", {})
+    window = glob.get("window", {})
+    average = glob.get("average", {})
+    diagnosis = step_time.get("diagnosis", {})
+    status = context.get("run", {}).get("status", "unknown")
+    lines = [
+        f"TraceML summary · run {meta.get('run_name')} · {status}",
+        f"Verdict: {diagnosis.get('status', 'NO DATA')} — {diagnosis.get('summary', '')}",
+        f"Next:    {diagnosis.get('action', '')}",
+    ]
+    declaration = context.get("declaration")
+    execution = context.get("execution", {})
+    if declaration:
+        m = declaration["measurement"]
+        lines.append(
+            f"Guard:   workload {declaration['workload']['name']}, declared steps "
+            f"{m['start_step']}-{m['start_step'] + m['completed_steps'] - 1}; launcher completion "
+            f"{execution.get('launcher_completion', {}).get('status', 'not recorded')}"
+        )
+    if execution:
+        lines.append(
+            f"Topology: {execution.get('expected_nodes', '?')} node(s) × {execution.get('processes_per_node', '?')} "
+            f"process(es) = world size {execution.get('expected_world_size', '?')}"
+        )
+    steps = window.get("steps_analyzed") or 0
+    if steps:
+        lines.append(
+            f"Window:  steps {window.get('start_step')}-{window.get('end_step')} ({steps} common steps, "
+            f"{window.get('diagnosis_clock', 'cpu').upper()} clock, {meta.get('world_size')} rank(s))"
+        )
+        lines.append("")
+        lines.append(f"  {'phase':<14}{'average':>12}{'median rank':>14}{'worst rank':>14}")
+        for label, name in (
+            ("step time", "step_time_ms"),
+            ("input wait", "input_wait_ms"),
+            ("forward", "forward_ms"),
+            ("backward", "backward_ms"),
+            ("optimizer", "optimizer_ms"),
+            ("residual", "residual_ms"),
+        ):
+            med = glob.get("median", {}).get(name, {})
+            worst = glob.get("worst", {}).get(name, {})
+            lines.append(
+                f"  {label:<14}{_ms(average.get(name)):>12}"
+                f"{_ms(med.get('value')) + (' r' + str(med.get('idx')) if med.get('idx') is not None else ''):>14}"
+                f"{_ms(worst.get('value')) + (' r' + str(worst.get('idx')) if worst.get('idx') is not None else ''):>14}"
+            )
+        cpu, gpu = average.get("step_time_cpu_ms"), average.get("step_time_gpu_ms")
+        lines.append(f"  step time by clock: CPU {_ms(cpu)} · GPU {_ms(gpu)}")
+    else:
+        lines.append("Window:  no step completed on every rank")
+    training = summary.get("training") or {}
+    comps = training.get("components") or {}
+    for name, comp in sorted(comps.items()):
+        flag = "learning" if comp.get("learning") else "NOT below the no-skill line (1.0)"
+        lines.append(f"Loss {name}: scale-free ratio {comp['ratio_first']:.3f} → {comp['ratio_last']:.3f} ({flag})")
+    return "\n".join(lines)
