@@ -1,0 +1,234 @@
+"""Validation backlog: real drainer processes racing, crash recovery, failures, status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from traceml_tui.atomic import atomic_write_json
+from traceml_tui.hygiene import backlog
+from traceml_tui.hygiene.checkpoints import publish_checkpoint
+
+DIGEST = "sha256:test"
+
+
+def _publish(run_dir: Path, steps) -> list[str]:
+    ckpt_file = run_dir / "weights.bin"
+    if not ckpt_file.exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt_file.write_bytes(b"weights")
+    return [publish_checkpoint(run_dir, ckpt_file, step=s, config_digest=DIGEST) for s in steps]
+
+
+def _worker(log: Path, *, block: Path | None = None, exit_code: int = 0) -> list[str]:
+    """A shell worker that appends `<checkpoint-path> <step>` to LOG and prints `{"loss": <step>}`."""
+    script = 'echo "$1 $2" >> "$3"; '
+    if block is not None:
+        script += f'while [ -f "{block}" ]; do sleep 0.05; done; '
+    script += f"printf '{{\"loss\": %s}}\\n' \"$2\"; exit {exit_code}"
+    return ["sh", "-c", script, "sh", "{checkpoint}", "{step}", str(log)]
+
+
+def _drain_cmd(traceml_cmd, run_dir: Path, worker: list[str], *extra: str) -> list[str]:
+    return [*traceml_cmd, "validate", "drain", str(run_dir), "--no-curve", *extra, "--", *worker]
+
+
+def _wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_two_drainers_race_over_50_requests_each_processed_exactly_once(tmp_path, traceml_cmd, cli_env):
+    run_dir = tmp_path / "run"
+    ckpts = _publish(run_dir, range(10, 510, 10))
+    log = tmp_path / "processed.log"
+    cmd = _drain_cmd(traceml_cmd, run_dir, _worker(log))
+    procs = [subprocess.Popen(cmd, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=90) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    done = [int(out.split("drained: ")[1].split()[0]) for out, _ in outs]
+    assert sum(done) == 50
+    lines = log.read_text().splitlines()
+    assert len(lines) == 50
+    assert sorted(Path(line.split()[0]).name for line in lines) == sorted(["weights.bin"] * 50)
+    assert sorted(int(line.split()[1]) for line in lines) == list(range(10, 510, 10))
+    receipts = backlog.list_receipts(run_dir)
+    assert sorted(receipts) == sorted(ckpts)
+    assert receipts["step-00000120"]["metrics"] == {"loss": 120.0}
+    assert receipts["step-00000120"]["config_digest"] == DIGEST
+    assert list(backlog.kind_dir(run_dir, "claims").glob("*.json")) == []
+    status = backlog.backlog_status(run_dir)
+    assert status["outstanding"] == [] and status["newest_completed"]["checkpoint"] == "step-00000500"
+
+
+def test_a_single_drainer_takes_work_in_checkpoint_order(tmp_path, traceml_cmd, cli_env):
+    run_dir = tmp_path / "run"
+    _publish(run_dir, [30, 10, 20])
+    log = tmp_path / "order.log"
+    proc = subprocess.run(_drain_cmd(traceml_cmd, run_dir, _worker(log)), env=cli_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [int(line.split()[1]) for line in log.read_text().splitlines()] == [10, 20, 30]
+
+
+def test_sigkilled_drainer_claim_is_recovered_only_after_its_owner_is_gone(tmp_path, traceml_cmd, cli_env):
+    run_dir = tmp_path / "run"
+    (ckpt,) = _publish(run_dir, [100])
+    log = tmp_path / "processed.log"
+    block = tmp_path / "block"
+    block.touch()
+    holder = subprocess.Popen(_drain_cmd(traceml_cmd, run_dir, _worker(log, block=block), "--lease", "1"),
+                              env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert _wait_for(lambda: log.exists() and log.read_text().strip()), "first drainer never started its worker"
+        claim = backlog.read_claim(run_dir, ckpt)
+        assert claim["owner"]["pid"] == holder.pid
+        # Its lease (1 s) lapses while the owner is alive and busy: the heartbeat keeps it fresh,
+        # and on the same host a live owner is never robbed whatever the heartbeat says.
+        time.sleep(1.5)
+        second = subprocess.run(_drain_cmd(traceml_cmd, run_dir, _worker(log)), env=cli_env,
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 0, second.stderr
+        assert len(log.read_text().splitlines()) == 1
+        assert backlog.read_receipt(run_dir, ckpt) is None
+        assert backlog.read_claim(run_dir, ckpt)["owner"]["pid"] == holder.pid
+        assert backlog.read_claim(run_dir, ckpt)["heartbeat"] > claim["heartbeat"]
+
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=10)
+        assert backlog.read_claim(run_dir, ckpt) is not None  # the dead owner's claim is still on disk
+        status = backlog.backlog_status(run_dir)
+        assert status["outstanding"][0]["state"] == "stale_claim"
+
+        third = subprocess.run(_drain_cmd(traceml_cmd, run_dir, _worker(log)), env=cli_env,
+                               capture_output=True, text=True, timeout=60)
+        assert third.returncode == 0, third.stderr
+    finally:
+        block.unlink(missing_ok=True)  # lets the orphaned worker of the killed drainer exit
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    receipt = backlog.read_receipt(run_dir, ckpt)
+    assert receipt is not None and receipt["metrics"] == {"loss": 100.0}
+    assert len(list(backlog.kind_dir(run_dir, "receipts").glob("*.json"))) == 1
+    assert backlog.read_claim(run_dir, ckpt) is None
+    assert backlog.list_failures(run_dir) == {}
+
+
+def test_claims_of_other_hosts_are_judged_by_heartbeat_age(tmp_path):
+    run_dir = tmp_path / "run"
+    fresh, old = _publish(run_dir, [1, 2])
+    foreign = {"host": "not-" + socket.gethostname(), "pid": 1, "start_time": 0.0}
+    now = time.time()
+    atomic_write_json(backlog.claim_path(run_dir, fresh), {"checkpoint": fresh, "owner": foreign, "claimed": now,
+                                                           "heartbeat": now, "lease_s": 60.0})
+    atomic_write_json(backlog.claim_path(run_dir, old), {"checkpoint": old, "owner": foreign, "claimed": now - 600,
+                                                         "heartbeat": now - 120, "lease_s": 60.0})
+    me = backlog.current_owner()
+    assert backlog.try_claim(run_dir, fresh, me, 60.0) is None
+    taken = backlog.try_claim(run_dir, old, me, 60.0)
+    assert taken is not None and backlog.read_claim(run_dir, old)["owner"] == me
+    # A reused pid on this host (same pid, different start time) is not the owner.
+    ghost = dict(me, start_time=me["start_time"] - 1000)
+    atomic_write_json(backlog.claim_path(run_dir, fresh), {"checkpoint": fresh, "owner": ghost, "claimed": now,
+                                                           "heartbeat": now, "lease_s": 60.0})
+    assert backlog.try_claim(run_dir, fresh, me, 60.0) is not None
+
+
+def test_failures_stay_visible_and_retryable_never_a_result(tmp_path, traceml_cmd, cli_env):
+    run_dir = tmp_path / "run"
+    bad_exit, bad_output = _publish(run_dir, [10, 20])
+    log = tmp_path / "log"
+    crashing = _worker(log, exit_code=3)
+    first = subprocess.run(_drain_cmd(traceml_cmd, run_dir, crashing), env=cli_env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0
+    failures = backlog.list_failures(run_dir)
+    assert set(failures) == {bad_exit, bad_output}
+    assert failures[bad_exit][0]["attempt"] == 1 and failures[bad_exit][0]["error"].startswith("exit code 3")
+    assert backlog.list_receipts(run_dir) == {}
+
+    status = subprocess.run([*traceml_cmd, "validate", "status", str(run_dir), "--json"], env=cli_env,
+                            capture_output=True, text=True, timeout=30)
+    report = json.loads(status.stdout)
+    assert report["newest_completed"] is None
+    assert [(r["checkpoint"], r["state"]) for r in report["outstanding"]] == [(bad_exit, "failed"), (bad_output, "failed")]
+
+    # Retry: one succeeds, the other prints no metrics JSON and fails a second time.
+    receipt_worker = ["sh", "-c", 'if [ "$2" = 10 ]; then echo "{\\"r2\\": 0.5}"; else echo "done, no metrics"; fi',
+                      "sh", "{checkpoint}", "{step}"]
+    second = subprocess.run(_drain_cmd(traceml_cmd, run_dir, receipt_worker), env=cli_env, capture_output=True,
+                            text=True, timeout=60)
+    assert second.returncode == 0
+    assert backlog.read_receipt(run_dir, bad_exit)["metrics"] == {"r2": 0.5}
+    assert backlog.read_receipt(run_dir, bad_output) is None
+    assert [f["attempt"] for f in backlog.list_failures(run_dir)[bad_output]] == [1, 2]
+    assert "JSON" in backlog.list_failures(run_dir)[bad_output][1]["error"]
+
+    text = subprocess.run([*traceml_cmd, "validate", "status", str(run_dir)], env=cli_env, capture_output=True,
+                          text=True, timeout=30).stdout
+    assert "newest completed: step-00000010" in text
+    assert "outstanding: 1" in text and "step-00000020" in text and "2 failed" in text
+
+
+def test_runtime_limit_leaves_unstarted_work_pending(tmp_path, traceml_cmd, cli_env):
+    run_dir = tmp_path / "run"
+    _publish(run_dir, [1, 2, 3, 4, 5, 6])
+    slow = ["sh", "-c", 'sleep 0.7; echo "{\\"m\\": 1}"', "sh", "{checkpoint}"]
+    proc = subprocess.run(_drain_cmd(traceml_cmd, run_dir, slow, "--max-runtime", "2"), env=cli_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "runtime_limit" in proc.stdout
+    status = backlog.backlog_status(run_dir)
+    assert 1 <= status["counts"]["completed"] < 6
+    assert all(row["state"] == "pending" for row in status["outstanding"])
+    assert backlog.list_failures(run_dir) == {}
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["drain", "{run}"], "needs a worker command"),
+        (["drain", "{run}", "--", "python", "v.py"], "{checkpoint} placeholder"),
+        (["drain", "{run}/missing", "--", "x", "{checkpoint}"], "run directory not found"),
+        (["drain", "{run}", "--lease", "-1", "--", "x", "{checkpoint}"], "--lease"),
+        (["status", "{run}/missing"], "run directory not found"),
+        (["frobnicate"], "unknown subcommand"),
+    ],
+)
+def test_bad_usage_is_one_line_exit_2(tmp_path, args, needle):
+    from traceml_tui.hygiene import validate_cli
+
+    proc = subprocess.run([sys.executable, "-m", "traceml_tui", "validate", *[a.replace("{run}", str(tmp_path)) for a in args]],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+    assert validate_cli.USAGE
+
+
+def test_publish_checkpoint_saves_state_immutably_and_requests_once(tmp_path):
+    torch = pytest.importorskip("torch")
+    run_dir = tmp_path / "run"
+    first = publish_checkpoint(run_dir, {"w": torch.ones(2)}, step=120, config_digest=DIGEST)
+    again = publish_checkpoint(run_dir, {"w": torch.zeros(2)}, step=120, config_digest=DIGEST)
+    assert (first, again) == ("step-00000120", "step-00000120-2")
+    request = backlog.read_json(backlog.request_path(run_dir, first))
+    assert request["path"] == "checkpoints/step-00000120.pt" and request["step"] == 120
+    assert set(request) == {"checkpoint", "step", "path", "config_digest", "created"}
+    assert torch.load(run_dir / request["path"])["w"].tolist() == [1.0, 1.0]  # not overwritten by the second
+    outside = tmp_path / "elsewhere.pt"
+    outside.write_bytes(b"x")
+    inside = run_dir / "mine.pt"
+    inside.write_bytes(b"y")
+    assert backlog.read_json(backlog.request_path(run_dir, publish_checkpoint(run_dir, inside, step=5, config_digest=DIGEST)))["path"] == "mine.pt"
+    assert backlog.read_json(backlog.request_path(run_dir, publish_checkpoint(run_dir, outside, step=6, config_digest=DIGEST)))["path"] == str(outside)
