@@ -1,0 +1,125 @@
+"""Early stopping over asynchronous receipts: order, resume, pending/failed evaluations, budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from traceml_tui.hygiene import EarlyStopping, backlog
+from traceml_tui.hygiene.checkpoints import publish_checkpoint
+
+DIGEST = "sha256:es"
+POLICY = dict(metric="val_loss", direction="min", min_delta=0.01, patience=2)
+# checkpoint step -> validation loss; 0.795 is within min_delta of 0.8, so it is not an improvement.
+SCHEDULE = [(10, 1.0), (20, 0.8), (30, 0.795), (40, 0.6), (50, 0.7), (60, 0.65), (70, 0.1)]
+
+
+def _request(run_dir: Path, step: int) -> str:
+    weights = run_dir / "w.bin"
+    if not weights.exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        weights.write_bytes(b"w")
+    return publish_checkpoint(run_dir, weights, step=step, config_digest=DIGEST)
+
+
+def _complete(run_dir: Path, ckpt: str, value: float) -> None:
+    backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, ckpt)), {"val_loss": value})
+
+
+def _decisions(run_dir: Path, *, resume_each_time: bool) -> tuple[list[bool], dict]:
+    """Publish and complete the schedule one checkpoint at a time, asking for a decision after each."""
+    es = EarlyStopping(run_dir, **POLICY)
+    out = []
+    for step, value in SCHEDULE:
+        ckpt = _request(run_dir, step)
+        if resume_each_time:
+            es = EarlyStopping(run_dir, **POLICY)  # a new process reading only the persisted state
+        out.append(es.update(step))
+        _complete(run_dir, ckpt, value)
+        if resume_each_time:
+            es = EarlyStopping(run_dir, **POLICY)
+        out.append(es.update(step))
+        out.append(es.update(step))  # asking twice must not consume the same evaluation twice
+    return out, es.summary()
+
+
+def _comparable(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "updated"}
+
+
+def test_resumed_mid_patience_matches_an_uninterrupted_run(tmp_path):
+    straight, final = _decisions(tmp_path / "a", resume_each_time=False)
+    resumed, final_resumed = _decisions(tmp_path / "b", resume_each_time=True)
+    assert straight == resumed
+    assert _comparable(final) == _comparable(final_resumed)
+    assert final["stopped"] and final["reason"] == "patience_exhausted"
+    assert final["trigger_checkpoint"] == "step-00000060" and final["trigger_step"] == 60
+    assert final["best_checkpoint"] == "step-00000040" and final["best_metric"] == 0.6
+    assert final["last_consumed"] == "step-00000060"  # the later, better checkpoint came after the stop
+    persisted = json.loads((tmp_path / "b" / "early_stopping.json").read_text())
+    assert persisted["patience_counter"] == 2 and persisted["consumed"][-1] == "step-00000060"
+
+
+def test_patience_state_survives_a_restart_in_the_middle(tmp_path):
+    run_dir = tmp_path / "run"
+    for step, value in SCHEDULE[:3]:
+        _complete(run_dir, _request(run_dir, step), value)
+    first = EarlyStopping(run_dir, **POLICY)
+    assert first.update(30) is False
+    assert (first.state["patience_counter"], first.state["best_checkpoint"]) == (1, "step-00000020")
+    again = EarlyStopping(run_dir, **POLICY)  # restarted process: patience not reset, nothing recounted
+    assert again.update(30) is False and again.state["patience_counter"] == 1 and again.state["evaluations"] == 3
+
+
+def test_failed_evaluation_between_two_improvements_does_not_stop(tmp_path):
+    run_dir = tmp_path / "run"
+    es = EarlyStopping(run_dir, metric="val_loss", direction="min", min_delta=0.0, patience=1)
+    c1, c2, c3 = (_request(run_dir, s) for s in (10, 20, 30))
+    _complete(run_dir, c1, 0.9)
+    backlog.write_failure(run_dir, c2, "exit code 1: out of memory")
+    _complete(run_dir, c3, 0.5)
+    assert es.update(30) is False
+    # Consumption waits at the failed checkpoint: it is neither counted nor skipped.
+    assert es.state["last_consumed"] == c1 and c3 not in es.state["consumed"]
+    assert es.state["patience_counter"] == 0
+    _complete(run_dir, c2, 0.7)  # the retry succeeds
+    assert es.update(30) is False
+    assert es.state["consumed"] == [c1, c2, c3] and es.state["best_checkpoint"] == c3
+
+
+def test_pending_evaluations_never_count_and_order_holds(tmp_path):
+    run_dir = tmp_path / "run"
+    es = EarlyStopping(run_dir, metric="acc", direction="max", min_delta=0.0, patience=1)
+    c1, c2, c3 = (_request(run_dir, s) for s in (1, 2, 3))
+    backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, c1)), {"acc": 0.5})
+    backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, c3)), {"acc": 0.1})
+    assert es.update(3) is False and es.state["consumed"] == [c1]
+    backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, c2)), {"acc": 0.9})
+    assert es.update(3) is True
+    assert (es.state["best_checkpoint"], es.state["trigger_checkpoint"]) == (c2, c3)
+
+
+def test_warmup_budget_and_disabled_policy(tmp_path):
+    run_dir = tmp_path / "warm"
+    es = EarlyStopping(run_dir, metric="val_loss", direction="min", min_delta=0.0, patience=1, warmup=25, max_budget=100)
+    for step, value in [(10, 0.1), (20, 0.9), (30, 0.5)]:
+        _complete(run_dir, _request(run_dir, step), value)
+    assert es.update(30) is False  # 0.1 and 0.9 fell in the warm-up: not eligible, not the best
+    assert (es.state["best_checkpoint"], es.state["evaluations"]) == ("step-00000030", 1)
+    assert es.update(99) is False and es.update(100) is True
+    assert es.state["reason"] == "max_budget" and es.state["trigger_step"] == 100
+
+    hygiene = {"early_stopping": {"enabled": False, "reason": "fixed-duration reproduction"}}
+    off = EarlyStopping.from_config(tmp_path / "off", hygiene)
+    for step, value in [(10, 0.1), (20, 0.9), (30, 0.9)]:
+        _complete(tmp_path / "off", _request(tmp_path / "off", step), value)
+    assert off.update(30) is False
+    assert json.loads((tmp_path / "off" / "early_stopping.json").read_text())["policy"]["reason"] == "fixed-duration reproduction"
+
+
+def test_changed_policy_on_resume_is_refused(tmp_path):
+    EarlyStopping(tmp_path, **POLICY).update(0)
+    with pytest.raises(ValueError, match="patience"):
+        EarlyStopping(tmp_path, **dict(POLICY, patience=5))
