@@ -1,0 +1,77 @@
+"""``traceml daemon ROOT… [--index PATH] [--poll-interval S] [--no-inotify] [--once]``.
+
+Runs the ingester in the foreground until SIGTERM/SIGINT (``--once``: ingest
+what is present and exit, for scripts, cron and tests). Exit codes: 0 done,
+1 the index is held by another writer or sits on a network filesystem,
+2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from . import index as idx
+from . import locations, service
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="traceml daemon", description="Ingest run directories into the local SQLite index.")
+    p.add_argument("roots", nargs="*", metavar="ROOT", help="folders holding run directories")
+    p.add_argument("--index", metavar="PATH", help="index file (default $XDG_STATE_HOME/traceml/index.sqlite)")
+    p.add_argument("--poll-interval", type=float, default=1.0, metavar="S", help="re-stat known files every S seconds (default 1)")
+    p.add_argument("--rescan-interval", type=float, default=None, metavar="S", help="walk the roots every S seconds (default 5)")
+    p.add_argument("--no-inotify", action="store_true", help="poll only (no watchdog hints)")
+    p.add_argument("--once", action="store_true", help="ingest everything present and exit")
+    p.add_argument("--prune-missing", action="store_true", help="delete the rows of runs whose folder is gone, then exit")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``traceml daemon``."""
+    args = _parser().parse_args(argv)
+    index_path = os.path.abspath(args.index) if args.index else str(locations.default_index_path())
+    if args.poll_interval <= 0 or (args.rescan_interval is not None and args.rescan_interval <= 0):
+        print("traceml daemon: --poll-interval and --rescan-interval must be positive", file=sys.stderr)
+        return 2
+    if not args.roots and not args.prune_missing:
+        print("traceml daemon: give at least one ROOT folder to watch", file=sys.stderr)
+        return 2
+    for root in args.roots:
+        if not os.path.isdir(root):
+            print(f"traceml daemon: root is not a folder: {root}", file=sys.stderr)
+            return 2
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    ingester = service.Ingester(index_path, args.roots, poll_interval=args.poll_interval,
+                                use_inotify=not args.no_inotify, rescan_interval=args.rescan_interval)
+    try:
+        ingester.open()
+    except locations.NetworkFilesystemError as exc:
+        print(f"traceml daemon: {exc}", file=sys.stderr)
+        return 1
+    except service.IndexLockedError as exc:
+        print(f"traceml daemon: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"traceml daemon: cannot open the index {index_path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.prune_missing:
+            removed = idx.prune_missing(ingester.conn)
+            print(f"traceml daemon: pruned {removed} missing run(s)")
+            return 0
+        if args.once:
+            n = ingester.run_once()
+            print(f"traceml daemon: ingested {n} record(s) into {index_path}")
+            return 0
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda *_: ingester.request_stop())
+        print(f"traceml daemon: watching {len(args.roots)} root(s) into {index_path} (pid {os.getpid()})",
+              file=sys.stderr, flush=True)
+        ingester.serve()
+        return 0
+    finally:
+        ingester.close()

@@ -1,0 +1,242 @@
+"""The SQLite index: schema, connection settings and the single writer's SQL.
+
+Exactly-once ingestion rests on three things kept here (DESIGN.md daemon
+rules 2 and 3): every batch commits its rows, error rows and the file's new
+offset in one transaction; ``segments`` has a unique key on (file identity,
+generation, byte offset) so that a stale offset can never insert a batch
+twice; and step rows are unique on (run, rank, attempt, step).
+
+Only the daemon (or the embedded ingester) writes, under the lock held by
+:mod:`daemon.service`; readers open the file read-only (:mod:`daemon.reader`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+SCHEMA_VERSION = 1
+
+#: Metrics kept as downsampled series in the wide ``series`` table, in column order.
+SERIES_METRICS: tuple[str, ...] = ("step_ms", "input_wait_ms", "gpu_step_ms", "loss", "grad_norm", "lr")
+
+#: Column order of the ``steps`` table (run_id comes first).
+STEP_COLUMNS: tuple[str, ...] = (
+    "run_id", "rank", "attempt", "step", "ts",
+    "step_ms", "input_wait_ms", "h2d_ms", "forward_ms", "backward_ms", "optimizer_ms",
+    "gpu_step_ms", "gpu_input_wait_ms", "gpu_h2d_ms", "gpu_forward_ms", "gpu_backward_ms", "gpu_optimizer_ms",
+    "loss", "lr", "grad_norm", "examples", "rss", "extra",
+)
+
+_series_cols = ",\n".join(
+    f"  {m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER NOT NULL DEFAULT 0" for m in SERIES_METRICS
+)
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS version (id INTEGER PRIMARY KEY CHECK (id = 1), v INTEGER NOT NULL);
+INSERT OR IGNORE INTO version VALUES (1, 0);
+
+CREATE TABLE IF NOT EXISTS runs (
+  run_id INTEGER PRIMARY KEY,
+  dir TEXT NOT NULL UNIQUE,
+  root TEXT NOT NULL,
+  name TEXT NOT NULL,
+  missing INTEGER NOT NULL DEFAULT 0,
+  first_seen REAL NOT NULL,
+  last_change REAL,
+  updated_version INTEGER NOT NULL DEFAULT 0,
+  manifest_status TEXT,
+  training_status TEXT,
+  summary_status TEXT,
+  nnodes INTEGER, nproc_per_node INTEGER, world_size INTEGER,
+  started_at TEXT, ended_at TEXT,
+  steps_per_s REAL, examples_per_s REAL,
+  slowest_rank INTEGER, straggler_score REAL,
+  ranks_total INTEGER NOT NULL DEFAULT 0, ranks_ended INTEGER NOT NULL DEFAULT 0, ranks_failed INTEGER NOT NULL DEFAULT 0,
+  last_step INTEGER, last_ts REAL, last_seen REAL, median_interval_s REAL,
+  records INTEGER NOT NULL DEFAULT 0,
+  errors INTEGER NOT NULL DEFAULT 0,
+  outcomes_total INTEGER NOT NULL DEFAULT 0, outcomes_failed INTEGER NOT NULL DEFAULT 0
+);
+
+CREATE TABLE IF NOT EXISTS files (
+  file_id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL,
+  path TEXT NOT NULL,
+  stream TEXT NOT NULL,
+  rank INTEGER, attempt INTEGER, node INTEGER,
+  identity TEXT,
+  generation INTEGER NOT NULL DEFAULT 0,
+  offset INTEGER NOT NULL DEFAULT 0,
+  skipping INTEGER NOT NULL DEFAULT 0,
+  tail TEXT,
+  size INTEGER, mtime_ns INTEGER, ino INTEGER,
+  header TEXT,
+  missing INTEGER NOT NULL DEFAULT 0,
+  UNIQUE (run_id, path)
+);
+
+CREATE TABLE IF NOT EXISTS segments (
+  identity TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  start INTEGER NOT NULL,
+  stop INTEGER NOT NULL,
+  PRIMARY KEY (identity, generation, start)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS steps (
+  run_id INTEGER NOT NULL, rank INTEGER NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
+  ts REAL,
+  step_ms REAL, input_wait_ms REAL, h2d_ms REAL, forward_ms REAL, backward_ms REAL, optimizer_ms REAL,
+  gpu_step_ms REAL, gpu_input_wait_ms REAL, gpu_h2d_ms REAL, gpu_forward_ms REAL, gpu_backward_ms REAL,
+  gpu_optimizer_ms REAL,
+  loss REAL, lr REAL, grad_norm REAL, examples INTEGER, rss INTEGER,
+  extra TEXT,
+  PRIMARY KEY (run_id, rank, attempt, step)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS events (
+  run_id INTEGER NOT NULL, identity TEXT NOT NULL, generation INTEGER NOT NULL, offset INTEGER NOT NULL,
+  kind TEXT NOT NULL, rank INTEGER, attempt INTEGER, step INTEGER, ts REAL,
+  body TEXT NOT NULL,
+  PRIMARY KEY (identity, generation, offset)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS events_run ON events (run_id, kind, step);
+
+CREATE TABLE IF NOT EXISTS system (
+  run_id INTEGER NOT NULL, node INTEGER NOT NULL, ts REAL NOT NULL,
+  cpu_pct REAL, ram_used INTEGER, ram_total INTEGER, gpus TEXT,
+  PRIMARY KEY (run_id, node, ts)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS errors (
+  error_id INTEGER PRIMARY KEY,
+  run_id INTEGER NOT NULL,
+  path TEXT NOT NULL,
+  identity TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  offset INTEGER NOT NULL,
+  length INTEGER,
+  message TEXT NOT NULL,
+  seen REAL NOT NULL,
+  UNIQUE (identity, generation, offset)
+);
+CREATE INDEX IF NOT EXISTS errors_run ON errors (run_id, error_id);
+
+CREATE TABLE IF NOT EXISTS side_files (
+  run_id INTEGER NOT NULL,
+  path TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  key TEXT,
+  size INTEGER, mtime_ns INTEGER,
+  content TEXT,
+  error TEXT,
+  PRIMARY KEY (run_id, path)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS side_kind ON side_files (run_id, kind);
+
+CREATE TABLE IF NOT EXISTS rank_live (
+  run_id INTEGER NOT NULL, rank INTEGER NOT NULL, attempt INTEGER NOT NULL,
+  node INTEGER,
+  records INTEGER NOT NULL DEFAULT 0,
+  first_step INTEGER, last_step INTEGER, last_ts REAL, last_seen REAL,
+  median_step_ms REAL, median_input_wait_ms REAL, median_interval_s REAL,
+  steps_per_s REAL, examples_per_s REAL,
+  loss REAL, ratios TEXT,
+  ended TEXT, exit_code INTEGER,
+  PRIMARY KEY (run_id, rank, attempt)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS series_width (
+  run_id INTEGER NOT NULL, rank INTEGER NOT NULL, width INTEGER NOT NULL,
+  PRIMARY KEY (run_id, rank)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS series (
+  run_id INTEGER NOT NULL, rank INTEGER NOT NULL, bucket INTEGER NOT NULL,
+  step_lo INTEGER NOT NULL, step_hi INTEGER NOT NULL,
+{_series_cols},
+  PRIMARY KEY (run_id, rank, bucket)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS series_extra (
+  run_id INTEGER NOT NULL, rank INTEGER NOT NULL, metric TEXT NOT NULL, bucket INTEGER NOT NULL,
+  step_lo INTEGER NOT NULL, step_hi INTEGER NOT NULL,
+  vmin REAL, vmax REAL, vsum REAL, n INTEGER NOT NULL,
+  PRIMARY KEY (run_id, rank, metric, bucket)
+) WITHOUT ROWID;
+"""
+
+
+def connect_writer(path: str | Path) -> sqlite3.Connection:
+    """Open (creating when missing) the index for the single writer: WAL, ``synchronous=FULL``."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA cache_size=-16000")  # 16 MB: enough for the hot B-tree pages
+    conn.execute("PRAGMA temp_store=MEMORY")
+    conn.executescript(SCHEMA)
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    if row is None:
+        conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    elif int(row[0]) != SCHEMA_VERSION:
+        raise RuntimeError(f"index schema version {row[0]} is not supported (expected {SCHEMA_VERSION})")
+    return conn
+
+
+def connect_reader(path: str | Path) -> sqlite3.Connection:
+    """Open the index read-only (the TUI and ``traceml status`` never write)."""
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=5)
+    conn.execute("PRAGMA query_only=1")
+    return conn
+
+
+def insert_steps_sql(run_id: int) -> str:
+    """INSERT for step rows; run_id is inlined so that row tuples need not carry it."""
+    holes = ",".join("?" * (len(STEP_COLUMNS) - 1))
+    return f"INSERT OR IGNORE INTO steps VALUES ({int(run_id)},{holes})"
+
+
+def bump_version(conn: sqlite3.Connection) -> int:
+    """Increment and return the data version (inside the caller's transaction)."""
+    conn.execute("UPDATE version SET v = v + 1 WHERE id = 1")
+    return int(conn.execute("SELECT v FROM version WHERE id = 1").fetchone()[0])
+
+
+def ensure_run(conn: sqlite3.Connection, run_dir: str, root: str, name: str) -> int:
+    """Return the run_id of ``run_dir``, creating its row (present, not missing) when new."""
+    row = conn.execute("SELECT run_id, missing FROM runs WHERE dir = ?", (run_dir,)).fetchone()
+    if row is not None:
+        return int(row[0])
+    cur = conn.execute(
+        "INSERT INTO runs (dir, root, name, first_seen) VALUES (?, ?, ?, ?)", (run_dir, root, name, time.time())
+    )
+    return int(cur.lastrowid)
+
+
+def prune_missing(conn: sqlite3.Connection, run_ids: Optional[Iterable[int]] = None) -> int:
+    """Delete every row of runs marked missing (the only way rows ever leave the index)."""
+    if run_ids is None:
+        run_ids = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE missing = 1")]
+    run_ids = list(run_ids)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for run_id in run_ids:
+            idents = [r[0] for r in conn.execute("SELECT identity FROM files WHERE run_id=? AND identity IS NOT NULL", (run_id,))]
+            for ident in idents:
+                conn.execute("DELETE FROM segments WHERE identity = ?", (ident,))
+            for table in ("steps", "events", "system", "errors", "side_files", "rank_live", "series",
+                          "series_extra", "series_width", "files", "runs"):
+                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+        if run_ids:
+            bump_version(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return len(run_ids)

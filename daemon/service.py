@@ -1,0 +1,900 @@
+"""The ingester: lock, scan, tail, one transaction per batch, live aggregates.
+
+:class:`Ingester` is what ``traceml daemon`` runs in the foreground and what
+``traceml watch`` embeds in a background thread when no daemon runs for its
+roots (``run_once`` / ``start`` / ``stop``). Exactly one writer holds the
+index: an exclusive ``flock`` on ``<index>.lock``, whose content (pid, roots,
+mode) lets :func:`find_running_daemon` tell others who holds it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import msgspec
+import numpy as np
+
+from traceml_tui import records
+
+from . import index as idx
+from . import live, locations, tailer, watcher
+
+log = logging.getLogger("traceml.daemon")
+
+BATCH_ROWS = 10_000  # rows per transaction (the SQLite sweet spot measured in DESIGN.md)
+SIDE_MAX_BYTES = 64 << 20
+_body_encoder = msgspec.json.Encoder()
+
+
+class IndexLockedError(RuntimeError):
+    """Another writer holds the index."""
+
+
+@dataclass(frozen=True)
+class DaemonInfo:
+    """Who holds an index's writer lock."""
+
+    pid: Optional[int]
+    roots: tuple[str, ...]
+    index: str
+    mode: str
+    started: Optional[float]
+
+
+def lock_path(index_path: str | os.PathLike[str]) -> Path:
+    """The lock file beside the index."""
+    return Path(str(index_path) + ".lock")
+
+
+def _read_lock_info(path: Path, index_path: str) -> DaemonInfo:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    roots = data.get("roots") if isinstance(data.get("roots"), list) else []
+    pid = data.get("pid")
+    return DaemonInfo(pid if isinstance(pid, int) else None, tuple(str(r) for r in roots), str(index_path),
+                      str(data.get("mode") or "daemon"), data.get("started"))
+
+
+def find_running_daemon(index_path: str | os.PathLike[str]) -> Optional[DaemonInfo]:
+    """Return who holds the index's writer lock, or None when no writer runs."""
+    path = lock_path(index_path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return _read_lock_info(path, str(index_path))
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def acquire_lock(index_path: str | os.PathLike[str], roots: list[str], mode: str = "daemon") -> int:
+    """Take the exclusive writer lock; raise :class:`IndexLockedError` naming the holder."""
+    path = lock_path(index_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            info = _read_lock_info(path, str(index_path))
+            who = f"pid {info.pid}" if info.pid else "another process"
+            raise IndexLockedError(
+                f"another traceml {info.mode} ({who}) already writes the index {index_path}"
+            ) from None
+        raise
+    data = json.dumps({"pid": os.getpid(), "roots": roots, "index": str(index_path), "mode": mode,
+                       "started": time.time()}).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+    return fd
+
+
+class _File:
+    """In-memory mirror of one ``files`` row (updated only after its commit)."""
+
+    __slots__ = ("file_id", "run_id", "rel", "path", "stream", "rank", "attempt", "node", "identity",
+                 "generation", "offset", "skipping", "tail", "size", "mtime_ns", "ino", "gone")
+
+    def __init__(self, **kw) -> None:
+        for k in self.__slots__:
+            setattr(self, k, kw.get(k))
+        self.gone = False
+
+
+class _Run:
+    __slots__ = ("run_id", "dir", "root", "files", "sides", "missing")
+
+    def __init__(self, run_id: int, run_dir: str, root: str, missing: bool) -> None:
+        self.run_id = run_id
+        self.dir = run_dir
+        self.root = root
+        self.files: dict[str, _File] = {}
+        self.sides: dict[str, tuple[int, int]] = {}
+        self.missing = missing
+
+
+class _Batch:
+    """What one open transaction has touched; applied to memory after COMMIT."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.file_updates: dict[_File, dict] = {}
+        self.ranks: set[tuple[int, int, int]] = set()
+        self.runs: set[int] = set()
+
+
+class Ingester:
+    """Tails every run under ``roots`` into the SQLite index at ``index_path``.
+
+    ``poll_interval`` is how often known files are re-stat'ed (primary
+    mechanism); ``use_inotify`` adds watchdog hints that make changes visible
+    sooner; ``rescan_interval`` is how often the roots are walked for new runs
+    and files and side files are re-stat'ed.
+    """
+
+    def __init__(self, index_path: str | os.PathLike[str], roots: list[str], poll_interval: float = 1.0,
+                 use_inotify: bool = True, rescan_interval: Optional[float] = None, max_depth: int = watcher.MAX_DEPTH,
+                 mounts_path: Optional[str] = None, mode: str = "daemon") -> None:
+        self.index_path = str(index_path)
+        self.roots = [os.path.realpath(r) for r in roots]
+        self.poll_interval = max(0.01, float(poll_interval))
+        self.rescan_interval = float(rescan_interval) if rescan_interval else max(5.0, 2 * self.poll_interval)
+        self.use_inotify = use_inotify
+        self.max_depth = max_depth
+        self.mounts_path = mounts_path
+        self.mode = mode
+        self.conn = None
+        self._lock_fd: Optional[int] = None
+        self._runs: dict[str, _Run] = {}
+        self._paths: dict[str, tuple[_Run, _File]] = {}
+        self._windows: dict[tuple[int, int, int], live.RankWindow] = {}
+        self._widths: dict[tuple[int, int], int] = {}
+        self._dirty: set[str] = set()
+        self._dirty_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._watcher: Optional[watcher.Watcher] = None
+        self._batch: Optional[_Batch] = None
+        self.records_ingested = 0
+
+    # ----------------------------------------------------------------- lifecycle
+    def open(self) -> None:
+        """Refuse network filesystems, take the writer lock, open the index and load file state."""
+        if self.conn is not None:
+            return
+        locations.check_local(self.index_path, self.mounts_path)
+        self._lock_fd = acquire_lock(self.index_path, self.roots, self.mode)
+        try:
+            self.conn = idx.connect_writer(self.index_path)
+            self._load_state()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release everything (the lock last, so no second writer overlaps)."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+            self.conn = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def run_once(self) -> int:
+        """Ingest everything present now and return how many records were added."""
+        self.open()
+        before = self.records_ingested
+        self._scan()
+        while self._poll(list(self._paths.values())):
+            pass
+        self._commit()
+        return self.records_ingested - before
+
+    def request_stop(self) -> None:
+        """Ask :meth:`serve` to return after the current batch (safe from a signal handler)."""
+        self._stop.set()
+        self._wake.set()
+
+    def serve(self) -> None:
+        """The loop: rescan every ``rescan_interval``, re-stat every ``poll_interval``, react to hints."""
+        self.open()
+        stop = self._stop
+        if self.use_inotify:
+            self._watcher = watcher.Watcher(self.roots, self._mark_dirty)
+            if not self._watcher.start():
+                log.warning("traceml daemon: inotify unavailable; polling only")
+                self._watcher = None
+        next_scan = next_poll = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            try:
+                if now >= next_scan:
+                    self._scan()
+                    next_scan = now + self.rescan_interval
+                if now >= next_poll:
+                    self._take_dirty()
+                    self._poll(list(self._paths.values()))
+                    next_poll = now + self.poll_interval
+                else:
+                    if self._poll_dirty():
+                        next_scan = 0.0  # something new appeared under a root: look for it now
+                self._commit()
+            except Exception as exc:  # keep serving other files; a broken batch is retried from the index
+                log.error("traceml daemon: ingest cycle failed: %s", exc)
+                self._rollback()
+            timeout = min(next_poll, next_scan) - time.monotonic()
+            if timeout > 0:
+                self._wake.wait(timeout)
+            self._wake.clear()
+
+    def start(self) -> None:
+        """Serve in a background thread (the TUI's embedded mode)."""
+        self.open()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.serve, name="traceml-ingester", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background loop (or ``serve`` on the default event) and close."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.close()
+
+    # ----------------------------------------------------------------- state
+    def _load_state(self) -> None:
+        self._runs.clear()
+        self._paths.clear()
+        self._windows.clear()
+        self._widths.clear()
+        for run_id, run_dir, root, missing in self.conn.execute("SELECT run_id, dir, root, missing FROM runs"):
+            self._runs[run_dir] = _Run(run_id, run_dir, root, bool(missing))
+        by_id = {r.run_id: r for r in self._runs.values()}
+        cols = ("file_id", "run_id", "rel", "stream", "rank", "attempt", "node", "identity", "generation", "offset",
+                "skipping", "tail", "size", "mtime_ns", "ino")
+        for row in self.conn.execute(
+            "SELECT file_id, run_id, path, stream, rank, attempt, node, identity, generation, offset, skipping, tail,"
+            " size, mtime_ns, ino FROM files"
+        ):
+            f = _File(**dict(zip(cols, row)))
+            run = by_id.get(f.run_id)
+            if run is None:
+                continue
+            f.path = os.path.join(run.dir, f.rel)
+            run.files[f.rel] = f
+            self._paths[f.path] = (run, f)
+        for run_id, rel, size, mtime_ns in self.conn.execute("SELECT run_id, path, size, mtime_ns FROM side_files"):
+            run = by_id.get(run_id)
+            if run is not None:
+                run.sides[rel] = (size, mtime_ns)
+
+    def _mark_dirty(self, path: str) -> None:
+        with self._dirty_lock:
+            self._dirty.add(path)
+        self._wake.set()
+
+    def _take_dirty(self) -> set[str]:
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        return dirty
+
+    def _poll_dirty(self) -> bool:
+        """Handle watchdog hints; True when a path outside every known run changed."""
+        dirty = self._take_dirty()
+        if not dirty:
+            return False
+        targets = []
+        rescan_runs = set()
+        unknown = False
+        for path in dirty:
+            hit = self._paths.get(path)
+            if hit is not None:
+                targets.append(hit)
+                continue
+            suffix = os.path.splitext(path)[1]
+            if suffix not in ("", ".json", ".jsonl"):
+                continue  # logs, temp files, checkpoints: nothing we index
+            run_dir = watcher.run_dir_of(path, self._runs)
+            if run_dir is not None:
+                rescan_runs.add(run_dir)
+            else:
+                unknown = True
+        for run_dir in rescan_runs:
+            self._scan_run(self._runs[run_dir])
+            targets.extend(self._paths[f.path] for f in self._runs[run_dir].files.values())
+        if targets:
+            self._poll(targets)
+        return unknown
+
+    # ----------------------------------------------------------------- transactions
+    def _begin(self) -> _Batch:
+        if self._batch is None:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self._batch = _Batch()
+        return self._batch
+
+    def _commit(self) -> None:
+        batch = self._batch
+        if batch is None:
+            return
+        now = time.time()
+        for key in batch.ranks:
+            self._write_rank_live(key, now)
+            batch.runs.add(key[0])
+        version = idx.bump_version(self.conn)
+        for run_id in batch.runs:
+            self._write_run_rollup(run_id, version, now)
+        self.conn.execute("COMMIT")
+        self._batch = None
+        for f, changes in batch.file_updates.items():
+            for k, v in changes.items():
+                setattr(f, k, v)
+
+    def _rollback(self) -> None:
+        if self._batch is not None:
+            try:
+                self.conn.execute("ROLLBACK")
+            except Exception:
+                pass
+            self._batch = None
+        # Memory may be ahead of the index now: reload what was committed.
+        self._load_state()
+
+    # ----------------------------------------------------------------- scanning
+    def _scan(self) -> None:
+        seen = set()
+        for root in self.roots:
+            for run_dir in watcher.discover_runs(root, self.max_depth):
+                seen.add(run_dir)
+                run = self._runs.get(run_dir)
+                if run is None:
+                    batch = self._begin()
+                    name = os.path.basename(run_dir.rstrip("/")) or run_dir
+                    run_id = idx.ensure_run(self.conn, run_dir, root, name)
+                    run = _Run(run_id, run_dir, root, False)
+                    self._runs[run_dir] = run
+                    batch.runs.add(run_id)
+                elif run.missing:
+                    batch = self._begin()
+                    self.conn.execute("UPDATE runs SET missing = 0 WHERE run_id = ?", (run.run_id,))
+                    run.missing = False
+                    batch.runs.add(run.run_id)
+                self._scan_run(run)
+        for run in self._runs.values():
+            if run.dir in seen or run.missing:
+                continue
+            if not any(run.dir == r or run.dir.startswith(r.rstrip("/") + "/") for r in self.roots):
+                continue  # another root set's run: not ours to judge
+            if not os.path.isdir(run.dir) or os.path.islink(run.dir):
+                batch = self._begin()
+                self.conn.execute("UPDATE runs SET missing = 1 WHERE run_id = ?", (run.run_id,))
+                run.missing = True
+                batch.runs.add(run.run_id)
+
+    def _scan_run(self, run: _Run) -> None:
+        streams, sides = watcher.scan_run(run.dir)
+        for s in streams:
+            if s.rel in run.files:
+                continue
+            self._begin()
+            cur = self.conn.execute(
+                "INSERT INTO files (run_id, path, stream, rank, attempt, node) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (run_id, path) DO UPDATE SET missing = 0 RETURNING file_id, identity, generation,"
+                " offset, skipping, tail",
+                (run.run_id, s.rel, s.stream, s.rank, s.attempt, s.node),
+            )
+            file_id, identity, generation, offset, skipping, tail = cur.fetchone()
+            f = _File(file_id=file_id, run_id=run.run_id, rel=s.rel, path=os.path.join(run.dir, s.rel),
+                      stream=s.stream, rank=s.rank, attempt=s.attempt, node=s.node, identity=identity,
+                      generation=generation, offset=offset, skipping=skipping, tail=tail)
+            run.files[s.rel] = f
+            self._paths[f.path] = (run, f)
+        present = set()
+        for side in sides:
+            present.add(side.rel)
+            if run.sides.get(side.rel) != (side.size, side.mtime_ns):
+                self._ingest_side(run, side)
+        for rel in [r for r in run.sides if r not in present]:
+            if os.path.isdir(run.dir):  # a removed run keeps its side files (rule 7)
+                batch = self._begin()
+                self.conn.execute("DELETE FROM side_files WHERE run_id = ? AND path = ?", (run.run_id, rel))
+                del run.sides[rel]
+                batch.runs.add(run.run_id)
+                self._side_effects(run.run_id, None, rel)
+
+    # ----------------------------------------------------------------- side files
+    def _ingest_side(self, run: _Run, side: watcher.SideFile) -> None:
+        path = os.path.join(run.dir, side.rel)
+        content = error = None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return
+            if st.st_size > SIDE_MAX_BYTES:
+                error = f"{side.rel}: {st.st_size} bytes is larger than the {SIDE_MAX_BYTES}-byte limit"
+            else:
+                data = b""
+                while len(data) < st.st_size:
+                    chunk = os.pread(fd, st.st_size - len(data), len(data))
+                    if not chunk:
+                        break
+                    data += chunk
+                try:
+                    value = msgspec.json.decode(data)
+                    if not isinstance(value, dict):
+                        raise ValueError("not a JSON object")
+                    content = data.decode("utf-8")
+                except (msgspec.DecodeError, ValueError, UnicodeDecodeError) as exc:
+                    error = f"{side.rel}: {exc}"
+        finally:
+            os.close(fd)
+        key = side.key
+        if content is not None and side.kind in ("request", "claim", "receipt", "failure"):
+            checkpoint = json.loads(content).get("checkpoint")
+            if isinstance(checkpoint, str) and checkpoint:
+                key = checkpoint
+        batch = self._begin()
+        self.conn.execute(
+            "INSERT OR REPLACE INTO side_files VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run.run_id, side.rel, side.kind, key, st.st_size, st.st_mtime_ns, content, error),
+        )
+        if error is not None:
+            ident = "side:" + hashlib.sha256(f"{run.run_id}:{side.rel}".encode()).hexdigest()[:24]
+            cur = self.conn.execute(
+                "INSERT OR IGNORE INTO errors (run_id, path, identity, generation, offset, length, message, seen)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (run.run_id, side.rel, ident, st.st_mtime_ns, st.st_size, st.st_size, error, time.time()),
+            )
+            if cur.rowcount:
+                self.conn.execute("UPDATE runs SET errors = errors + 1 WHERE run_id = ?", (run.run_id,))
+        batch.runs.add(run.run_id)
+        run.sides[side.rel] = (st.st_size, st.st_mtime_ns)
+        self._side_effects(run.run_id, content, side.rel, side.kind)
+
+    def _side_effects(self, run_id: int, content: Optional[str], rel: str, kind: Optional[str] = None) -> None:
+        """Copy the few side-file fields that runs need for listing into the runs row."""
+        if kind == "manifest" and content is not None:
+            m = json.loads(content)
+            guard = m.get("guard") if isinstance(m.get("guard"), dict) else {}
+            training = guard.get("training") if isinstance(guard.get("training"), dict) else {}
+            topo = {}
+            for source in (m, m.get("topology"), m.get("launch"), guard.get("contract")):
+                if isinstance(source, dict):
+                    for k in ("nnodes", "nproc_per_node", "world_size"):
+                        if isinstance(source.get(k), int) and k not in topo:
+                            topo[k] = source[k]
+            run_name = m.get("run_name")
+            if not isinstance(run_name, str) and isinstance(m.get("run"), dict):
+                run_name = m["run"].get("run_name")
+
+            def text(v):
+                return v if isinstance(v, str) else None
+
+            self.conn.execute(
+                "UPDATE runs SET manifest_status = ?, training_status = ?, nnodes = ?, nproc_per_node = ?,"
+                " world_size = ?, started_at = ?, ended_at = ?, name = coalesce(?, name) WHERE run_id = ?",
+                (text(m.get("status")), text(training.get("status")), topo.get("nnodes"), topo.get("nproc_per_node"),
+                 topo.get("world_size"), _time_text(m.get("started_at")), _time_text(m.get("ended_at")),
+                 text(run_name), run_id),
+            )
+        elif kind == "summary" and content is not None:
+            s = json.loads(content)
+            ctx = s.get("run_context") if isinstance(s.get("run_context"), dict) else {}
+            run = ctx.get("run") if isinstance(ctx.get("run"), dict) else {}
+            status = run.get("status") if isinstance(run.get("status"), str) else None
+            self.conn.execute("UPDATE runs SET summary_status = ? WHERE run_id = ?", (status, run_id))
+        if kind == "outcome" or rel.endswith("guard_outcome.json"):
+            total = failed = 0
+            for (body,) in self.conn.execute(
+                "SELECT content FROM side_files WHERE run_id = ? AND kind = 'outcome' AND content IS NOT NULL", (run_id,)
+            ):
+                total += 1
+                o = json.loads(body)
+                t = o.get("training") if isinstance(o.get("training"), dict) else {}
+                if t.get("status") == "failed" or (isinstance(t.get("exit_code"), int) and t["exit_code"] != 0):
+                    failed += 1
+            self.conn.execute("UPDATE runs SET outcomes_total = ?, outcomes_failed = ? WHERE run_id = ?",
+                              (total, failed, run_id))
+
+    # ----------------------------------------------------------------- streams
+    def _poll(self, targets: list[tuple[_Run, _File]]) -> bool:
+        """Ingest new complete lines of ``targets``; True when anything moved (more may follow)."""
+        progressed = False
+        for run, f in targets:
+            if run.missing and not os.path.isdir(run.dir):
+                continue
+            try:
+                st = os.stat(f.path, follow_symlinks=False)
+            except OSError:
+                continue  # vanished: the rescan marks the run missing when the whole folder went
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            pending = self._batch.file_updates.get(f, {}) if self._batch else {}
+            size_seen = pending.get("size", f.size)
+            if (st.st_size, st.st_mtime_ns, st.st_ino) == (size_seen, pending.get("mtime_ns", f.mtime_ns),
+                                                           pending.get("ino", f.ino)):
+                continue
+            while True:
+                try:
+                    more = self._ingest_file(run, f, st)
+                except OSError as exc:
+                    log.warning("traceml daemon: cannot read %s: %s", f.path, exc)
+                    more = False
+                progressed = progressed or more
+                if self._batch is not None and self._batch.rows >= BATCH_ROWS:
+                    self._commit()
+                if not more or self._stop.is_set():
+                    break
+            if self._stop.is_set():
+                break
+        return progressed
+
+    def _ingest_file(self, run: _Run, f: _File, st: os.stat_result) -> bool:
+        """Read one file from its committed offset; True when more data may remain."""
+        try:
+            fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fst = os.fstat(fd)
+            if not stat.S_ISREG(fst.st_mode):
+                return False  # a FIFO or device swapped in: never read it
+            head = tailer.read_head(fd)
+            if head is None:
+                return False  # no complete header yet
+            batch = self._begin()
+            state = dict(batch.file_updates.get(f, {}))
+            cur = {k: state.get(k, getattr(f, k)) for k in ("identity", "generation", "offset", "skipping", "tail")}
+            new_gen = False
+            if cur["identity"] is None:
+                cur.update(identity=head.identity, offset=0, skipping=0, tail=None)
+            elif (head.identity != cur["identity"] or fst.st_size < cur["offset"]
+                  or not _tail_matches(fd, cur["offset"], cur["tail"])):
+                # Replaced or truncated: the head was re-read on a fresh descriptor just now.
+                new_gen = True
+                cur.update(identity=head.identity, generation=(cur["generation"] or 0) + 1, offset=0, skipping=0,
+                           tail=None)
+            offset = cur["offset"]
+            more = False
+            data = tailer.read_block(fd, offset, fst.st_size)
+            if data:
+                offset, skipping, tail, more = self._ingest_block(run, f, cur, data, offset, fst.st_size)
+                cur.update(offset=offset, skipping=skipping, tail=tail)
+            cur.update(size=fst.st_size if not more else None, mtime_ns=fst.st_mtime_ns, ino=fst.st_ino)
+            self.conn.execute(
+                "UPDATE files SET identity=?, generation=?, offset=?, skipping=?, tail=?, size=?, mtime_ns=?, ino=?,"
+                " missing=0 WHERE file_id=?",
+                (cur["identity"], cur["generation"], cur["offset"], cur["skipping"], cur["tail"], cur["size"],
+                 cur["mtime_ns"], cur["ino"], f.file_id),
+            )
+            batch.file_updates[f] = cur
+            if new_gen:
+                batch.runs.add(run.run_id)
+            return more
+        finally:
+            os.close(fd)
+
+    def _ingest_block(self, run: _Run, f: _File, cur: dict, data: bytes, offset: int, size: int):
+        """Consume complete lines of ``data`` (read at ``offset``); returns (offset, skipping, tail, more)."""
+        skipping = cur["skipping"]
+        tail = cur["tail"]
+        read_end = offset + len(data)
+        if skipping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return read_end, 1, None, read_end < size
+            data = data[nl + 1:]
+            offset += nl + 1
+            skipping = 0
+            tail = None
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            if len(data) > tailer.MAX_LINE:
+                self._error(run, f, cur, offset, len(data),
+                            f"line longer than {tailer.MAX_LINE} bytes (≥ {len(data)} so far); skipped")
+                return read_end, 1, None, read_end < size
+            return offset, 0, tail, False
+        block = data[: cut + 1]
+        parsed = tailer.parse_block(block, offset)
+        for off, length, message in parsed.errors:
+            self._error(run, f, cur, off, length, message)
+        if parsed.records:
+            self._route(run, f, cur, parsed)
+        last_nl = block.rfind(b"\n", 0, len(block) - 1)
+        last_line = block[last_nl + 1:]
+        tail = f"{len(last_line)}:{hashlib.sha1(last_line).hexdigest()}"
+        new_offset = offset + cut + 1
+        return new_offset, 0, tail, read_end < size or (new_offset < read_end and len(data) - cut - 1 > tailer.MAX_LINE)
+
+    def _error(self, run: _Run, f: _File, cur: dict, offset: int, length: int, message: str) -> None:
+        batch = self._begin()
+        c = self.conn.execute(
+            "INSERT OR IGNORE INTO errors (run_id, path, identity, generation, offset, length, message, seen)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run.run_id, f.rel, cur["identity"], cur["generation"], offset, length, message, time.time()),
+        )
+        if c.rowcount:
+            self.conn.execute("UPDATE runs SET errors = errors + 1 WHERE run_id = ?", (run.run_id,))
+            batch.runs.add(run.run_id)
+
+    def _route(self, run: _Run, f: _File, cur: dict, parsed: tailer.Parsed) -> None:
+        batch = self._batch
+        recs = parsed.records
+        Step = records.Step
+        steps = [r for r in recs if type(r) is Step]
+        if len(steps) != len(recs):
+            self._route_other(run, f, cur, parsed)
+        if not steps:
+            return
+        groups: dict[tuple[int, int], list] = {}
+        first = steps[0]
+        if all(s.rank == first.rank and s.attempt == first.attempt for s in steps):
+            groups[(first.rank, first.attempt)] = steps
+        else:
+            for s in steps:
+                groups.setdefault((s.rank, s.attempt), []).append(s)
+        sql = idx.insert_steps_sql(run.run_id)
+        for (rank, attempt), group in groups.items():
+            rows, ratios = live.step_rows(group)
+            before = self.conn.total_changes
+            self.conn.executemany(sql, rows)
+            inserted = self.conn.total_changes - before
+            batch.rows += len(rows)
+            self.records_ingested += inserted
+            key = (run.run_id, rank, attempt)
+            window = self._window(key)
+            window.add_rows(rows, inserted)
+            latest = live.latest_ratios(group[-WINDOW_TAIL:])
+            if latest is not None:
+                window.ratios = latest
+            batch.ranks.add(key)
+            if inserted:
+                self._write_series(run.run_id, rank, rows, ratios)
+
+    def _route_other(self, run: _Run, f: _File, cur: dict, parsed: tailer.Parsed) -> None:
+        batch = self._batch
+        events, samples = [], []
+        for rec, off in zip(parsed.records, parsed.offsets):
+            kind = type(rec)
+            if kind is records.Step:
+                continue
+            if kind is records.Header:
+                if off == 0:
+                    self.conn.execute("UPDATE files SET header = ? WHERE file_id = ?",
+                                      (_body_encoder.encode(rec).decode(), f.file_id))
+                continue
+            if kind is records.SystemSample:
+                samples.append((run.run_id, rec.node_rank, rec.ts, rec.cpu_pct, rec.ram_used, rec.ram_total,
+                                _body_encoder.encode(rec.gpus).decode() if rec.gpus else None))
+                continue
+            body = _body_encoder.encode(rec).decode()
+            tag = kind.__struct_config__.tag
+            events.append((run.run_id, cur["identity"], cur["generation"], off, tag, rec.rank, rec.attempt, rec.step,
+                           rec.ts, body))
+            if kind is records.RankEnd:
+                key = (run.run_id, rec.rank, rec.attempt)
+                w = self._window(key)
+                w.ended = rec.status
+                w.exit_code = rec.exit_code
+                batch.ranks.add(key)
+        if samples:
+            self.conn.executemany("INSERT OR IGNORE INTO system VALUES (?, ?, ?, ?, ?, ?, ?)", samples)
+            batch.rows += len(samples)
+            batch.runs.add(run.run_id)
+        if events:
+            self.conn.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", events)
+            batch.rows += len(events)
+            batch.runs.add(run.run_id)
+
+    # ----------------------------------------------------------------- live aggregates
+    def _window(self, key: tuple[int, int, int]) -> live.RankWindow:
+        w = self._windows.get(key)
+        if w is not None:
+            return w
+        w = live.RankWindow()
+        row = self.conn.execute(
+            "SELECT records, first_step, last_step, last_ts, loss, ratios, ended, exit_code FROM rank_live"
+            " WHERE run_id = ? AND rank = ? AND attempt = ?", key).fetchone()
+        if row is not None:
+            w.records, w.first_step, w.last_step, w.last_ts, w.loss, ratios, w.ended, w.exit_code = row
+            w.ratios = json.loads(ratios) if ratios else None
+            tail = self.conn.execute(
+                "SELECT step, ts, step_ms, input_wait_ms, examples FROM steps WHERE run_id = ? AND rank = ?"
+                " AND attempt = ? ORDER BY step DESC LIMIT ?", (*key, live.WINDOW)).fetchall()
+            for step, ts, step_ms, wait, examples in reversed(tail):
+                w.steps.append(step)
+                w.ts.append(ts)
+                w.step_ms.append(step_ms)
+                w.input_wait.append(wait)
+                w.examples.append(examples)
+        self._windows[key] = w
+        return w
+
+    def _write_rank_live(self, key: tuple[int, int, int], now: float) -> None:
+        w = self._windows[key]
+        fig = w.figures()
+        self.conn.execute(
+            "INSERT OR REPLACE INTO rank_live (run_id, rank, attempt, records, first_step, last_step, last_ts,"
+            " last_seen, median_step_ms, median_input_wait_ms, median_interval_s, steps_per_s, examples_per_s, loss,"
+            " ratios, ended, exit_code) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (*key, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
+             fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"], fig["examples_per_s"],
+             w.loss, json.dumps(w.ratios) if w.ratios else None, w.ended, w.exit_code),
+        )
+
+    def _write_run_rollup(self, run_id: int, version: int, now: float) -> None:
+        rows = self.conn.execute(
+            "SELECT rank, median_step_ms, steps_per_s, examples_per_s, median_interval_s, last_step, last_ts,"
+            " last_seen, ended FROM rank_live r WHERE run_id = ? AND attempt ="
+            " (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)", (run_id,)).fetchall()
+        cols = ("rank", "median_step_ms", "steps_per_s", "examples_per_s", "median_interval_s", "last_step",
+                "last_ts", "last_seen", "ended")
+        ranks = [dict(zip(cols, r)) for r in rows]
+        roll = live.run_rollup(ranks)
+        total_records = self.conn.execute("SELECT coalesce(sum(records), 0) FROM rank_live WHERE run_id = ?",
+                                          (run_id,)).fetchone()[0]
+
+        def most(k):
+            vals = [r[k] for r in ranks if r[k] is not None]
+            return max(vals) if vals else None
+
+        self.conn.execute(
+            "UPDATE runs SET updated_version = ?, last_change = ?, steps_per_s = ?, examples_per_s = ?,"
+            " slowest_rank = ?, straggler_score = ?, median_interval_s = ?, ranks_total = ?, ranks_ended = ?,"
+            " ranks_failed = ?, last_step = ?, last_ts = ?, last_seen = ?, records = ? WHERE run_id = ?",
+            (version, now, roll["steps_per_s"], roll["examples_per_s"], roll["slowest_rank"], roll["straggler_score"],
+             roll["median_interval_s"], len(ranks), sum(1 for r in ranks if r["ended"]),
+             sum(1 for r in ranks if r["ended"] and r["ended"] != "completed"), most("last_step"), most("last_ts"),
+             most("last_seen"), total_records, run_id),
+        )
+
+    def _width(self, run_id: int, rank: int) -> int:
+        key = (run_id, rank)
+        w = self._widths.get(key)
+        if w is None:
+            row = self.conn.execute("SELECT width FROM series_width WHERE run_id = ? AND rank = ?", key).fetchone()
+            w = row[0] if row else 0
+            self._widths[key] = w
+        return w
+
+    def _write_series(self, run_id: int, rank: int, rows: list, ratios: dict) -> None:
+        steps, values = live.series_values(rows)
+        current = self._width(run_id, rank)
+        width = live.series_width(int(steps.max()), current or 1)
+        if ratios:
+            top = max(s for pairs in ratios.values() for s, _ in pairs)
+            width = live.series_width(int(top), width)
+        if width != current:
+            if current:
+                self._merge_series(run_id, rank, width // current)
+            self.conn.execute("INSERT OR REPLACE INTO series_width VALUES (?, ?, ?)", (run_id, rank, width))
+            self._widths[(run_id, rank)] = width
+        b, lo, hi, vmin, vmax, vsum, n = live.bucket_aggregates(steps, values, width)
+        m = len(idx.SERIES_METRICS)
+        out = []
+        vmin_l, vmax_l, vsum_l, n_l = vmin.tolist(), vmax.tolist(), vsum.tolist(), n.tolist()
+        for i, (bk, l, h) in enumerate(zip(b.tolist(), lo.tolist(), hi.tolist())):
+            row = [run_id, rank, bk, int(l), int(h)]
+            for j in range(m):
+                cnt = n_l[i][j]
+                if cnt:
+                    row += [vmin_l[i][j], vmax_l[i][j], vsum_l[i][j], cnt]
+                else:
+                    row += [None, None, None, 0]
+            out.append(row)
+        self.conn.executemany(_SERIES_UPSERT, out)
+        if ratios:
+            extra = []
+            for name, pairs in ratios.items():
+                arr = np.array(pairs, dtype=np.float64)
+                b, lo, hi, vmin, vmax, vsum, n = live.bucket_aggregates(arr[:, 0], arr[:, 1:], width)
+                for bk, l, h, a, z, s, c in zip(b.tolist(), lo.tolist(), hi.tolist(), vmin[:, 0].tolist(),
+                                                vmax[:, 0].tolist(), vsum[:, 0].tolist(), n[:, 0].tolist()):
+                    if c:
+                        extra.append((run_id, rank, "ratio/" + name, bk, int(l), int(h), a, z, s, c))
+            self.conn.executemany(_EXTRA_UPSERT, extra)
+
+    def _merge_series(self, run_id: int, rank: int, factor: int) -> None:
+        aggs = ", ".join(f"min({m}_min), max({m}_max), sum({m}_sum), sum({m}_n)" for m in idx.SERIES_METRICS)
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS series_tmp AS SELECT * FROM series WHERE 0")
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS extra_tmp AS SELECT * FROM series_extra WHERE 0")
+        self.conn.execute(
+            f"INSERT INTO temp.series_tmp SELECT run_id, rank, bucket / {factor}, min(step_lo), max(step_hi), {aggs}"
+            " FROM series WHERE run_id = ? AND rank = ? GROUP BY bucket / ?", (run_id, rank, factor))
+        self.conn.execute("DELETE FROM series WHERE run_id = ? AND rank = ?", (run_id, rank))
+        self.conn.execute("INSERT INTO series SELECT * FROM temp.series_tmp")
+        self.conn.execute("DELETE FROM temp.series_tmp")
+        self.conn.execute(
+            f"INSERT INTO temp.extra_tmp SELECT run_id, rank, metric, bucket / {factor}, min(step_lo), max(step_hi),"
+            " min(vmin), max(vmax), sum(vsum), sum(n) FROM series_extra WHERE run_id = ? AND rank = ?"
+            " GROUP BY metric, bucket / ?", (run_id, rank, factor))
+        self.conn.execute("DELETE FROM series_extra WHERE run_id = ? AND rank = ?", (run_id, rank))
+        self.conn.execute("INSERT INTO series_extra SELECT * FROM temp.extra_tmp")
+        self.conn.execute("DELETE FROM temp.extra_tmp")
+
+
+WINDOW_TAIL = 8  # records scanned for the newest component ratios
+
+
+def _combine(col: str, fn: str) -> str:
+    return f"{col} = coalesce({fn}({col}, excluded.{col}), {col}, excluded.{col})"
+
+
+def _series_upsert() -> str:
+    cols = ["run_id", "rank", "bucket", "step_lo", "step_hi"]
+    sets = [_combine("step_lo", "min"), _combine("step_hi", "max")]
+    for m in idx.SERIES_METRICS:
+        cols += [f"{m}_min", f"{m}_max", f"{m}_sum", f"{m}_n"]
+        sets += [_combine(f"{m}_min", "min"), _combine(f"{m}_max", "max"),
+                 f"{m}_sum = coalesce({m}_sum, 0) + coalesce(excluded.{m}_sum, 0)", f"{m}_n = {m}_n + excluded.{m}_n"]
+    return (f"INSERT INTO series ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+            f" ON CONFLICT (run_id, rank, bucket) DO UPDATE SET {', '.join(sets)}")
+
+
+_SERIES_UPSERT = _series_upsert()
+_EXTRA_UPSERT = (
+    "INSERT INTO series_extra VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, rank, metric, bucket)"
+    f" DO UPDATE SET {_combine('step_lo', 'min')}, {_combine('step_hi', 'max')}, {_combine('vmin', 'min')},"
+    f" {_combine('vmax', 'max')}, vsum = vsum + excluded.vsum, n = n + excluded.n"
+)
+
+
+def _tail_matches(fd: int, offset: int, tail: Optional[str]) -> bool:
+    """True when the last committed line still sits just before ``offset`` (no in-place rewrite)."""
+    if not tail or offset <= 0:
+        return True
+    length_text, _, digest = tail.partition(":")
+    try:
+        length = int(length_text)
+    except ValueError:
+        return True
+    start = offset - length - 1
+    if start < 0:
+        return False
+    data = os.pread(fd, length + 1, start)
+    return len(data) == length + 1 and data.endswith(b"\n") and hashlib.sha1(data[:-1]).hexdigest() == digest
+
+
+def _time_text(value) -> Optional[str]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+    return None

@@ -1,0 +1,137 @@
+"""Reading JSONL streams: the head (file identity) and blocks of complete lines.
+
+Pure functions over bytes plus two small ``pread`` helpers. Nothing here
+remembers a half line: the caller commits an offset that always ends just
+after a ``\\n`` (DESIGN.md daemon rule 4), and re-reads from there next poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from itertools import accumulate
+from typing import NamedTuple, Optional
+
+import msgspec
+
+from traceml_tui import records
+
+MAX_LINE = records.MAX_LINE_BYTES
+READ_BYTES = 4 << 20  # one batch reads at most this much (≈10k records)
+HEAD_PROBE = 4096
+
+_list_decoder = msgspec.json.Decoder(list[records.Record])
+
+
+class Head(NamedTuple):
+    """The first complete line of a file and the identity derived from it."""
+
+    line: bytes  # without the trailing newline
+    end: int  # offset just after the newline
+    identity: str
+
+
+def identity_of(line: bytes) -> str:
+    """File identity: a hash of the whole header line (never the inode, never a prefix)."""
+    return hashlib.sha256(line.rstrip(b"\r")).hexdigest()[:32]
+
+
+def read_head(fd: int) -> Optional[Head]:
+    """Read the first complete line of ``fd``; ``None`` while it has no newline yet.
+
+    A first line longer than the line limit still gets an identity (from its
+    first ``MAX_LINE + 1`` bytes) so the file can be tracked and the line
+    reported once.
+    """
+    buf = b""
+    probe = HEAD_PROBE
+    while True:
+        data = os.pread(fd, probe, len(buf))
+        if not data:
+            return None
+        buf += data
+        cut = buf.find(b"\n")
+        if cut >= 0:
+            return Head(buf[:cut], cut + 1, identity_of(buf[:cut]))
+        if len(buf) > MAX_LINE:
+            return Head(buf[: MAX_LINE + 1], -1, identity_of(buf[: MAX_LINE + 1]))
+        probe = min(probe * 4, MAX_LINE + 2 - len(buf))
+
+
+def read_block(fd: int, offset: int, size: int) -> bytes:
+    """Read up to ``min(size - offset, READ_BYTES)`` bytes from ``offset``."""
+    want = min(size - offset, READ_BYTES)
+    if want <= 0:
+        return b""
+    chunks = []
+    while want > 0:
+        data = os.pread(fd, want, offset)
+        if not data:
+            break
+        chunks.append(data)
+        offset += len(data)
+        want -= len(data)
+    return b"".join(chunks)
+
+
+class Parsed(NamedTuple):
+    """Records decoded from a block of complete lines."""
+
+    records: list  # typed records in file order
+    offsets: list  # byte offset of each record's line (same order)
+    errors: list  # (offset, length, message) for each rejected line
+
+
+def _line_offsets(lines: list[bytes], base: int) -> list[int]:
+    return list(accumulate((len(line) + 1 for line in lines[:-1]), initial=base))
+
+
+def parse_block(block: bytes, base: int) -> Parsed:
+    """Decode a block of complete lines (``block`` ends with ``\\n``) that starts at byte ``base``.
+
+    Fast path: the whole block is decoded as one JSON array with msgspec. Any
+    problem (bad JSON, bad UTF-8, a non-object, an over-long line, a blank line)
+    falls back to line-by-line decoding, where each bad line becomes one error.
+    """
+    lines = block[:-1].split(b"\n")
+    if not lines:
+        return Parsed([], [], [])
+    try:
+        block.decode("utf-8")
+        utf8_ok = True
+    except UnicodeDecodeError:
+        utf8_ok = False
+    if utf8_ok and max(map(len, lines)) <= MAX_LINE:
+        try:
+            recs = _list_decoder.decode(b"[" + b",".join(lines) + b"]")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            recs = None
+        # A line holding two objects would shift every record after it: count must match.
+        if recs is not None and len(recs) == len(lines):
+            return Parsed(recs, _line_offsets(lines, base), [])
+    return _parse_slow(lines, base)
+
+
+def _parse_slow(lines: list[bytes], base: int) -> Parsed:
+    recs, offsets, errors = [], [], []
+    offset = base
+    for line in lines:
+        length = len(line)
+        stripped = line.rstrip(b"\r")
+        if not stripped.strip():
+            pass  # a blank line carries nothing; not worth an error row
+        elif length > MAX_LINE:
+            errors.append((offset, length, f"line of {length} bytes exceeds the {MAX_LINE}-byte limit; skipped"))
+        else:
+            try:
+                stripped.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                errors.append((offset, length, f"invalid UTF-8 at byte {exc.start} of the line"))
+            else:
+                try:
+                    recs.append(records.decode(stripped))
+                    offsets.append(offset)
+                except records.RecordError as exc:
+                    errors.append((offset, length, str(exc)))
+        offset += length + 1
+    return Parsed(recs, offsets, errors)
