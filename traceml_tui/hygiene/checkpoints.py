@@ -15,6 +15,7 @@ from typing import Any
 
 from traceml_tui.atomic import atomic_write_json, fsync_dir
 from traceml_tui.hygiene import backlog
+from traceml_tui.hygiene.backlog import request_path  # noqa: F401 - re-exported for the SDK
 
 CHECKPOINT_DIR = "checkpoints"
 

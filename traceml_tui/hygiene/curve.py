@@ -55,6 +55,7 @@ class CurveData:
     attempts: list[AttemptSeries]
     evals: list[dict]  # {checkpoint, step, metrics} completed evaluations
     unfinished: list[dict]  # {checkpoint, step, state} pending/running/failed evaluations
+    early_stopping: Optional[dict] = None  # persisted early_stopping.json, when present
 
     @property
     def updates(self) -> int:
@@ -118,7 +119,8 @@ def load_curve_data(run_dir: Path) -> CurveData:
             unfinished[row["checkpoint"]] = {"checkpoint": row["checkpoint"], "step": row["step"], "state": row["state"]}
     key = lambda item: (item["step"] if isinstance(item["step"], int) else -1, item["checkpoint"])  # noqa: E731
     return CurveData(run=run_name, attempts=attempts, evals=sorted(evals.values(), key=key),
-                     unfinished=sorted(unfinished.values(), key=key))
+                     unfinished=sorted(unfinished.values(), key=key),
+                     early_stopping=backlog.read_json(run_dir / "early_stopping.json"))
 
 
 def _add_step(series: AttemptSeries, rec: records.Step) -> None:
@@ -309,6 +311,18 @@ def _mark_newest(ax, data: CurveData, *, label: bool) -> None:
                label=f"newest completed eval: {newest['checkpoint']}" if label else None)
 
 
+def _mark_early_stopping(ax, data: CurveData) -> None:
+    state = data.early_stopping
+    if not state:
+        return
+    if isinstance(state.get("best_step"), int):
+        ax.axvline(state["best_step"], color="tab:purple", linestyle=":", linewidth=1.2,
+                   label=f"selected best: {state.get('best_checkpoint')}")
+    if state.get("stopped") and isinstance(state.get("trigger_step"), int):
+        ax.axvline(state["trigger_step"], color="tab:red", linestyle=":", linewidth=1.2,
+                   label=f"early stop ({state.get('reason')}) at {state.get('trigger_checkpoint') or state['trigger_step']}")
+
+
 def _draw_task(ax, data: CurveData) -> None:
     from matplotlib.transforms import blended_transform_factory
 
@@ -351,6 +365,7 @@ def _draw_task(ax, data: CurveData) -> None:
                 marker="x", markersize=8, color="tab:red", label=f"eval failed ({len(failed)})")
     _mark_attempts(ax, data)
     _mark_newest(ax, data, label=True)
+    _mark_early_stopping(ax, data)
     if not drew:
         msg = "no task metrics recorded yet" if not pending else "no task metrics yet: evaluations pending"
         ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes, color="0.4")
