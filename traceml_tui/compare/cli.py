@@ -140,6 +140,8 @@ def _write(path: Path, data: bytes) -> None:
 
     try:
         atomic_write_bytes(path, data)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(f"cannot write {path}: part of its folder path is a file, not a folder") from None
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
