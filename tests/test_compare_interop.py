@@ -1,0 +1,174 @@
+"""Interchangeability with the published `traceml-ai` package (issue 3, item 5).
+
+Its `traceml compare` runs from its own venv (`.cache/traceml-ai-venv`,
+created once, `--system-site-packages`, `pip install --no-deps
+traceml-ai==0.5.0`): both packages install a `traceml` script, so they cannot
+share one environment. On every pair we accept, both tools must give the same
+CI result and exit code, in both directions:
+
+* summaries written by traceml-ai itself (`fixtures/summaries/traceml_ai/`,
+  produced by its own launcher) through our compare;
+* our summaries (the table-driven cases of test_compare_policy) through theirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import io
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_compare_policy import BOUNDARY, INELIGIBLE, RESULT_TABLE, summary
+from traceml_tui.compare import cli
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = REPO / ".cache" / "traceml-ai-venv"
+PACKAGE = "traceml-ai==0.5.0"
+TAI = Path(__file__).parent / "fixtures" / "summaries" / "traceml_ai"
+TAI_REF = TAI / "tai-reference" / "final_summary.json"
+TAI_CAND = TAI / "tai-candidate" / "final_summary.json"
+
+
+def _venv_works(venv: Path) -> bool:
+    exe = venv / "bin" / "traceml"
+    if not exe.exists():
+        return False
+    probe = subprocess.run([str(exe), "compare", "--help"], capture_output=True, text=True, timeout=60)
+    return probe.returncode == 0 and "max-step-time-regression-pct" in probe.stdout
+
+
+@pytest.fixture(scope="session")
+def their_traceml() -> Path:
+    """Path of traceml-ai's `traceml` script, installing it once (skip when it cannot be)."""
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / "traceml-ai-venv.lock", "w") as lock:
+        # Several test sessions may share this checkout; one builds, the others wait.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _venv_works(VENV):
+            shutil.rmtree(VENV, ignore_errors=True)
+            try:
+                subprocess.run(
+                    [sys.executable, "-m", "venv", "--system-site-packages", str(VENV)],
+                    check=True, capture_output=True, timeout=120,
+                )
+                subprocess.run(
+                    [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+                     "--disable-pip-version-check", PACKAGE],
+                    check=True, capture_output=True, text=True, timeout=300,
+                )
+            except (subprocess.SubprocessError, OSError) as exc:
+                shutil.rmtree(VENV, ignore_errors=True)
+                detail = str(getattr(exc, "stderr", "") or "").strip()
+                pytest.skip(f"cannot install {PACKAGE} into {VENV} (no PyPI access?): {detail[-200:] or exc}")
+            if not _venv_works(VENV):
+                pytest.skip(f"{PACKAGE} installed but its `traceml compare` does not run")
+    return VENV / "bin" / "traceml"
+
+
+def theirs(exe: Path, ref: Path, cand: Path, threshold: str | None, out: Path) -> tuple[int, dict | None]:
+    args = [str(exe), "compare", str(ref), str(cand), "--output", str(out)]
+    if threshold is not None:
+        args += ["--max-step-time-regression-pct", threshold]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=out.parent)
+    report = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else None
+    return proc.returncode, report
+
+
+def ours(ref: Path, cand: Path, threshold: str | None, out: Path) -> tuple[int, dict | None]:
+    args = [str(ref), str(cand), "--output", str(out)]
+    if threshold is not None:
+        args += ["--max-step-time-regression-pct", threshold]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(args)
+    report = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else None
+    return code, report
+
+
+def assert_same(exe: Path, ref: Path, cand: Path, threshold: str | None, tmp: Path, name: str) -> tuple[int, str | None]:
+    our_code, our_report = ours(ref, cand, threshold, tmp / f"ours_{name}")
+    their_code, their_report = theirs(exe, ref, cand, threshold, tmp / f"theirs_{name}")
+    assert our_code == their_code, (name, our_code, their_code)
+    our_result = our_report["ci"]["result"] if our_report and our_report["ci"] else None
+    their_result = (their_report or {}).get("ci_policy", {}).get("result")
+    assert our_result == their_result, name
+    if our_result is not None and our_report["ci"]["pct_change"] is not None:
+        policy = their_report["ci_policy"]
+        assert our_report["ci"]["clock"] == policy["selected_clock"], name
+        assert our_report["ci"]["pct_change"] == policy["pct_change"], name  # bit-identical arithmetic
+    return our_code, our_result
+
+
+# --- summaries written by traceml-ai --------------------------------------------------
+
+
+@pytest.mark.parametrize("threshold", [None, "0", "5", "38", "50", "1000"])
+def test_traceml_ai_written_summaries_give_the_same_result(their_traceml, tmp_path, threshold):
+    results = set()
+    for name, ref, cand in (("fwd", TAI_REF, TAI_CAND), ("rev", TAI_CAND, TAI_REF), ("same", TAI_REF, TAI_REF)):
+        results.add(assert_same(their_traceml, ref, cand, threshold, tmp_path, name))
+    if threshold == "5":
+        # The real pair is +38 % apart on the CPU clock: slower one way, faster the other.
+        assert results == {(4, "SLOWER_IN_THIS_PAIR"), (0, "FASTER_IN_THIS_PAIR"), (0, "WITHIN_THRESHOLD_IN_THIS_PAIR")}
+
+
+def test_traceml_ai_summaries_are_schema_1_9_and_guarded():
+    for path in (TAI_REF, TAI_CAND):
+        data = json.loads(path.read_text())
+        assert data["schema_version"] == 1.9
+        assert data["run_context"]["declaration"]["workload"]["name"] == "tiny-cpu-mlp"
+
+
+def test_mixed_pair_traceml_ai_reference_and_our_candidate(their_traceml, tmp_path):
+    their = json.loads(TAI_REF.read_text())
+    mine = copy.deepcopy(summary(cpu=their["step_time"]["global"]["average"]["step_time_cpu_ms"] * 1.02))
+    mine["run_context"] = copy.deepcopy(their["run_context"])
+    mine["step_time"]["global"]["window"]["diagnosis_clock"] = "cpu"
+    path = tmp_path / "ours" / "final_summary.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(mine))
+    assert assert_same(their_traceml, TAI_REF, path, "5", tmp_path, "mixed") == (0, "WITHIN_THRESHOLD_IN_THIS_PAIR")
+    assert assert_same(their_traceml, TAI_REF, path, "1", tmp_path, "mixed1") == (4, "SLOWER_IN_THIS_PAIR")
+
+
+# --- our summaries through their compare ----------------------------------------------
+
+
+def _our_pairs():
+    for name, ref, cand, threshold, *_ in RESULT_TABLE:
+        yield name, ref, cand, str(threshold)
+    for name, ref, cand, _code in INELIGIBLE:
+        yield name, ref, cand, "5"
+    for ref_ms, cand_ms, threshold, _result in BOUNDARY:
+        yield f"boundary {ref_ms}->{cand_ms}", summary(ref_ms), summary(cand_ms), str(threshold)
+    yield "exploratory", summary(100.0), summary(150.0), None
+
+
+def test_our_summaries_give_the_same_result_in_traceml_ai(their_traceml, tmp_path):
+    compared = refused = 0
+    for index, (name, ref, cand, threshold) in enumerate(_our_pairs()):
+        folder = tmp_path / f"case{index}"
+        paths = []
+        for role, data in (("reference", ref), ("candidate", cand)):
+            path = folder / role / "final_summary.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps(data))  # NaN/inf become literals, which we refuse as input
+            paths.append(path)
+        if any(
+            isinstance(v, float) and not math.isfinite(v)
+            for d in (ref, cand)
+            for v in d["step_time"].get("global", {}).get("average", {}).values()
+        ):
+            assert ours(paths[0], paths[1], threshold, folder / "ours")[0] == 1, name
+            refused += 1
+            continue
+        assert_same(their_traceml, paths[0], paths[1], threshold, folder, f"c{index}")
+        compared += 1
+    assert compared >= 35 and refused == 2
