@@ -1,0 +1,1 @@
+"""One screen per file: Runs, Run detail, Backlog, Compare."""

@@ -1,0 +1,227 @@
+"""The `traceml watch` App and its one factory, :func:`create_app` (used by the CLI and the tests).
+
+Data flow: a single background worker polls the injected :class:`Source`
+(a cheap ``data_version`` check several times a second), builds frozen
+snapshots for what is on screen and posts them as messages; the App hands
+them to the screens, whose dumb widgets redraw through reactives. The UI
+thread never touches the index or the disk. Worker failures surface in one
+place (:meth:`WatchApp.on_worker_state_changed`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from traceml_tui.tui.messages import BacklogUpdated, CompareUpdated, RunsUpdated, RunUpdated
+from traceml_tui.tui.screens.backlog import BacklogScreen
+from traceml_tui.tui.screens.compare import CompareScreen
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.screens.runs import RunsScreen
+from traceml_tui.tui.snapshots import CompareSnapshot, RunsSnapshot
+from traceml_tui.tui.source import Source, compare_snapshot
+
+#: Ages (silent for N s) move even when no data arrives: rebuild at least this often.
+AGE_REFRESH_S = 1.0
+
+
+class WatchApp(App):
+    """traceml watch: runs, run detail, validation backlog and compare, over an injected source."""
+
+    CSS_PATH = str(Path(__file__).parent / "styles" / "watch.tcss")
+    TITLE = "traceml watch"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("a", "toggle_alerts", "Alerts"),
+        Binding("r", "show_runs", "Runs", show=False),
+    ]
+
+    def __init__(self, source: Source, *, poll_interval: float = 0.25, alerts: bool = True,
+                 compare: Optional[tuple[str, str]] = None, threshold_pct: Optional[float] = 5.0) -> None:
+        super().__init__()
+        self.source = source
+        self.poll_interval = poll_interval
+        self.alerts = alerts
+        self.compare_specs = compare
+        self.threshold_pct = threshold_pct
+        self.runs_snapshot: Optional[RunsSnapshot] = None
+        self.refreshes = 0  # snapshots applied (tests wait on this, never on time)
+        self._wanted: tuple = ("runs",)
+        self._wake = threading.Event()
+        self._last_compare_result: Optional[str] = None
+
+    # -- lifecycle
+    def on_mount(self) -> None:
+        self.push_screen(RunsScreen())
+        if self.compare_specs:
+            self.push_screen(CompareScreen(*self.compare_specs, self.threshold_pct))
+        self._update_wanted()
+        self.poll_source()
+
+    def on_unmount(self) -> None:
+        self._wake.set()
+
+    def on_screen_resume(self) -> None:
+        self._update_wanted()
+
+    def _update_wanted(self) -> None:
+        screen = self.screen
+        if isinstance(screen, RunScreen):
+            wanted = ("run", screen.run_id)
+        elif isinstance(screen, BacklogScreen):
+            wanted = ("backlog", screen.run_id)
+        elif isinstance(screen, CompareScreen):
+            wanted = ("compare", screen.reference, screen.candidate, self.threshold_pct)
+        else:
+            wanted = ("runs",)
+        if wanted != self._wanted:
+            self._wanted = wanted
+            self._wake.set()
+
+    # -- navigation (called by screens)
+    def open_run(self, run_id: int) -> None:
+        self.push_screen(RunScreen(run_id))
+        self._wanted = ("run", run_id)
+        self._wake.set()
+
+    def open_backlog(self, run_id: Optional[int]) -> None:
+        self.push_screen(BacklogScreen(run_id))
+        self._wanted = ("backlog", run_id)
+        self._wake.set()
+
+    def open_compare(self, reference: str, candidate: str) -> None:
+        self.push_screen(CompareScreen(reference, candidate, self.threshold_pct))
+        self._wanted = ("compare", reference, candidate, self.threshold_pct)
+        self._wake.set()
+
+    def set_compare_threshold(self, value: Optional[float]) -> None:
+        self.threshold_pct = value
+        self._update_wanted()
+
+    def pop_screen(self):
+        result = super().pop_screen()
+        self.call_after_refresh(self._update_wanted)
+        return result
+
+    # -- the refresh worker
+    @work(thread=True, exclusive=True, group="refresh", exit_on_error=False)
+    def poll_source(self) -> None:
+        """Poll the source off the UI thread; post snapshots when data or the wanted view changed."""
+        worker = get_current_worker()
+        source = self.source
+        last_version: object = None
+        last_wanted: object = None
+        last_build = 0.0
+        while not worker.is_cancelled:
+            wanted = self._wanted
+            version = source.data_version()
+            mono = time.monotonic()
+            if version != last_version or wanted != last_wanted or mono - last_build >= AGE_REFRESH_S:
+                self.post_message(RunsUpdated(source.runs()))
+                if wanted[0] == "run":
+                    self.post_message(RunUpdated(wanted[1], source.run_detail(wanted[1])))
+                elif wanted[0] == "backlog":
+                    self.post_message(BacklogUpdated(wanted, source.backlog(wanted[1])))
+                elif wanted[0] == "compare" and (wanted != last_wanted or version != last_version):
+                    self.post_message(CompareUpdated(wanted, self._build_compare(wanted)))
+                last_version, last_wanted, last_build = version, wanted, mono
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+
+    def _build_compare(self, wanted: tuple) -> CompareSnapshot:
+        _, ref_spec, cand_spec, threshold = wanted
+        try:
+            ref, ref_label = self.source.summary(ref_spec)
+            cand, cand_label = self.source.summary(cand_spec)
+        except (OSError, ValueError) as exc:
+            return CompareSnapshot(ref_spec, cand_spec, threshold, None, 1, None, None, (), error=str(exc))
+        return compare_snapshot(ref, cand, threshold, (ref_label, cand_label))
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place worker failures surface: a notification, then a restart of the poller."""
+        if event.state == WorkerState.ERROR and event.worker.group == "refresh":
+            error = event.worker.error
+            self.notify(f"refresh failed: {type(error).__name__}: {error}", severity="error", timeout=10)
+            self.set_timer(2.0, self.poll_source)
+
+    # -- snapshots → screens
+    def on_runs_updated(self, message: RunsUpdated) -> None:
+        previous, snap = self.runs_snapshot, message.snapshot
+        self.runs_snapshot = snap
+        self._alert_runs(previous, snap)
+        for screen in self.screen_stack:
+            if isinstance(screen, RunsScreen):
+                screen.snapshot = snap
+        self.refreshes += 1
+
+    def on_run_updated(self, message: RunUpdated) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, RunScreen) and screen.run_id == message.run_id and message.detail is not None:
+                screen.detail = message.detail
+        self.refreshes += 1
+
+    def on_backlog_updated(self, message: BacklogUpdated) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, BacklogScreen) and ("backlog", screen.run_id) == message.key:
+                screen.snapshot = message.snapshot
+        self.refreshes += 1
+
+    def on_compare_updated(self, message: CompareUpdated) -> None:
+        snap = message.snapshot
+        for screen in self.screen_stack:
+            if isinstance(screen, CompareScreen):
+                screen.snapshot = snap
+        if snap.result == "SLOWER_IN_THIS_PAIR" and self._last_compare_result != snap.result:
+            self._alert(f"compare: {snap.candidate} is SLOWER than {snap.reference}")
+        self._last_compare_result = snap.result
+        self.refreshes += 1
+
+    # -- alerts (bell + notification), toggled with `a`
+    def _alert_runs(self, previous: Optional[RunsSnapshot], snap: RunsSnapshot) -> None:
+        if previous is None:
+            return  # what was already broken at startup is on screen, not news
+        before = {r.run_id: r for r in previous.rows}
+        for row in snap.rows:
+            old = before.get(row.run_id)
+            if row.status == "failed" and (old is None or old.status != "failed"):
+                self._alert(f"run {row.name} failed")
+            new_silent = set(row.silent_ranks) - set(old.silent_ranks if old else ())
+            if new_silent:
+                self._alert(f"run {row.name}: rank {', '.join(map(str, sorted(new_silent)))} went silent")
+
+    def _alert(self, text: str) -> None:
+        if not self.alerts:
+            return
+        self.bell()
+        self.notify(text, severity="warning", timeout=8)
+
+    def action_toggle_alerts(self) -> None:
+        self.alerts = not self.alerts
+        self.notify(f"alerts {'on' if self.alerts else 'off'}", timeout=3)
+
+    def action_show_runs(self) -> None:
+        while len(self.screen_stack) > 2:
+            self.pop_screen()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Toggle alerts", "Bell and notification on failures, silent ranks, SLOWER compares",
+                            self.action_toggle_alerts)
+        yield SystemCommand("Validation backlog", "All runs' validation requests", lambda: self.open_backlog(None))
+        yield SystemCommand("Runs", "Back to the list of runs", self.action_show_runs)
+
+
+
+def create_app(source: Source, *, poll_interval: float = 0.25, alerts: bool = True,
+               compare: Optional[tuple[str, str]] = None, threshold_pct: Optional[float] = 5.0) -> WatchApp:
+    """The one factory for the watch App: the CLI and the tests both build it here."""
+    return WatchApp(source, poll_interval=poll_interval, alerts=alerts, compare=compare, threshold_pct=threshold_pct)

@@ -1,0 +1,89 @@
+"""`traceml watch [ROOT…]`: open the terminal UI over the index.
+
+Uses the index of a daemon already running for those roots; otherwise starts
+the same ingester in a background thread (the embedded default). Textual is
+imported only here, after the arguments are checked, so the rest of the
+`traceml` CLI stays free of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="traceml watch", description="Terminal UI over the traceml index.")
+    p.add_argument("roots", nargs="*", metavar="ROOT", help="folders holding run directories (default ./logs)")
+    p.add_argument("--index", metavar="PATH", help="the SQLite index (default $XDG_STATE_HOME/traceml/index.sqlite)")
+    p.add_argument("--compare", nargs=2, metavar=("REF", "CAND"),
+                   help="open the Compare screen on two runs (summary file, run directory or run name)")
+    p.add_argument("--max-step-time-regression-pct", dest="threshold", default="5", metavar="PCT",
+                   help="Compare screen threshold in percent (default 5; 'none' = exploratory)")
+    p.add_argument("--poll", type=float, default=0.25, metavar="S", help="seconds between index checks (default 0.25)")
+    p.add_argument("--no-alerts", action="store_true", help="start with the bell/notifications off (toggle: a)")
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"traceml watch: {message}", file=sys.stderr)
+    return 1
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of `traceml watch`; returns the exit code."""
+    args = _parser().parse_args(argv)
+    from daemon import locations, service
+    from traceml_tui.compare.policy import ThresholdError, parse_threshold
+
+    threshold: Optional[float]
+    if str(args.threshold).lower() in ("none", ""):
+        threshold = None
+    else:
+        try:
+            threshold = parse_threshold(args.threshold)
+        except ThresholdError as exc:
+            return _fail(str(exc))
+    if args.poll <= 0:
+        return _fail("--poll must be a positive number of seconds")
+    explicit = bool(args.roots)
+    roots = [os.path.abspath(r) for r in (args.roots or ["logs"])]
+    for root in roots:
+        if explicit and not os.path.isdir(root):
+            return _fail(f"{root} is not a folder")
+    index = Path(args.index) if args.index else locations.default_index_path()
+    if args.compare:
+        for spec in args.compare:
+            p = Path(spec)
+            if (p.suffix == ".json" or os.sep in spec) and not p.exists():
+                return _fail(f"{spec} does not exist")
+
+    ingester = None
+    running = service.find_running_daemon(index)
+    if running is not None:
+        missing = [r for r in roots if not any(r == w or r.startswith(w.rstrip(os.sep) + os.sep) for w in running.roots)]
+        if missing:
+            print(f"traceml watch: a {running.mode} (pid {running.pid}) already writes {index} for "
+                  f"{', '.join(running.roots) or 'other roots'}; showing its index ({', '.join(missing)} not watched)",
+                  file=sys.stderr)
+    else:
+        try:
+            ingester = service.Ingester(index, roots, poll_interval=0.5, use_inotify=True, mode="watch")
+            ingester.start()
+        except (OSError, RuntimeError) as exc:
+            return _fail(str(exc))
+
+    from traceml_tui.tui.app import create_app
+    from traceml_tui.tui.source import IndexSource
+
+    source = IndexSource(index, ingester=ingester)
+    app = create_app(source, poll_interval=args.poll, alerts=not args.no_alerts,
+                     compare=tuple(args.compare) if args.compare else None, threshold_pct=threshold)
+    try:
+        app.run()
+    finally:
+        source.close()
+    return int(app.return_code or 0)

@@ -1,0 +1,63 @@
+"""Backlog screen: validation requests by state, claims and their heartbeats, eval lag."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from traceml_tui.tui.snapshots import BacklogSnapshot
+from traceml_tui.tui.widgets.backlog_table import BacklogTable, backlog_cells
+from traceml_tui.tui.widgets.info_panel import InfoPanel
+
+_ORDER = {"claimed": 0, "pending": 1, "failed": 2, "completed": 3}
+
+
+def backlog_summary(snap: BacklogSnapshot) -> list:
+    counts = " · ".join(f"{k} {v}" for k, v in snap.counts)
+    lines = [counts or "no validation requests"]
+    if snap.newest_completed:
+        run, ckpt, step = snap.newest_completed
+        lag = f", eval lag {snap.eval_lag} steps (training at {snap.train_step})" if snap.eval_lag is not None else ""
+        lines.append(f"newest completed: {ckpt} (step {step}) of {run}{lag}")
+    else:
+        lines.append(("no checkpoint evaluated yet", "yellow"))
+    stuck = [i for i in snap.items if i.stuck]
+    if stuck:
+        lines.append((f"STUCK: {len(stuck)} claim(s) outlived their lease: " +
+                      ", ".join(f"{i.checkpoint} ({i.owner})" for i in stuck), "bold red"))
+    return lines
+
+
+class BacklogScreen(Screen):
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
+
+    snapshot: reactive[Optional[BacklogSnapshot]] = reactive(None)
+
+    def __init__(self, run_id: Optional[int]) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield InfoPanel(id="backlog-summary")
+        yield BacklogTable(id="backlog")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "traceml watch"
+        self.sub_title = "validation backlog"
+        self.query_one(BacklogTable).focus()
+
+    def watch_snapshot(self, snap: Optional[BacklogSnapshot]) -> None:
+        if snap is None or not self.is_mounted:
+            return
+        if snap.run:
+            self.sub_title = f"validation backlog — {snap.run}"
+        self.query_one("#backlog-summary", InfoPanel).data = ("Validation backlog", backlog_summary(snap))
+        items = sorted(snap.items, key=lambda i: (not i.stuck, _ORDER.get(i.state, 9), i.run, i.step or 0))
+        self.query_one(BacklogTable).table_rows = tuple((f"{i.run}/{i.checkpoint}", backlog_cells(i)) for i in items)

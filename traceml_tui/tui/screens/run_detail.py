@@ -1,0 +1,144 @@
+"""Run screen: per-rank table, text charts, straggler heatmap, nodes, outcomes, ingest errors."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from traceml_tui.tui import textplot
+from traceml_tui.tui.snapshots import RunDetail
+from traceml_tui.tui.widgets.heatmap import Heatmap
+from traceml_tui.tui.widgets.info_panel import InfoPanel
+from traceml_tui.tui.widgets.rank_table import RankTable, rank_cells
+from traceml_tui.tui.widgets.runs_table import STATUS_STYLE
+from traceml_tui.tui.widgets.text_chart import ChartData, TextChart
+
+
+def headline(detail: RunDetail) -> list:
+    """One-line run status plus facts, as InfoPanel lines."""
+    r = detail.run
+    status = r.status.upper()
+    if r.silent_ranks:
+        status += " — silent rank" + ("s " if len(r.silent_ranks) > 1 else " ") + ", ".join(map(str, r.silent_ranks))
+    facts = [f"step {r.step if r.step is not None else '–'}" + (f"/{r.declared_steps}" if r.declared_steps else ""),
+             f"median {textplot.fmt_num(r.median_step_ms)} ms",
+             f"{textplot.fmt_num(r.steps_per_s)} steps/s", f"{textplot.fmt_num(r.examples_per_s)} ex/s"]
+    if r.loss_ratio is not None:
+        facts.append(f"loss/0 {textplot.fmt_num(r.loss_ratio)}")
+    if r.eval_step is not None:
+        facts.append(f"eval @{r.eval_step} (lag {r.eval_lag})")
+    if r.backlog:
+        facts.append(f"backlog {r.backlog}")
+    return [(status, STATUS_STYLE.get(r.status, "")), " · ".join(facts)]
+
+
+def node_lines(detail: RunDetail) -> list:
+    lines = []
+    for n in detail.nodes:
+        ram = "–"
+        if n.ram_used is not None and n.ram_total:
+            ram = f"{n.ram_used / 2**30:.1f}/{n.ram_total / 2**30:.1f} GiB"
+        text = f"node {n.node}: CPU {textplot.fmt_num(n.cpu_pct)}% · RAM {ram}"
+        for idx, util, used, total in n.gpus:
+            mem = f"{used / 2**30:.1f}/{total / 2**30:.0f} GiB" if used is not None and total else "–"
+            text += f" · GPU{idx} {textplot.fmt_num(util)}% {mem}"
+        if not n.gpus:
+            text += " · no GPU"
+        lines.append(text)
+    return lines or [("(no node samples yet)", "dim")]
+
+
+def outcome_lines(detail: RunDetail) -> list:
+    lines = []
+    for o in detail.outcomes:
+        style = "red" if o.status != "completed" else "cyan"
+        reasons = f" [{', '.join(o.reasons)}]" if o.reasons else ""
+        lines.append((f"node {o.node}: {o.status} (exit {o.exit_code if o.exit_code is not None else '–'}){reasons}",
+                      style))
+    return lines or [("(no guard outcomes: unguarded run, or still training)", "dim")]
+
+
+def error_lines(detail: RunDetail) -> list:
+    lines = [(f"{e.path} @{e.offset}: {e.message}", "red") for e in detail.errors]
+    return lines or [("(none)", "dim")]
+
+
+class RunScreen(Screen):
+    """One run in detail."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("b", "backlog", "Backlog"),
+    ]
+
+    detail: reactive[Optional[RunDetail]] = reactive(None)
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with VerticalScroll(id="run-body"):
+            yield InfoPanel(id="headline")
+            yield RankTable(id="ranks")
+            yield TextChart(id="chart-step", chart_height=6)
+            yield Heatmap(id="heatmap")
+            yield TextChart(id="chart-ratio", chart_height=5)
+            yield TextChart(id="chart-eval", chart_height=5)
+            yield InfoPanel(id="nodes")
+            yield InfoPanel(id="outcomes")
+            yield InfoPanel(id="errors")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "traceml watch"
+        self.sub_title = f"run #{self.run_id}"
+        self.query_one(RankTable).focus()
+
+    def watch_detail(self, detail: Optional[RunDetail]) -> None:
+        if detail is None or not self.is_mounted:
+            return
+        self.sub_title = detail.run.name
+        self.query_one("#headline", InfoPanel).data = ("", headline(detail))
+        table = self.query_one(RankTable)
+        table.table_rows = tuple((r.rank, rank_cells(r)) for r in detail.ranks)
+        table.styles.height = min(10, len(detail.ranks) + 2)
+        step_series = [(s.name, s.x, s.y) for s in detail.step_time]
+        legend = "  ".join(f"{textplot.GLYPHS[i % len(textplot.GLYPHS)]} {s.name}"
+                           for i, s in enumerate(detail.step_time[:8]))
+        self.query_one("#chart-step", TextChart).data = ChartData("Step time per rank (ms)", step_series, legend=legend)
+        labels = tuple(f"r{r.rank}" for r in detail.ranks)
+        self.query_one("#heatmap", Heatmap).data = (labels, detail.heatmap, detail.heat_steps)
+        if detail.loss_ratio is not None:
+            s = detail.loss_ratio
+            ratio = ChartData(f"Scale-free loss ratio: {detail.ratio_name}",
+                              [("ratio", s.x, s.y), ("trend", s.x, textplot.smooth(s.y))], hline=1.0,
+                              legend="● ratio  ○ smoothed  ┄ 1.0 = predicting zero (no skill)")
+        else:
+            ratio = ChartData("Scale-free loss ratio", empty="(no loss components logged: log(components=…))")
+        self.query_one("#chart-ratio", TextChart).data = ratio
+        series = []
+        if detail.train_metric is not None:
+            series.append(("train loss", detail.train_metric.x, detail.train_metric.y))
+        done = [e for e in detail.evals if e.status == "completed" and e.value is not None]
+        if done:
+            series.append((f"eval {detail.eval_metric_name}", [e.step for e in done], [e.value for e in done]))
+        marks = [(e.step, "?") for e in detail.evals if e.status == "pending"]
+        marks += [(e.step, "✗") for e in detail.evals if e.status == "failed"]
+        pending = sum(1 for e in detail.evals if e.status == "pending")
+        self.query_one("#chart-eval", TextChart).data = ChartData(
+            "Train vs eval", series, marks=marks,
+            legend=f"● train  ○ eval {detail.eval_metric_name or ''}  ? pending ({pending})  ✗ failed")
+        self.query_one("#nodes", InfoPanel).data = ("Nodes", node_lines(detail))
+        self.query_one("#outcomes", InfoPanel).data = ("Guard outcomes", outcome_lines(detail))
+        self.query_one("#errors", InfoPanel).data = (f"Ingest errors ({detail.run.errors})", error_lines(detail))
+
+    def action_backlog(self) -> None:
+        self.app.open_backlog(self.run_id)

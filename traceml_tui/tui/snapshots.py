@@ -1,0 +1,185 @@
+"""Frozen snapshots handed from the refresh worker to the screens.
+
+Everything a screen shows is in one of these immutable dataclasses, built
+off the UI thread by :mod:`traceml_tui.tui.source`. Widgets never query the
+index: they receive a slice of a snapshot through a reactive and redraw.
+Times are unix seconds; durations are milliseconds unless named ``_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+#: Run states shown in the Runs table, in the order used to sort by status.
+RUN_STATES: tuple[str, ...] = ("failed", "stalled", "running", "completed", "missing")
+
+#: Backlog states, in display order (a stuck claim is a claimed item whose heartbeat outlived its lease).
+BACKLOG_STATES: tuple[str, ...] = ("pending", "claimed", "completed", "failed")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One line of the Runs screen."""
+
+    run_id: int
+    name: str
+    status: str  # one of RUN_STATES
+    silent_ranks: tuple[int, ...] = ()
+    workload: Optional[str] = None
+    nodes: Optional[int] = None
+    procs_per_node: Optional[int] = None
+    step: Optional[int] = None
+    declared_steps: Optional[int] = None
+    median_step_ms: Optional[float] = None
+    trend: tuple[float, ...] = ()  # median step time per bucket, oldest first (sparkline)
+    steps_per_s: Optional[float] = None
+    examples_per_s: Optional[float] = None
+    loss_ratio: Optional[float] = None
+    eval_step: Optional[int] = None  # step of the newest completed checkpoint evaluation
+    eval_lag: Optional[int] = None  # training step minus eval_step
+    backlog: int = 0  # validation requests without a receipt
+    errors: int = 0  # ingest error rows
+    last_ts: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class RunsSnapshot:
+    """All runs the index knows, at one data version."""
+
+    rows: tuple[RunRow, ...]
+    now: float
+    version: int
+    index_ready: bool = True
+    note: Optional[str] = None  # why the list is empty, shown in the empty state
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank of a run (its latest attempt)."""
+
+    rank: int
+    attempt: int
+    node: Optional[int]
+    step: Optional[int]
+    step_ms: Optional[float]
+    input_wait_ms: Optional[float]
+    compute_ms: Optional[float]  # step time minus input wait
+    delta_pct: Optional[float]  # vs the median rank's step time
+    silent_s: Optional[float]  # seconds since its newest record
+    silent: bool = False
+    ended: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Series:
+    """A downsampled series: x = representative step of each bucket, y = mean, lo/hi = bucket min/max."""
+
+    name: str
+    x: tuple[float, ...]
+    y: tuple[Optional[float], ...]
+    lo: tuple[Optional[float], ...] = ()
+    hi: tuple[Optional[float], ...] = ()
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    step: int
+    value: Optional[float]
+    status: str  # completed | pending | failed
+    checkpoint: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class NodeMetrics:
+    node: int
+    ts: Optional[float]
+    cpu_pct: Optional[float]
+    ram_used: Optional[int]
+    ram_total: Optional[int]
+    gpus: tuple[tuple[int, Optional[float], Optional[int], Optional[int]], ...] = ()  # (index, util %, mem used, mem total)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    node: int
+    status: str
+    exit_code: Optional[int]
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class IngestError:
+    path: str
+    offset: int
+    message: str
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    """Everything the Run screen shows for one run."""
+
+    run: RunRow
+    ranks: tuple[RankRow, ...]
+    step_time: tuple[Series, ...]  # one per rank
+    loss_ratio: Optional[Series]
+    ratio_name: Optional[str]
+    train_metric: Optional[Series]
+    eval_metric_name: Optional[str]
+    evals: tuple[EvalPoint, ...]
+    heatmap: tuple[tuple[Optional[float], ...], ...]  # rows = ranks, cols = step buckets, value = step time / median of ranks
+    heat_steps: tuple[int, int] = (0, 0)
+    nodes: tuple[NodeMetrics, ...] = ()
+    outcomes: tuple[Outcome, ...] = ()
+    errors: tuple[IngestError, ...] = ()
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class BacklogItem:
+    run: str
+    checkpoint: str
+    step: Optional[int]
+    state: str  # one of BACKLOG_STATES
+    age_s: Optional[float]  # since the request was created
+    owner: Optional[str] = None
+    heartbeat_age_s: Optional[float] = None
+    lease_s: Optional[float] = None
+    retries: int = 0
+    stuck: bool = False
+    last_error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class BacklogSnapshot:
+    items: tuple[BacklogItem, ...]
+    counts: tuple[tuple[str, int], ...]
+    newest_completed: Optional[tuple[str, str, Optional[int]]]  # (run, checkpoint, step)
+    eval_lag: Optional[int]
+    train_step: Optional[int]
+    now: float
+    run: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class CompareSide:
+    label: str
+    rows: tuple[tuple[str, str], ...]  # (field, value) for the side-by-side table
+
+
+@dataclass(frozen=True)
+class CompareSnapshot:
+    """The Compare screen: the core's result plus rows for display."""
+
+    reference: str
+    candidate: str
+    threshold_pct: Optional[float]
+    result: Optional[str]
+    exit_code: int
+    reason_code: Optional[str]
+    reason: Optional[str]
+    rows: tuple[tuple[str, str, str, str], ...]  # (field, reference, candidate, delta)
+    diagnoses: tuple[tuple[str, str, str], ...] = ()
+    warnings: tuple[str, ...] = ()
+    error: Optional[str] = None
+    report: Any = field(default=None, compare=False, repr=False)

@@ -1,0 +1,28 @@
+"""Validation backlog table: one row per checkpoint request."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from traceml_tui.tui import textplot
+from traceml_tui.tui.snapshots import BacklogItem
+from traceml_tui.tui.widgets.table_base import FedTable
+
+STATE_STYLE = {"pending": "yellow", "claimed": "green", "completed": "cyan", "failed": "red"}
+
+
+def backlog_cells(i: BacklogItem) -> tuple:
+    state = Text("STUCK claim" if i.stuck else i.state, style="bold white on red" if i.stuck else
+                 STATE_STYLE.get(i.state, ""))
+    beat = "–" if i.heartbeat_age_s is None else textplot.duration(i.heartbeat_age_s)
+    if i.lease_s is not None and i.heartbeat_age_s is not None:
+        beat += f"/{textplot.duration(i.lease_s)}"
+    return (
+        i.run, i.checkpoint, "–" if i.step is None else str(i.step), state, textplot.duration(i.age_s),
+        i.owner or "–", Text(beat, style="bold red" if i.stuck else ""),
+        Text(str(i.retries), style="red" if i.retries else "dim"), i.last_error or "",
+    )
+
+
+class BacklogTable(FedTable):
+    COLUMNS = ("Run", "Checkpoint", "Step", "State", "Age", "Owner", "Heartbeat", "Retries", "Last error")
