@@ -28,11 +28,11 @@ MAX_STREAM_BYTES = 512 * 1024 * 1024
 
 def step_files(run_dir: Path) -> list[Path]:
     """The rank step streams of one run directory (regular files only)."""
-    from traceml_tui import records
-
     ranks = run_dir / "ranks"
     if not ranks.is_dir():
         return []
+    from traceml_tui import records  # only now: msgspec costs start-up time
+
     files = []
     for rank_dir in sorted(ranks.glob(records.rank_dir_name(0).replace("0", "*"))):
         if rank_dir.is_symlink() or not rank_dir.is_dir():
