@@ -172,3 +172,57 @@ def test_our_summaries_give_the_same_result_in_traceml_ai(their_traceml, tmp_pat
         assert_same(their_traceml, paths[0], paths[1], threshold, folder, f"c{index}")
         compared += 1
     assert compared >= 35 and refused == 2
+
+
+# --- summaries written by our own summary builder ------------------------------------
+
+CONTRACT = {
+    "schema_version": 1,
+    "workload": {"name": "interop-builder", "parameters": {"model": "tiny-mlp", "per_rank_batch_size": 8}},
+    "measurement": {"start_step": 1, "completed_steps": 30},
+}
+
+
+def _built_run(root: Path, name: str, step_ms: float, gpu: bool = False) -> Path:
+    """A run directory with real v1 step records, summarized by traceml_tui.summary.build."""
+    from traceml_tui import records
+
+    build = pytest.importorskip("traceml_tui.summary.build")
+    run_dir = root / name
+    for rank in range(2):
+        path = run_dir / "ranks" / records.rank_dir_name(rank) / records.steps_file_name(0)
+        path.parent.mkdir(parents=True)
+        lines = [records.encode(records.Header(v=1, run=name, rank=rank, attempt=0, uuid=f"{name}{rank}", ts=0.0))]
+        ts = 1000.0
+        for step in range(1, 31):
+            ms = step_ms * (1.0 + 0.01 * ((step * 7 + rank) % 5 - 2))
+            ts += ms / 1000.0
+            phases = records.Phases(step=ms, input_wait=0.1 * ms, forward=0.3 * ms, backward=0.4 * ms, optimizer=0.1 * ms)
+            lines.append(records.encode(records.Step(
+                v=1, run=name, rank=rank, attempt=0, step=step, ts=ts, cpu_ms=phases,
+                gpu_ms=records.Phases(step=0.9 * ms, input_wait=0.1 * ms, forward=0.3 * ms) if gpu else None,
+                loss=1.0 / step,
+            )))
+        path.write_bytes(b"".join(lines))
+    manifest = {
+        "run_name": name,
+        "status": "completed",
+        "topology": {"nnodes": 1, "nproc_per_node": 2, "world_size": 2},
+        "guard": {"contract": CONTRACT, "training": {"status": "completed", "nodes_observed": 1, "reasons": []}},
+    }
+    summary_data = build.build_summary(run_dir, manifest)
+    path = run_dir / "final_summary.json"
+    path.write_text(json.dumps(summary_data, allow_nan=False))
+    return path
+
+
+@pytest.mark.parametrize("cand_ms,gpu", [(100.0, False), (112.0, False), (85.0, False), (112.0, True)])
+def test_summaries_from_our_builder_give_the_same_result_in_both_tools(their_traceml, tmp_path, cand_ms, gpu):
+    ref = _built_run(tmp_path / "logs", "built-ref", 100.0, gpu)
+    cand = _built_run(tmp_path / "logs", "built-cand", cand_ms, gpu)
+    code, result = assert_same(their_traceml, ref, cand, "5", tmp_path, "built")
+    report = json.loads((tmp_path / "ours_built.json").read_text())
+    assert result != "INCONCLUSIVE", report["ci"]
+    assert report["ci"]["clock"] == ("gpu" if gpu else "cpu")
+    assert report["noise"]["status"] == "ok"  # the rank records sit beside the summary
+    assert {"training", "environment"} <= set(json.loads(ref.read_text()))
