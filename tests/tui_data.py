@@ -199,3 +199,31 @@ def summary_pair(root: Path, ref_ms: float = 100.0, cand_ms: float = 130.0) -> t
         path.write_text(json.dumps(summary))
         paths.append(path)
     return paths[0], paths[1]
+
+
+async def settle(pilot, rounds: int = 2, limit: int = 400) -> None:
+    """Wait until the App has applied ``rounds`` more snapshots (bounded; never a fixed sleep)."""
+    app = pilot.app
+    target = app.refreshes + rounds
+    for _ in range(limit):
+        if app.refreshes >= target:
+            break
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+def build_fixture(tmp: Path) -> tuple[Path, Path]:
+    """The standard set of runs used by the pilot and snapshot tests; returns (root, index)."""
+    root = tmp / "logs"
+    root.mkdir(parents=True, exist_ok=True)
+    write_run(root, "resnet-ok", straggler=1, steps=60, ranks=4)
+    write_run(root, "bert-crash", failed_rank=1, steps=12)
+    write_run(root, "vit-hang", ranks=3, silent_rank=2, finished=False, steps=400)
+    write_backlog(root / "resnet-ok", now=FIXED_NOW)
+    index = tmp / "state" / "index.sqlite"
+    ingest(index, [root])
+    return root, index
+
+
+#: The clock the snapshots see: 1 s after the newest record of vit-hang.
+FIXED_NOW = T0 + 41.0

@@ -1,0 +1,257 @@
+"""Pilot tests of `traceml watch` over a real index built by the real ingester."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tui_data as d  # noqa: E402
+
+from traceml_tui.tui.app import create_app  # noqa: E402
+from traceml_tui.tui.screens.backlog import BacklogScreen  # noqa: E402
+from traceml_tui.tui.screens.compare import CompareScreen  # noqa: E402
+from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
+from traceml_tui.tui.source import IndexSource  # noqa: E402
+from traceml_tui.tui.widgets.backlog_table import BacklogTable  # noqa: E402
+from traceml_tui.tui.widgets.info_panel import InfoPanel  # noqa: E402
+from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
+from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def aio(fn):
+    """Run an async test body with asyncio (no pytest-asyncio needed); fixtures pass through."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+def cells(table, row: int) -> list[str]:
+    return [getattr(c, "plain", c) for c in table.get_row_at(row)]
+
+
+def column(table, index: int) -> list[str]:
+    return [cells(table, i)[index] for i in range(table.row_count)]
+
+
+def panel_text(screen, selector: str) -> str:
+    data = screen.query_one(selector, InfoPanel).data
+    return "\n".join(line[0] if isinstance(line, tuple) else line for line in data[1])
+
+
+@pytest.fixture
+def fixture_index(tmp_path):
+    root, index = d.build_fixture(tmp_path)
+    source = IndexSource(index, clock=lambda: d.FIXED_NOW)
+    yield root, index, source
+    source.close()
+
+
+@aio
+async def test_empty_state_explains_why(tmp_path):
+    (tmp_path / "logs").mkdir()
+    index = tmp_path / "index.sqlite"
+    # Before the daemon has created the index the screen says it is waiting.
+    source = IndexSource(index, clock=lambda: d.FIXED_NOW)
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await d.settle(pilot)
+        assert "waiting for the index" in str(pilot.app.screen.query_one("#runs-empty").render())
+        d.ingest(index, [tmp_path / "logs"])  # the real ingester creates an empty index
+        await d.settle(pilot)
+        assert pilot.app.screen.query_one(RunsTable).row_count == 0
+        assert "No runs yet" in str(pilot.app.screen.query_one("#runs-empty").render())
+    source.close()
+
+
+@aio
+async def test_statuses_failed_and_stalled_rank_named(fixture_index):
+    _, _, source = fixture_index
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await d.settle(pilot)
+        table = pilot.app.screen.query_one(RunsTable)
+        by_name = {cells(table, i)[1]: cells(table, i) for i in range(table.row_count)}
+        assert by_name["bert-crash"][0] == "failed"
+        assert by_name["vit-hang"][0] == "stalled r2"
+        assert by_name["resnet-ok"][0] == "completed"
+        assert by_name["resnet-ok"][3] == "1×4"
+        assert by_name["resnet-ok"][4] == "60/60"
+        assert by_name["resnet-ok"][11] == "3"  # three requests without a receipt
+
+
+@aio
+async def test_stalled_run_screen_names_silent_rank(fixture_index):
+    _, _, source = fixture_index
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await d.settle(pilot)
+        names = column(pilot.app.screen.query_one(RunsTable), 1)
+        pilot.app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == "vit-hang"))
+        await d.settle(pilot)
+        screen = pilot.app.screen
+        assert isinstance(screen, RunScreen) and screen.detail is not None
+        assert "silent rank 2" in panel_text(screen, "#headline")
+        ranks = screen.query_one(RankTable)
+        silent = column(ranks, 7)
+        assert silent[2].startswith("SILENT") and not silent[0].startswith("SILENT")
+        assert column(ranks, 2) == ["400", "400", "5"]
+        assert "vit-hang" in names
+
+
+@aio
+async def test_failed_run_shows_outcome_reason_and_failed_rank(fixture_index):
+    _, _, source = fixture_index
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await d.settle(pilot)
+        pilot.app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == "bert-crash"))
+        await d.settle(pilot)
+        screen = pilot.app.screen
+        assert "FAILED" in panel_text(screen, "#headline")
+        assert "node_training_failed" in panel_text(screen, "#outcomes")
+        assert column(screen.query_one(RankTable), 7) == ["completed", "failed"]
+
+
+@aio
+async def test_straggler_heatmap_marks_the_recurring_slow_rank(fixture_index):
+    _, _, source = fixture_index
+    run_id = next(r.run_id for r in source.runs().rows if r.name == "resnet-ok")
+    detail = source.run_detail(run_id)
+    # Rank 1 is 1.6x slower every 4th step: its row is the darkest one.
+    dark = [sum(1 for v in row if v is not None and v > 1.2) for row in detail.heatmap]
+    assert dark.index(max(dark)) == 1 and dark[0] == dark[2] == dark[3] == 0
+
+
+@aio
+async def test_run_appended_during_test_shows_new_steps_without_input(tmp_path):
+    from daemon.service import Ingester
+
+    root = tmp_path / "logs"
+    root.mkdir()
+    run = d.write_run(root, "live", ranks=1, steps=10, finished=False, evals=False)
+    index = tmp_path / "index.sqlite"
+    ingester = Ingester(index, [str(root)], poll_interval=0.05, use_inotify=False, mode="test")
+    ingester.start()
+    source = IndexSource(index, clock=lambda: d.T0 + 5, ingester=ingester)
+    app = create_app(source, poll_interval=0.02)
+    try:
+        async with app.run_test(size=(100, 24)) as pilot:
+            table = pilot.app.screen.query_one(RunsTable)
+            for _ in range(300):
+                await pilot.pause(0.02)
+                if table.row_count and cells(table, 0)[4].startswith("10"):
+                    break
+            assert cells(table, 0)[4] == "10/10"
+            d.append_steps(run, "live", 0, 11, 25)
+            for _ in range(300):
+                await pilot.pause(0.02)
+                if cells(table, 0)[4].startswith("25"):
+                    break
+            assert cells(table, 0)[4] == "25/10"
+    finally:
+        source.close()
+
+
+@aio
+async def test_filter_as_you_type_and_sort_by_column(fixture_index):
+    _, _, source = fixture_index
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await d.settle(pilot)
+        await pilot.press("slash", "v", "i", "t")
+        await pilot.pause()
+        table = pilot.app.screen.query_one(RunsTable)
+        assert column(table, 1) == ["vit-hang"]
+        await pilot.press("escape")  # clears the filter
+        await pilot.pause()
+        await pilot.press("s", "s")  # sort by the second column: run name
+        await pilot.pause()
+        assert column(table, 1) == sorted(column(table, 1))
+        await pilot.press("S")
+        await pilot.pause()
+        assert column(table, 1) == sorted(column(table, 1), reverse=True)
+
+
+@aio
+async def test_backlog_stuck_claim_stands_out(fixture_index):
+    _, _, source = fixture_index
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await d.settle(pilot)
+        await pilot.press("b")
+        await d.settle(pilot)
+        screen = pilot.app.screen
+        assert isinstance(screen, BacklogScreen)
+        table = screen.query_one(BacklogTable)
+        first = cells(table, 0)
+        # The stuck claim is sorted first, named, with its owner and heartbeat age over its lease.
+        assert first[1] == "step-00000016" and first[3] == "STUCK claim" and first[5] == "worker-b:777"
+        assert first[6] == "7m/1m"
+        states = column(table, 3)
+        assert states.count("completed") == 2 and states.count("claimed") == 1 and states.count("failed") == 1
+        summary = panel_text(screen, "#backlog-summary")
+        assert "STUCK: 1 claim" in summary
+        assert "newest completed: step-00000008 (step 8)" in summary and "eval lag 52 steps" in summary
+        failed = cells(table, [i for i, s in enumerate(states) if s == "failed"][0])
+        assert failed[7] == "2" and "out of memory" in failed[8]
+
+
+@aio
+async def test_compare_slower_pair_matches_cli(tmp_path, cli_env, traceml_cmd):
+    ref, cand = d.summary_pair(tmp_path)
+    proc = subprocess.run(
+        [*traceml_cmd, "compare", str(ref), str(cand), "--max-step-time-regression-pct", "5", "--format", "json",
+         "--output", str(tmp_path / "out" / "cmp")],
+        env=cli_env, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 4, proc.stderr
+    cli = json.loads((tmp_path / "out" / "cmp.json").read_text())["ci"]
+    source = IndexSource(tmp_path / "none.sqlite", clock=lambda: d.FIXED_NOW)
+    app = create_app(source, poll_interval=0.02, compare=(str(ref), str(cand)), threshold_pct=5.0)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await d.settle(pilot)
+        screen = pilot.app.screen
+        assert isinstance(screen, CompareScreen)
+        snap = screen.snapshot
+        assert (snap.result, snap.exit_code, snap.reason_code, snap.reason) == (
+            cli["result"], cli["exit_code"], cli["reason_code"], cli["reason"])
+        assert "SLOWER_IN_THIS_PAIR" in panel_text(screen, "#verdict")
+        # A threshold set on the screen re-runs the same core: 40% tolerates +30%.
+        await pilot.press("t")
+        threshold = screen.query_one("#threshold")
+        threshold.value = "40"
+        await pilot.press("enter")
+        await d.settle(pilot)
+        assert screen.snapshot.result == "WITHIN_THRESHOLD_IN_THIS_PAIR"
+    source.close()
+
+
+def test_watch_rejects_bad_input(tmp_path, cli_env, traceml_cmd):
+    missing = tmp_path / "nope"
+    proc = subprocess.run([*traceml_cmd, "watch", str(missing)], env=cli_env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"traceml watch: {missing} is not a folder"
+    proc = subprocess.run([*traceml_cmd, "watch", "--max-step-time-regression-pct", "-3", str(tmp_path)],
+                          env=cli_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "negative" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_headless_commands_do_not_import_textual():
+    code = ("import sys, traceml_tui.cli, traceml_tui.tui.source, traceml_tui.tui.snapshots, "
+            "traceml_tui.tui.textplot; print('textual' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
