@@ -438,7 +438,7 @@ class IndexSource:
                 last_ts=run["last_ts"],
             ))
         rows.sort(key=lambda r: (-(r.last_ts or 0.0), r.name))
-        return RunsSnapshot(tuple(rows), now, version, note=None if rows else "no runs under the watched roots yet")
+        return RunsSnapshot(tuple(rows), now, version, note=None if rows else "nothing under the watched roots; start a run with `traceml run`")
 
     def _side_counts(self, db: sqlite3.Connection) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}

@@ -84,7 +84,7 @@ class RunsScreen(Screen):
         if snap is None:
             empty.update("loading…")
         elif not snap.rows:
-            empty.update(f"No runs yet — {snap.note or 'start one with `traceml run`'}.")
+            empty.update(f"No runs yet — {snap.note or 'start one with `traceml run`'}")
         elif not rows:
             empty.update("No run matches the filter.")
         else:

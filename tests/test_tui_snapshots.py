@@ -1,0 +1,94 @@
+"""Snapshot tests (pytest-textual-snapshot) of every `traceml watch` screen and state.
+
+Deterministic: fixed records (tests/tui_data.py), a fixed clock injected into
+the source, the real ingester building the index. Regenerate after an
+intended change with ``pytest tests/test_tui_snapshots.py --snapshot-update``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tui_data as d  # noqa: E402
+
+from traceml_tui.tui.app import create_app  # noqa: E402
+from traceml_tui.tui.source import IndexSource  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def source(tmp_path):
+    _, index = d.build_fixture(tmp_path)
+    src = IndexSource(index, clock=lambda: d.FIXED_NOW)
+    yield src
+    src.close()
+
+
+def _open(name: str):
+    async def run_before(pilot) -> None:
+        await d.settle(pilot)
+        if name:
+            app = pilot.app
+            app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == name))
+            await d.settle(pilot)
+    return run_before
+
+
+def test_runs_screen(snap_compare, source):
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 24), run_before=_open(""))
+
+
+def test_runs_screen_80x24(snap_compare, source):
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(80, 24), run_before=_open(""))
+
+
+def test_runs_screen_empty(snap_compare, tmp_path):
+    (tmp_path / "logs").mkdir()
+    d.ingest(tmp_path / "index.sqlite", [tmp_path / "logs"])
+    src = IndexSource(tmp_path / "index.sqlite", clock=lambda: d.FIXED_NOW)
+    try:
+        assert snap_compare(create_app(src, poll_interval=0.02), terminal_size=(80, 24), run_before=_open(""))
+    finally:
+        src.close()
+
+
+def test_run_screen_stalled(snap_compare, source):
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 50), run_before=_open("vit-hang"))
+
+
+def test_run_screen_failed(snap_compare, source):
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 50),
+                        run_before=_open("bert-crash"))
+
+
+def test_run_screen_straggler(snap_compare, source):
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 50),
+                        run_before=_open("resnet-ok"))
+
+
+def test_backlog_screen_stuck_claim(snap_compare, source):
+    async def run_before(pilot) -> None:
+        await d.settle(pilot)
+        await pilot.press("b")
+        await d.settle(pilot)
+
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 24), run_before=run_before)
+
+
+def test_compare_screen_slower(snap_compare, tmp_path):
+    ref, cand = d.summary_pair(tmp_path)
+    src = IndexSource(tmp_path / "none.sqlite", clock=lambda: d.FIXED_NOW)
+
+    async def run_before(pilot) -> None:
+        await d.settle(pilot)
+
+    try:
+        app = create_app(src, poll_interval=0.02, compare=(str(ref), str(cand)), threshold_pct=5.0)
+        assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
+    finally:
+        src.close()
