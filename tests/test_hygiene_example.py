@@ -23,9 +23,9 @@ def test_example_trains_validates_stops_and_renders(tmp_path, traceml_cmd, cli_e
         shutil.copy(EXAMPLE / name, work / name)
     config = yaml.safe_load((EXAMPLE / "traceml.yaml").read_text())
     # Same pipeline, smaller budget: fewer checkpoints keep the test short.
-    config["hygiene"]["validation"]["cadence"] = 50
+    config["hygiene"]["validation"]["cadence"] = 100
     config["hygiene"]["curve"]["cadence"] = 50
-    config["hygiene"]["early_stopping"].update(patience=2, warmup=100, max_budget=400)
+    config["hygiene"]["early_stopping"].update(patience=2, warmup=100, max_budget=300)
     (work / "traceml.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.run([*traceml_cmd, "run", "train_regression.py", "--run-name", "demo"], cwd=work, env=cli_env,
                           capture_output=True, text=True, timeout=240)
