@@ -1,0 +1,73 @@
+"""`traceml watch` in a real terminal (tmux) on the seed's CPU DDP example while it trains."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(170),
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+
+def _tmux(sock: str, *args: str) -> str:
+    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=30).stdout
+
+
+def _wait_pane(sock: str, target: str, pattern: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = _tmux(sock, "capture-pane", "-p", "-t", target)
+        if re.search(pattern, text, re.MULTILINE):
+            return text
+        time.sleep(0.3)
+    raise AssertionError(f"pane {target} never showed {pattern!r}; last screen:\n{text}")
+
+
+def test_watch_in_tmux_shows_training_run_and_ranks(tmp_path, cli_env):
+    shutil.copy(REPO / "examples" / "traceml.yaml", tmp_path / "traceml.yaml")
+    (tmp_path / "logs").mkdir()
+    sock = f"traceml-test-{os.getpid()}"
+    env = " ".join(f"{k}={shlex.quote(cli_env[k])}" for k in ("XDG_STATE_HOME", "OMP_NUM_THREADS", "PATH"))
+    watch = f"cd {shlex.quote(str(tmp_path))} && env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m traceml_tui watch logs"
+    train = None
+    try:
+        for name, (w, h) in (("small", (80, 24)), ("large", (200, 50))):
+            subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-s", name, "-x", str(w), "-y", str(h), watch],
+                           check=True, timeout=30)
+        for name in ("small", "large"):
+            _wait_pane(sock, name, r"No runs yet", 60)
+        train = subprocess.Popen(
+            [sys.executable, "-m", "traceml_tui", "run", str(REPO / "examples" / "distributed" / "ddp_minimal.py"),
+             "--run-name", "tmux-ddp", "--nproc-per-node", "2", "--args", "--steps", "1200"],
+            cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The run appears, with its topology, without a keypress.
+        for name in ("small", "large"):
+            _wait_pane(sock, name, r"(running|completed)\s+tmux-ddp\s+.*1×2", 90)
+        seen_running = train.poll() is None
+        for name in ("small", "large"):
+            _tmux(sock, "send-keys", "-t", name, "Enter")
+        for name in ("small", "large"):
+            text = _wait_pane(sock, name, r"^\s*1\s+\S+\s+\d+", 30)
+            assert re.search(r"^\s*0\s+\S+\s+\d+", text, re.MULTILINE), text
+            assert "Rank" in text and re.search(r"RUNNING|COMPLETED", text), text
+        large = _tmux(sock, "capture-pane", "-p", "-t", "large")
+        assert "Step time per rank" in large
+        assert seen_running, "training had already finished before the run showed up"
+    finally:
+        if train is not None:
+            train.wait(timeout=120)
+        _tmux(sock, "kill-server")
