@@ -354,3 +354,10 @@ def test_threshold_accepts_finite_non_negative_numbers(text, value):
 def test_threshold_refuses_everything_else(text):
     with pytest.raises(ThresholdError):
         parse_threshold(text)
+
+
+def test_declaration_mismatch_names_the_parameter_and_types():
+    got = compare_summaries(
+        summary(**{PARAMS: params(per_rank_batch_size=32)}), summary(**{PARAMS: params(per_rank_batch_size="32")}), 5
+    )
+    assert "'per_rank_batch_size' is 32 (int) vs '32' (str)" in got.reason

@@ -197,6 +197,35 @@ def declaration_digest(summary: dict[str, Any]) -> tuple[Optional[str], Optional
         return None, None, f"has an invalid guard declaration ({exc})"
 
 
+def _typed(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:39] + "…"
+    return f"{text} ({type(value).__name__})"
+
+
+def declaration_difference(reference: dict, candidate: dict) -> str:
+    """Where two normalized declarations differ, in words (first two differences)."""
+    diffs = []
+    ref_w, cand_w = reference["workload"], candidate["workload"]
+    if ref_w["name"] != cand_w["name"]:
+        diffs.append(f"workload name {_typed(ref_w['name'])} vs {_typed(cand_w['name'])}")
+    ref_p, cand_p = ref_w["parameters"], cand_w["parameters"]
+    for key in sorted(set(ref_p) | set(cand_p)):
+        if key not in cand_p:
+            diffs.append(f"parameter {key!r} only in the reference")
+        elif key not in ref_p:
+            diffs.append(f"parameter {key!r} only in the candidate")
+        elif type(ref_p[key]) is not type(cand_p[key]) or ref_p[key] != cand_p[key]:
+            diffs.append(f"parameter {key!r} is {_typed(ref_p[key])} vs {_typed(cand_p[key])}")
+    for key in ("start_step", "completed_steps"):
+        if reference["measurement"][key] != candidate["measurement"][key]:
+            diffs.append(f"measurement {key} {reference['measurement'][key]} vs {candidate['measurement'][key]}")
+    if not diffs:
+        return "their canonical forms differ"
+    more = f", and {len(diffs) - 2} more" if len(diffs) > 2 else ""
+    return "; ".join(diffs[:2]) + more + ", reference vs candidate"
+
+
 def expected_topology(summary: dict[str, Any]) -> Optional[tuple[int, int, int]]:
     """(nodes, processes per node, world size) when valid, else None."""
     execution = nested_dict(summary, "run_context", "execution")
@@ -240,8 +269,8 @@ def eligibility(reference: dict[str, Any], candidate: dict[str, Any], evidence: 
     if digests[0][0] != digests[1][0]:
         return (
             "declaration_mismatch",
-            "The guard declarations differ (workload, parameters with their types, or measurement); "
-            "use the same guard block for both runs.",
+            f"The guard declarations differ ({declaration_difference(digests[0][1], digests[1][1])}); "
+            "use the same guard block for both runs, including value types.",
         )
 
     topologies = [expected_topology(s) for s in pair]
