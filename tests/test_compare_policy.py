@@ -361,3 +361,14 @@ def test_declaration_mismatch_names_the_parameter_and_types():
         summary(**{PARAMS: params(per_rank_batch_size=32)}), summary(**{PARAMS: params(per_rank_batch_size="32")}), 5
     )
     assert "'per_rank_batch_size' is 32 (int) vs '32' (str)" in got.reason
+
+
+def test_extreme_numbers_never_break_the_json_report():
+    # json.loads turns 1e400 into inf without any NaN/Infinity literal; the report must stay valid JSON.
+    ref = summary(1e308, schema_version=float("inf"), duration_s=1e400)
+    ref["system"]["global"]["average"]["cpu_percent"] = -1e308
+    cand = summary(1e308)
+    cand["system"]["global"]["average"]["cpu_percent"] = 1e308
+    got = compare_summaries(ref, cand, 5)
+    json.dumps(got.report, allow_nan=False)
+    assert got.report["system"]["system.cpu_percent"]["delta"] is None

@@ -91,7 +91,7 @@ def _finite(value: Any) -> Optional[float]:
 def metric_row(ref: Any, cand: Any) -> dict[str, Optional[float]]:
     """Reference, candidate, delta and percentage change of one metric."""
     r, c = _finite(ref), _finite(cand)
-    delta = c - r if r is not None and c is not None else None
+    delta = _finite(c - r) if r is not None and c is not None else None  # 1e308 - -1e308 overflows
     pct = policy.pct_change(r, c)
     return {"reference": r, "candidate": c, "delta": delta, "pct_change": pct if pct is None or math.isfinite(pct) else None}
 
@@ -164,7 +164,9 @@ def _run_info(summary: dict[str, Any], label: Optional[str]) -> dict[str, Any]:
     return {
         "label": label,
         "run_name": _short_text(run_name, 128),
-        "schema_version": schema if isinstance(schema, (int, float, str)) and not isinstance(schema, bool) else None,
+        "schema_version": (
+            _short_text(schema, 20) if isinstance(schema, str) else _finite(schema) if isinstance(schema, (int, float)) else None
+        ),
         "duration_s": _finite(summary.get("duration_s")),
         "steps_analyzed": policy.steps_analyzed(summary),
         "run_status": _short_text(policy.run_status(summary), 40),
