@@ -56,10 +56,11 @@ def test_resumed_mid_patience_matches_an_uninterrupted_run(tmp_path):
     assert _comparable(final) == _comparable(final_resumed)
     assert final["stopped"] and final["reason"] == "patience_exhausted"
     assert final["trigger_checkpoint"] == "step-00000060" and final["trigger_step"] == 60
-    assert final["best_checkpoint"] == "step-00000040" and final["best_metric"] == 0.6
-    assert final["last_consumed"] == "step-00000060"  # the later, better checkpoint came after the stop
+    # Evaluations drained after the stop still select the best checkpoint; the trigger stays.
+    assert final["best_checkpoint"] == "step-00000070" and final["best_metric"] == 0.1
+    assert straight[straight.index(True) - 1] is False and straight.index(True) == 3 * 5 + 1
     persisted = json.loads((tmp_path / "b" / "early_stopping.json").read_text())
-    assert persisted["patience_counter"] == 2 and persisted["consumed"][-1] == "step-00000060"
+    assert persisted["consumed"][-1] == "step-00000070" and persisted["evaluations"] == 7
 
 
 def test_patience_state_survives_a_restart_in_the_middle(tmp_path):

@@ -161,12 +161,13 @@ class EarlyStopping:
     def update(self, step: Optional[int] = None) -> bool:
         """Consume newly completed evaluations in order; returns whether training should stop.
 
+        Once stopped the answer stays True; evaluations completed after the stop
+        (the backlog drained after training) still update the best checkpoint.
+
         ``step`` is the number of completed optimizer updates (for the budget).
         Reads and writes files: call it on rank 0 only (or use :meth:`should_stop`).
         """
         state = self.state
-        if state["stopped"]:
-            return True
         changed = False
         if self.policy["enabled"]:
             consumed = set(state["consumed"])
@@ -182,8 +183,6 @@ class EarlyStopping:
                 changed = True
                 self._consume(request, receipt)
                 consumed.add(ckpt)
-                if state["stopped"]:
-                    break
         budget = self.policy["max_budget"]
         if not state["stopped"] and budget is not None and step is not None and step >= budget:
             state.update(stopped=True, reason="max_budget", trigger_checkpoint=state["last_consumed"], trigger_step=step)
@@ -209,7 +208,9 @@ class EarlyStopping:
             state.update(best_metric=float(value), best_checkpoint=ckpt, best_step=step, patience_counter=0)
             return
         state["patience_counter"] += 1
-        if state["patience_counter"] >= self.policy["patience"]:
+        # After a stop, evaluations drained later still update the selected best
+        # checkpoint, but the recorded reason and trigger stay those of the stop.
+        if not state["stopped"] and state["patience_counter"] >= self.policy["patience"]:
             state.update(stopped=True, reason="patience_exhausted", trigger_checkpoint=ckpt, trigger_step=step)
 
     def should_stop(self, step: int) -> bool:
