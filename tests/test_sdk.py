@@ -1,0 +1,128 @@
+"""The SDK as a training script uses it: real processes writing real step files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from traceml_tui import records
+from traceml_tui.summary.load import load_ranks
+
+
+def _script(tmp_path: Path, body: str, **env_extra: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "script.py"
+    path.write_text("import traceml_tui as traceml\n" + body)
+    env = dict(os.environ, TRACEML_RUN_DIR=str(tmp_path / "run"), TRACEML_RUN_NAME="run", OMP_NUM_THREADS="1")
+    env.update(env_extra)
+    return subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _records(tmp_path: Path, rank: int = 0, attempt: int = 0) -> list:
+    data = (tmp_path / "run" / "ranks" / f"rank_{rank}" / f"steps-{attempt}.jsonl").read_bytes()
+    assert data.endswith(b"\n")
+    return [records.decode(line) for line in data.splitlines()]
+
+
+def test_header_first_then_steps_with_unmeasured_phases_null(tmp_path: Path) -> None:
+    proc = _script(tmp_path, "import time\nfor i in range(3):\n    with traceml.trace_step():\n        time.sleep(0.002)\n        traceml.log(loss=1.0 / (i + 1), lr=0.1, batch_size=4)\n")
+    assert proc.returncode == 0, proc.stderr
+    recs = _records(tmp_path)
+    assert isinstance(recs[0], records.Header) and recs[0].run == "run" and recs[0].rank == 0
+    steps = [r for r in recs if isinstance(r, records.Step)]
+    assert [s.step for s in steps] == [1, 2, 3]
+    assert steps[0].cpu_ms.input_wait is None and steps[1].cpu_ms.input_wait is not None
+    assert all(s.cpu_ms.step >= 2.0 for s in steps)
+    assert all(s.cpu_ms.forward is None and s.cpu_ms.backward is None and s.gpu_ms is None for s in steps)
+    assert [s.examples for s in steps] == [4, 8, 12]
+    assert steps[2].loss == pytest.approx(1 / 3)
+    assert isinstance(recs[-1], records.RankEnd) and recs[-1].status == "completed" and recs[-1].step == 3
+
+
+def test_torch_phases_and_scale_free_components(tmp_path: Path) -> None:
+    body = """
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+y = torch.full((8, 1), 2.0)
+for _ in range(2):
+    with traceml.trace_step(model):
+        loss = torch.nn.functional.mse_loss(model(torch.randn(8, 4)), y)
+        loss.backward(); opt.step(); opt.zero_grad()
+        traceml.log(loss=loss, components={"mse": (loss, y, 0.5)})
+"""
+    proc = _script(tmp_path, body)
+    assert proc.returncode == 0, proc.stderr
+    steps = [r for r in _records(tmp_path) if isinstance(r, records.Step)]
+    for step in steps:
+        assert step.cpu_ms.forward > 0 and step.cpu_ms.backward > 0 and step.cpu_ms.optimizer > 0
+        comp = step.components["mse"]
+        assert comp.target_ms == pytest.approx(4.0)  # mean square of a target of 2.0s
+        assert comp.ratio == pytest.approx(comp.value / 4.0)
+        assert comp.weight == 0.5 and comp.weighted == pytest.approx(0.5 * comp.value)
+        assert step.loss == pytest.approx(comp.value)
+
+
+def test_failed_step_not_recorded_and_crash_marks_rank_failed(tmp_path: Path) -> None:
+    body = """
+with traceml.trace_step():
+    pass
+try:
+    with traceml.trace_step():
+        raise ValueError("bad batch")
+except ValueError:
+    pass
+with traceml.trace_step():
+    pass
+raise RuntimeError("crash")
+"""
+    proc = _script(tmp_path, body)
+    assert proc.returncode != 0
+    recs = _records(tmp_path)
+    assert [r.step for r in recs if isinstance(r, records.Step)] == [1, 2]
+    assert isinstance(recs[-1], records.RankEnd) and recs[-1].status == "failed"
+
+
+def test_resume_is_a_new_attempt_continuing_without_gap_or_duplicate(tmp_path: Path) -> None:
+    loop = "for _ in range({n}):\n    with traceml.trace_step():\n        traceml.log(loss=1.0)\n"
+    assert _script(tmp_path, loop.format(n=5)).returncode == 0
+    assert _script(tmp_path, loop.format(n=3)).returncode == 0
+    assert [r.step for r in _records(tmp_path, attempt=1) if isinstance(r, records.Step)] == [6, 7, 8]
+    # resuming from an older checkpoint re-runs steps 7-8: the newer attempt supersedes them
+    assert _script(tmp_path, "traceml.init(start_step=7)\n" + loop.format(n=4)).returncode == 0
+    merged = load_ranks(tmp_path / "run")[0]
+    assert sorted(merged.steps) == list(range(1, 11))
+    assert merged.steps[8].attempt == 2 and merged.steps[5].attempt == 0
+    # a gap is refused before anything is written
+    proc = _script(tmp_path, "traceml.init(start_step=20)\n")
+    assert proc.returncode != 0 and "gap" in proc.stderr
+    assert not (tmp_path / "run/ranks/rank_0/steps-4.jsonl").exists() or \
+        (tmp_path / "run/ranks/rank_0/steps-4.jsonl").read_bytes() == b""
+
+
+def test_trace_max_steps_caps_recording_and_rank_from_env(tmp_path: Path) -> None:
+    loop = "for _ in range(6):\n    with traceml.trace_step():\n        pass\n"
+    proc = _script(tmp_path, loop, TRACEML_TRACE_MAX_STEPS="4", RANK="3", WORLD_SIZE="4")
+    assert proc.returncode == 0, proc.stderr
+    recs = _records(tmp_path, rank=3)
+    assert recs[0].world_size == 4
+    assert [r.step for r in recs if isinstance(r, records.Step)] == [1, 2, 3, 4]
+
+
+def test_outside_the_launcher_records_go_to_logs_run_name(tmp_path: Path) -> None:
+    path = tmp_path / "plain.py"
+    path.write_text("import traceml_tui as traceml\ntraceml.init('demo')\nwith traceml.trace_step():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEML_")}
+    proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "logs" / "demo" / "ranks" / "rank_0" / "steps-0.jsonl").exists()
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    code = "import sys, traceml_tui, traceml_tui.sdk; print(json.dumps(['torch' in sys.modules, 'textual' in sys.modules]))"
+    proc = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, timeout=60)
+    assert json.loads(proc.stdout) == [False, False]
