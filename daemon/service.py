@@ -638,7 +638,7 @@ class Ingester:
         if parsed.records:
             self._route(run, f, cur, parsed)
         last_nl = block.rfind(b"\n", 0, len(block) - 1)
-        last_line = block[last_nl + 1:]
+        last_line = block[last_nl + 1:-1]
         tail = f"{len(last_line)}:{hashlib.sha1(last_line).hexdigest()}"
         new_offset = offset + cut + 1
         return new_offset, 0, tail, read_end < size or (new_offset < read_end and len(data) - cut - 1 > tailer.MAX_LINE)
