@@ -33,7 +33,9 @@ def __getattr__(name: str):
     if name in _SDK_NAMES:
         from traceml_tui import sdk
 
-        return getattr(sdk, name)
+        value = getattr(sdk, name)
+        globals()[name] = value  # later lookups skip this hook: it sits on the per-step path
+        return value
     raise AttributeError(f"module 'traceml_tui' has no attribute {name!r}")
 
 

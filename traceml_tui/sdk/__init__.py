@@ -75,11 +75,13 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
     def __enter__(self) -> "trace_step":
         session = _session if _session is not None else init()
         self._session = session
-        if self._model is not None:
+        model = self._model
+        if model is not None and model is not session.hooked_model:
             from traceml_tui.sdk import phases
 
-            if phases.attach(self._model, _current_state) and not session.cuda:
+            if phases.attach(model, _current_state):
                 session.cuda = True
+            session.hooked_model = model  # the common case (same model every step) skips attach
         now = perf_counter()
         state = session.begin(now)
         if session.cuda:

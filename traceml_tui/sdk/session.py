@@ -35,6 +35,8 @@ def _as_float(value: Any) -> Optional[float]:
     """Convert a number or a one-element tensor to a finite float (None otherwise)."""
     if value is None:
         return None
+    if type(value) is float:  # the common case, kept cheap: it runs several times per step
+        return value if value - value == 0.0 else None
     item = getattr(value, "item", None)
     if item is not None:
         try:
@@ -184,6 +186,7 @@ class Session:
         self.examples: Optional[int] = None
         self.pending: deque = deque()  # steps waiting for their CUDA events
         self.cuda = False
+        self.hooked_model: Any = None
         self._rss: Optional[int] = None
         self._rss_at = 0.0
         self.closed = False
