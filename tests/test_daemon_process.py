@@ -1,0 +1,224 @@
+"""The daemon as users run it: real `traceml daemon` / `traceml status` subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon.reader import Reader
+from daemon.service import find_running_daemon
+from test_daemon_support import append_raw, step_line, steps_path, write_steps
+
+SUPPORT = Path(__file__).with_name("test_daemon_support.py")
+
+
+def _wait(predicate, timeout: float, interval: float = 0.01):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def _daemon(traceml_cmd, cli_env, *args) -> subprocess.Popen:
+    return subprocess.Popen([*traceml_cmd, "daemon", *map(str, args)], env=cli_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _lines_on_disk(path: Path) -> set[int]:
+    steps = set()
+    data = path.read_bytes()
+    for line in data[: data.rfind(b"\n") + 1].splitlines()[1:]:
+        steps.add(json.loads(line)["step"])
+    return steps
+
+
+def test_sigkilled_daemon_ingests_every_line_exactly_once(tmp_path, traceml_cmd, cli_env):
+    root = tmp_path / "logs"
+    index = tmp_path / "idx" / "index.sqlite"
+    run_dir = root / "killrun"
+    writers = []
+    for rank in range(4):
+        path = steps_path(run_dir, rank)
+        path.parent.mkdir(parents=True)
+        writers.append(subprocess.Popen([sys.executable, str(SUPPORT), str(path), str(rank), "100000", str(rank)]))
+    rng = random.Random(4)
+    kills = 0
+    deadline = time.monotonic() + 40
+    while kills < 50 and time.monotonic() < deadline:
+        proc = _daemon(traceml_cmd, cli_env, root, "--index", index, "--poll-interval", "0.05",
+                       "--rescan-interval", "0.2", *(["--no-inotify"] if kills % 2 else []))
+        time.sleep(rng.uniform(0.15, 0.6))
+        proc.kill()
+        proc.wait()
+        kills += 1
+    for w in writers:
+        w.kill() if w.poll() is None else None
+        w.wait()
+    assert kills >= 50
+    final = subprocess.run([*traceml_cmd, "daemon", str(root), "--index", str(index), "--once"], env=cli_env,
+                           capture_output=True, text=True, timeout=120)
+    assert final.returncode == 0, final.stderr
+    late = int(final.stdout.split("ingested ")[1].split()[0])
+    con = sqlite3.connect(index)
+    total_disk = 0
+    for rank in range(4):
+        disk = _lines_on_disk(steps_path(run_dir, rank))
+        total_disk += len(disk)
+        rows = [r[0] for r in con.execute("SELECT step FROM steps WHERE rank = ? ORDER BY step", (rank,))]
+        assert len(rows) == len(set(rows))
+        assert set(rows) == disk
+    count, distinct = con.execute(
+        "SELECT count(*), count(DISTINCT run_id || '/' || rank || '/' || attempt || '/' || step) FROM steps").fetchone()
+    assert count == distinct == total_disk > 0
+    assert late < total_disk / 2  # the killed daemons did most of the work
+    assert con.execute("SELECT count(*) FROM errors").fetchone()[0] == 0
+    with Reader(index) as r:
+        run = r.find_run("killrun")
+        assert run.records == total_disk
+        assert sum(k.records for k in r.rank_rows(run.run_id)) == total_disk
+
+
+def test_polling_makes_appends_visible_within_two_intervals(tmp_path, traceml_cmd, cli_env):
+    root = tmp_path / "logs"
+    index = tmp_path / "index.sqlite"
+    path = write_steps(root / "r", 0, range(1, 3))
+    poll = 1.0
+    proc = _daemon(traceml_cmd, cli_env, root, "--index", index, "--poll-interval", poll, "--no-inotify")
+    try:
+        assert _wait(lambda: index.exists() and _last_step(index) == 2, 30)
+        for step in (3, 4, 5):
+            time.sleep(random.uniform(0, poll))
+            t0 = time.monotonic()
+            subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
+                            "from test_daemon_support import append_raw, step_line;"
+                            f"append_raw(__import__('pathlib').Path(sys.argv[2]), step_line('r', 0, {step}))",
+                            str(SUPPORT.parent), str(path)], check=True)
+            written = time.monotonic()
+            assert _wait(lambda: _last_step(index) == step, 10, 0.005)
+            assert time.monotonic() - written < 2 * poll, f"step {step} took {time.monotonic() - t0:.2f}s"
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0
+
+
+def _last_step(index: Path):
+    try:
+        with Reader(index) as r:
+            runs = r.list_runs()
+            return runs[0].last_step if runs else None
+    except (FileNotFoundError, sqlite3.Error):
+        return None
+
+
+def test_second_daemon_on_the_same_index_refuses(tmp_path, traceml_cmd, cli_env):
+    root = tmp_path / "logs"
+    root.mkdir()
+    index = tmp_path / "index.sqlite"
+    first = _daemon(traceml_cmd, cli_env, root, "--index", index, "--poll-interval", "0.1")
+    try:
+        info = _wait(lambda: find_running_daemon(index), 30)
+        assert info is not None and info.pid == first.pid and info.roots == (str(root.resolve()),)
+        second = subprocess.run([*traceml_cmd, "daemon", str(root), "--index", str(index), "--once"], env=cli_env,
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1
+        assert f"pid {first.pid}" in second.stderr and "already writes the index" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        _stop(first)
+    assert first.returncode == 0
+    assert find_running_daemon(index) is None
+
+
+def test_index_on_a_network_filesystem_is_refused(tmp_path, traceml_cmd, cli_env):
+    root = tmp_path / "logs"
+    root.mkdir()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/vda / ext4 rw 0 0\nfiler:/export {shared} nfs4 rw,relatime 0 0\n")
+    env = dict(cli_env, TRACEML_MOUNTS_FILE=str(mounts))
+    out = subprocess.run([*traceml_cmd, "daemon", str(root), "--index", str(shared / "sub" / "index.sqlite"), "--once"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "network filesystem (nfs4)" in out.stderr and "Traceback" not in out.stderr
+    assert not (shared / "sub" / "index.sqlite").exists()
+    ok = subprocess.run([*traceml_cmd, "daemon", str(root), "--index", str(tmp_path / "local.sqlite"), "--once"],
+                        env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_fifo_does_not_block_and_status_reports(tmp_path, traceml_cmd, cli_env):
+    root = tmp_path / "logs"
+    write_steps(root / "a", 0, range(1, 11))
+    write_steps(root / "a", 1, range(1, 6))
+    fifo = steps_path(root / "b", 0)
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    append_raw(steps_path(root / "a", 1), b"{broken\n")
+    index = tmp_path / "index.sqlite"
+    out = subprocess.run([*traceml_cmd, "daemon", str(root), "--index", str(index), "--once"], env=cli_env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    js = subprocess.run([*traceml_cmd, "status", "--index", str(index), "--json"], env=cli_env, capture_output=True,
+                        text=True, timeout=60)
+    assert js.returncode == 0, js.stderr
+    runs = {r["name"]: r for r in json.loads(js.stdout)["runs"]}
+    a = runs["a"]
+    assert a["dir"] == str((root / "a").resolve()) and a["status"] in ("running", "stalled")
+    assert a["error_count"] == 1
+    assert [(k["rank"], k["attempt"], k["records"], k["last_step"]) for k in a["ranks"]] == [(0, 0, 10, 10), (1, 0, 5, 5)]
+    assert a["ranks"][0]["last_record_ts"] == 1010.0
+    assert runs["b"]["ranks"] == []
+    line = subprocess.run([*traceml_cmd, "status", "--index", str(index), "--oneline", "--stall-after", "3600"],
+                          env=cli_env, capture_output=True, text=True, timeout=60)
+    assert line.stdout.strip() == "traceml: 2 running"
+    missing = subprocess.run([*traceml_cmd, "status", "--index", str(tmp_path / "nope.sqlite")], env=cli_env,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no index at" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_daemon_never_imports_textual_or_torch(tmp_path):
+    root = tmp_path / "logs"
+    write_steps(root / "r", 0, range(1, 4))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import daemon.cli, daemon.status_cli, daemon.reader, daemon.service;"
+        "from daemon.service import Ingester;"
+        "ing = Ingester(sys.argv[2] + '/i.sqlite', [sys.argv[3]]); n = ing.run_once(); ing.close();"
+        "daemon.status_cli.main(['--index', sys.argv[2] + '/i.sqlite']);"
+        "bad = [m for m in ('textual', 'torch') if m in sys.modules]; assert n == 3, n;"
+        "print('BAD' if bad else 'CLEAN', bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parents[1]), str(tmp_path),
+                          str(root)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "CLEAN" in out.stdout
+
+
+def test_bad_arguments_give_one_line_and_exit_2(tmp_path, traceml_cmd, cli_env):
+    out = subprocess.run([*traceml_cmd, "daemon", str(tmp_path / "nowhere"), "--once"], env=cli_env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "root is not a folder" in out.stderr and "Traceback" not in out.stderr
+    assert not Path(cli_env["XDG_STATE_HOME"], "traceml", "index.sqlite").exists()
