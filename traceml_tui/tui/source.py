@@ -102,18 +102,28 @@ def silent_after(median_interval_s: Optional[float]) -> float:
 
 
 def find_silent(ranks: list[dict], now: float, median_interval_s: Optional[float]) -> tuple[int, ...]:
-    """Ranks (latest attempt) that have not ended and have written nothing for too long.
+    """Ranks (latest attempt, not ended) that have gone silent.
 
-    The threshold adapts to the run's pace, so a slow model is not called
-    stalled, and a rank is only silent relative to the clock, never to other
-    ranks (all ranks of a hung collective go silent together).
+    A rank is silent when its newest record is ``silent_after`` seconds older
+    than the newest record of any rank of the run (the others go on without
+    it), or when the whole run has written nothing for that long by the
+    record clock *and* the ingester has seen nothing new for that long (a
+    hung collective silences every rank at once). The threshold adapts to the
+    run's pace, so a slow model is not called stalled.
     """
     limit = silent_after(median_interval_s)
+    stamps = [float(r["last_ts"]) for r in ranks if r.get("last_ts") is not None]
+    if not stamps:
+        return ()
+    newest = max(stamps)
+    seen = [float(r["last_seen"]) for r in ranks if r.get("last_seen") is not None]
+    idle = (now - max(seen) > limit) if seen else True
     out = []
     for r in ranks:
         if r.get("ended") or r.get("last_ts") is None:
             continue
-        if now - float(r["last_ts"]) > limit:
+        ts = float(r["last_ts"])
+        if newest - ts > limit or (now - ts > limit and idle):
             out.append(int(r["rank"]))
     return tuple(sorted(out))
 
@@ -153,59 +163,6 @@ def worst_ratio(ratios: Any) -> tuple[Optional[str], Optional[float]]:
         if v is not None and (best[1] is None or v > best[1]):
             best = (str(name), v)
     return best
-
-
-def backlog_items(
-    run: str,
-    requests: list[dict],
-    claims: dict[str, dict],
-    receipts: dict[str, dict],
-    failures: dict[str, list[dict]],
-    now: float,
-) -> list[BacklogItem]:
-    """Derive each request's state from the backlog files' contents.
-
-    completed: a receipt exists; claimed: a claim exists (stuck when its
-    heartbeat is older than its lease); failed: failures and no claim;
-    pending otherwise. A failure is never a result.
-    """
-    items = []
-    for req in requests:
-        ckpt = str(req.get("checkpoint"))
-        created = _num(req.get("created"))
-        fails = failures.get(ckpt, [])
-        step = req.get("step") if isinstance(req.get("step"), int) else None
-        base = dict(run=run, checkpoint=ckpt, step=step, age_s=None if created is None else now - created,
-                    retries=len(fails), last_error=str(fails[-1].get("error"))[:120] if fails else None)
-        if ckpt in receipts:
-            items.append(BacklogItem(state="completed", **base))
-            continue
-        claim = claims.get(ckpt)
-        if claim is not None:
-            owner = claim.get("owner") if isinstance(claim.get("owner"), dict) else {}
-            who = f"{owner.get('host', '?')}:{owner.get('pid', '?')}"
-            beat = _num(claim.get("heartbeat"))
-            lease = _num(claim.get("lease_s"))
-            age = None if beat is None else now - beat
-            stuck = age is not None and lease is not None and age > lease
-            items.append(BacklogItem(state="claimed", owner=who, heartbeat_age_s=age, lease_s=lease, stuck=stuck,
-                                     **base))
-            continue
-        items.append(BacklogItem(state="failed" if fails else "pending", **base))
-    return items
-
-
-def _series_from_rows(name: str, rows: list[tuple]) -> Series:
-    """rows: (step_lo, step_hi, vmin, vmax, vsum, n) per bucket."""
-    xs, ys, lo, hi = [], [], [], []
-    for step_lo, step_hi, vmin, vmax, vsum, n in rows:
-        if not n:
-            continue
-        xs.append((step_lo + step_hi) / 2.0)
-        ys.append(vsum / n)
-        lo.append(vmin)
-        hi.append(vmax)
-    return Series(name, tuple(xs), tuple(ys), tuple(lo), tuple(hi))
 
 
 def _heatmap(step_series: list[Series], columns: int) -> tuple[tuple[tuple[Optional[float], ...], ...], tuple[int, int]]:
@@ -336,31 +293,44 @@ def _training_ratio(summary: dict) -> Optional[float]:
 
 
 class IndexSource:
-    """:class:`Source` over the daemon's SQLite index (opened read-only, lazily)."""
+    """:class:`Source` over the daemon's index through :class:`daemon.reader.Reader` (read-only, opened lazily).
+
+    The few things the reader does not offer yet (eval events, the tail of a
+    series, a rank's node, per-run backlog counts in the listing) are read
+    with small queries over the reader's own read-only connection.
+    """
 
     def __init__(self, index_path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
                  ingester: Any = None) -> None:
         self.index_path = Path(index_path)
         self.clock = clock
         self.ingester = ingester  # an embedded daemon.service.Ingester we own (stopped on close)
-        self._conn: Optional[sqlite3.Connection] = None
-        self._lock = threading.Lock()
+        self._reader: Any = None
         self._row_cache: dict[int, tuple[int, Any]] = {}  # run_id -> (updated_version, cached parts)
 
     # -- plumbing
-    def _db(self) -> Optional[sqlite3.Connection]:
-        if self._conn is None:
-            if not self.index_path.exists():
+    def _db(self) -> Any:
+        """The reader, or None while the index does not exist (or is not initialised) yet."""
+        if self._reader is None:
+            if not self.index_path.is_file():
                 return None
-            from daemon import index as idx
+            from daemon.reader import Reader
 
             try:
-                conn = idx.connect_reader(self.index_path)
-                conn.execute("SELECT v FROM version WHERE id = 1").fetchone()
-            except sqlite3.Error:
+                reader = Reader(self.index_path)
+                reader.conn.execute("SELECT v FROM version WHERE id = 1").fetchone()
+            except (OSError, sqlite3.Error):
                 return None  # created but not initialised yet: try again next poll
-            self._conn = conn
-        return self._conn
+            self._reader = reader
+        return self._reader
+
+    def _sql(self, sql: str, params: tuple = ()) -> list:
+        try:
+            return self._reader.conn.execute(sql, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise
 
     def now(self) -> float:
         return self.clock()
@@ -371,176 +341,168 @@ class IndexSource:
                 self.ingester.stop()
             finally:
                 self.ingester = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def data_version(self) -> int:
-        db = self._db()
-        if db is None:
+        reader = self._db()
+        if reader is None:
             return -1
         try:
-            row = db.execute("SELECT v FROM version WHERE id = 1").fetchone()
+            return reader.data_version()
         except sqlite3.Error:
             return -1
-        return int(row[0]) if row else -1
 
     # -- runs
     def runs(self) -> RunsSnapshot:
         now = self.clock()
-        db = self._db()
-        if db is None:
+        reader = self._db()
+        if reader is None:
             return RunsSnapshot((), now, -1, index_ready=False, note=f"waiting for the index {self.index_path.name}")
-        version = self.data_version()
-        cols = ("run_id", "name", "missing", "manifest_status", "training_status", "summary_status", "nnodes",
-                "nproc_per_node", "world_size", "steps_per_s", "examples_per_s", "ranks_total", "ranks_ended",
-                "ranks_failed", "last_step", "last_ts", "median_interval_s", "errors", "outcomes_failed",
-                "updated_version")
-        runs = [dict(zip(cols, r)) for r in db.execute(f"SELECT {', '.join(cols)} FROM runs")]
+        version = reader.data_version()
+        summaries = reader.list_runs(now=now)
         live_rows: dict[int, list[dict]] = {}
-        lcols = ("run_id", "rank", "attempt", "last_step", "last_ts", "median_step_ms", "ratios", "ended")
-        for r in db.execute(
+        lcols = ("run_id", "rank", "last_step", "last_ts", "last_seen", "median_step_ms", "ratios", "ended")
+        for r in self._sql(
             f"SELECT {', '.join(lcols)} FROM rank_live r WHERE attempt ="
             " (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)"
         ):
             d = dict(zip(lcols, r))
             live_rows.setdefault(d["run_id"], []).append(d)
-        side = self._side_counts(db)
+        intervals = dict(self._sql("SELECT run_id, median_interval_s FROM runs"))
+        summary_status = dict(self._sql("SELECT run_id, summary_status FROM runs"))
         rows = []
-        for run in runs:
-            rid = run["run_id"]
+        for run in summaries:
+            rid = run.run_id
             ranks = live_rows.get(rid, [])
             cached = self._row_cache.get(rid)
-            if cached is None or cached[0] != run["updated_version"] or cached[1] is None:
-                parts = self._run_parts(db, rid, ranks)
-                self._row_cache[rid] = (run["updated_version"], parts)
+            if cached is None or cached[0] != run.version:
+                parts = self._run_parts(rid, ranks)
+                self._row_cache[rid] = (run.version, parts)
             else:
                 parts = cached[1]
-            silent = find_silent(ranks, now, run["median_interval_s"])
+            silent = find_silent(ranks, now, intervals.get(rid))
             status = run_status(
-                missing=bool(run["missing"]), manifest_status=parts["manifest_status"],
-                summary_status=run["summary_status"], training_status=run["training_status"],
-                ranks_total=run["ranks_total"] or 0, ranks_ended=run["ranks_ended"] or 0,
-                ranks_failed=run["ranks_failed"] or 0, outcomes_failed=run["outcomes_failed"] or 0, silent=silent)
-            counts = side.get(rid, {})
-            eval_step = max([s for s in (parts["eval_step"], counts.get("receipt_step")) if s is not None],
-                            default=None)
-            step = run["last_step"]
+                missing=run.missing, manifest_status=run.manifest_status, summary_status=summary_status.get(rid),
+                training_status=run.training_status, ranks_total=run.ranks, ranks_ended=run.ranks_ended,
+                ranks_failed=sum(1 for r in ranks if r["ended"] and r["ended"] != "completed"),
+                outcomes_failed=run.outcomes_failed, silent=silent)
+            eval_step = max([s for s in (parts["eval_step"], parts["receipt_step"]) if s is not None], default=None)
+            step = run.last_step
             rows.append(RunRow(
-                run_id=rid, name=run["name"], status=status, silent_ranks=silent if status == "stalled" else (),
-                workload=parts["workload"], nodes=run["nnodes"],
-                procs_per_node=run["nproc_per_node"] or (len(ranks) if ranks else None),
+                run_id=rid, name=run.name, status=status, silent_ranks=silent if status == "stalled" else (),
+                workload=parts["workload"], nodes=run.nnodes,
+                procs_per_node=run.nproc_per_node or (len(ranks) if ranks else None),
                 step=step, declared_steps=parts["declared"], median_step_ms=parts["median_step_ms"],
-                trend=parts["trend"], steps_per_s=run["steps_per_s"], examples_per_s=run["examples_per_s"],
+                trend=parts["trend"], steps_per_s=run.steps_per_s, examples_per_s=run.examples_per_s,
                 loss_ratio=worst_ratio(parts["ratios"])[1], eval_step=eval_step,
                 eval_lag=None if eval_step is None or step is None else max(0, step - eval_step),
-                backlog=max(0, counts.get("request", 0) - counts.get("receipt", 0)), errors=run["errors"] or 0,
-                last_ts=run["last_ts"],
+                backlog=parts["backlog"], errors=run.errors or 0, last_ts=run.last_ts,
             ))
         rows.sort(key=lambda r: (-(r.last_ts or 0.0), r.name))
-        return RunsSnapshot(tuple(rows), now, version, note=None if rows else "nothing under the watched roots; start a run with `traceml run`")
+        return RunsSnapshot(tuple(rows), now, version,
+                            note=None if rows else "nothing under the watched roots; start a run with `traceml run`")
 
-    def _side_counts(self, db: sqlite3.Connection) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
-        for rid, kind, n in db.execute(
-            "SELECT run_id, kind, count(*) FROM side_files WHERE kind IN ('request', 'receipt') GROUP BY run_id, kind"
+    def _run_parts(self, run_id: int, ranks: list[dict]) -> dict[str, Any]:
+        """Per-run facts that only change when the run's data changes (cached on its updated_version)."""
+        manifest = receipt_step = None
+        requests = receipts = 0
+        for kind, content in self._sql(
+            "SELECT kind, content FROM side_files WHERE run_id = ? AND kind IN ('manifest', 'request', 'receipt')",
+            (run_id,)
         ):
-            out.setdefault(rid, {})[kind] = n
-        for rid, content in db.execute(
-            "SELECT run_id, content FROM side_files WHERE kind = 'receipt' AND content IS NOT NULL"
-        ):
-            step = (_loads(content) or {}).get("step")
-            if isinstance(step, int):
-                d = out.setdefault(rid, {})
-                d["receipt_step"] = max(step, d.get("receipt_step") or 0)
-        return out
-
-    def _run_parts(self, db: sqlite3.Connection, run_id: int, ranks: list[dict]) -> dict[str, Any]:
-        """Per-run facts that only change when the run's data changes (cached on updated_version)."""
-        manifest = None
-        row = db.execute("SELECT content FROM side_files WHERE run_id = ? AND kind = 'manifest'", (run_id,)).fetchone()
-        if row:
-            manifest = _loads(row[0])
+            if kind == "manifest":
+                manifest = _loads(content)
+            elif kind == "request":
+                requests += 1
+            else:
+                receipts += 1
+                step = (_loads(content) or {}).get("step")
+                if isinstance(step, int):
+                    receipt_step = max(step, receipt_step or 0)
         workload, declared = manifest_facts(manifest)
         timed = sorted(r["median_step_ms"] for r in ranks if r["median_step_ms"] is not None)
-        median = statistics.median(timed) if timed else None
         trend: tuple[float, ...] = ()
         if ranks:
             rank0 = min(r["rank"] for r in ranks)
-            tail = db.execute(
+            tail = self._sql(
                 "SELECT step_ms_sum, step_ms_n FROM series WHERE run_id = ? AND rank = ? ORDER BY bucket DESC LIMIT ?",
-                (run_id, rank0, TREND_BUCKETS)).fetchall()
+                (run_id, rank0, TREND_BUCKETS))
             trend = tuple(s / n for s, n in reversed(tail) if n)
         ratios = None
         for r in sorted(ranks, key=lambda r: r["rank"]):
             ratios = _loads(r["ratios"])
             if ratios:
                 break
-        erow = db.execute(
+        erow = self._sql(
             "SELECT max(step) FROM events WHERE run_id = ? AND kind = 'eval' AND body LIKE '%\"status\":\"completed\"%'",
-            (run_id,)).fetchone()
-        return {"manifest_status": manifest.get("status") if isinstance(manifest, dict) else None,
-                "workload": workload, "declared": declared, "median_step_ms": median, "trend": trend,
-                "ratios": ratios, "eval_step": erow[0] if erow else None}
+            (run_id,))
+        return {"workload": workload, "declared": declared,
+                "median_step_ms": statistics.median(timed) if timed else None, "trend": trend, "ratios": ratios,
+                "eval_step": erow[0][0] if erow else None, "receipt_step": receipt_step,
+                "backlog": max(0, requests - receipts)}
 
     # -- one run
     def run_detail(self, run_id: int) -> Optional[RunDetail]:
-        db = self._db()
-        if db is None:
+        reader = self._db()
+        if reader is None:
             return None
-        snap_rows = [r for r in self.runs().rows if r.run_id == run_id]
-        if not snap_rows:
-            return None
-        run = snap_rows[0]
         now = self.clock()
-        lcols = ("rank", "attempt", "node", "last_step", "last_ts", "median_step_ms", "median_input_wait_ms",
-                 "ended", "ratios")
-        ranks = [dict(zip(lcols, r)) for r in db.execute(
-            f"SELECT {', '.join(lcols)} FROM rank_live r WHERE run_id = ? AND attempt ="
-            " (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank) ORDER BY rank",
-            (run_id,))]
-        interval = db.execute("SELECT median_interval_s FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0]
-        limit = silent_after(interval)
-        timed = [r["median_step_ms"] for r in ranks if r["median_step_ms"] is not None]
+        row = next((r for r in self.runs().rows if r.run_id == run_id), None)
+        if row is None:
+            return None
+        base = reader.run_detail(run_id, now=now)
+        if base is None:
+            return None
+        latest = [r for r in base.ranks if r.latest]
+        interval = dict(self._sql("SELECT run_id, median_interval_s FROM runs WHERE run_id = ?", (run_id,))).get(run_id)
+        silent = set(find_silent([{"rank": r.rank, "last_ts": r.last_ts, "last_seen": r.last_seen, "ended": r.ended}
+                                  for r in latest], now, interval))
+        nodes_of = self._rank_nodes(run_id)
+        timed = [r.median_step_ms for r in latest if r.median_step_ms is not None]
         median = statistics.median(timed) if timed else None
         rank_rows = []
-        for r in ranks:
-            ms, wait = r["median_step_ms"], r["median_input_wait_ms"]
-            age = None if r["last_ts"] is None else max(0.0, now - r["last_ts"])
+        for r in latest:
+            ms, wait = r.median_step_ms, r.median_input_wait_ms
             rank_rows.append(RankRow(
-                rank=r["rank"], attempt=r["attempt"], node=r["node"], step=r["last_step"], step_ms=ms,
+                rank=r.rank, attempt=r.attempt, node=nodes_of.get(r.rank), step=r.last_step, step_ms=ms,
                 input_wait_ms=wait, compute_ms=None if ms is None else ms - (wait or 0.0),
                 delta_pct=None if ms is None or not median else (ms / median - 1.0) * 100.0,
-                silent_s=age, silent=bool(not r["ended"] and age is not None and age > limit), ended=r["ended"]))
-        step_series = []
-        loss_rows: list[tuple] = []
-        for r in ranks:
-            rows = db.execute(
-                "SELECT step_lo, step_hi, step_ms_min, step_ms_max, step_ms_sum, step_ms_n, loss_min, loss_max,"
-                " loss_sum, loss_n FROM series WHERE run_id = ? AND rank = ? ORDER BY bucket", (run_id, r["rank"])
-            ).fetchall()
-            step_series.append(_series_from_rows(f"rank {r['rank']}", [x[:6] for x in rows]))
-            if not loss_rows:
-                loss_rows = [(x[0], x[1], x[6], x[7], x[8], x[9]) for x in rows]
-        ratio_name, _ = worst_ratio(next((_loads(r["ratios"]) for r in ranks if r["ratios"]), None))
-        loss_ratio = None
-        if ratio_name is not None:
-            rank0 = ranks[0]["rank"]
-            rows = db.execute(
-                "SELECT step_lo, step_hi, vmin, vmax, vsum, n FROM series_extra WHERE run_id = ? AND rank = ?"
-                " AND metric = ? ORDER BY bucket", (run_id, rank0, "ratio/" + ratio_name)).fetchall()
-            loss_ratio = _series_from_rows(ratio_name, rows)
-        evals, eval_name = self._evals(db, run_id)
+                silent_s=None if r.last_ts is None else max(0.0, now - r.last_ts), silent=r.rank in silent,
+                ended=r.ended))
+        step_series = [_points_series(f"rank {r.rank}", reader.series(run_id, r.rank, "step_ms")) for r in latest]
+        ratio_name, _ = worst_ratio(dict(next((r.ratios for r in latest if r.ratios), ())))
+        loss_ratio = train = None
+        if latest:
+            rank0 = latest[0].rank
+            if ratio_name is not None:
+                loss_ratio = _points_series(ratio_name, reader.series(run_id, rank0, "ratio/" + ratio_name))
+            train = _points_series("train loss", reader.series(run_id, rank0, "loss"))
+        evals, eval_name = self._evals(run_id)
         heat, heat_steps = _heatmap(step_series, HEAT_COLUMNS)
         return RunDetail(
-            run=run, ranks=tuple(rank_rows), step_time=tuple(step_series), loss_ratio=loss_ratio,
-            ratio_name=ratio_name, train_metric=_series_from_rows("train loss", loss_rows) if loss_rows else None,
+            run=row, ranks=tuple(rank_rows), step_time=tuple(step_series), loss_ratio=loss_ratio,
+            ratio_name=ratio_name, train_metric=train if train is not None and train.x else None,
             eval_metric_name=eval_name, evals=evals, heatmap=heat, heat_steps=heat_steps,
-            nodes=self._nodes(db, run_id), outcomes=self._outcomes(db, run_id), errors=self._errors(db, run_id),
+            nodes=self._nodes(reader, run_id), outcomes=_outcomes(base.outcomes),
+            errors=tuple(IngestError(e.path, e.offset, e.message)
+                         for e in reversed(reader.errors(run_id, limit=MAX_ERRORS))),
             now=now)
 
-    def _evals(self, db: sqlite3.Connection, run_id: int) -> tuple[tuple[EvalPoint, ...], Optional[str]]:
-        bodies = [_loads(b) or {} for (b,) in db.execute(
+    def _rank_nodes(self, run_id: int) -> dict[int, int]:
+        """rank → node from the stream headers (node_rank) the ingester stored."""
+        out = {}
+        for rank, header in self._sql(
+            "SELECT rank, header FROM files WHERE run_id = ? AND stream = 'steps' AND header IS NOT NULL", (run_id,)
+        ):
+            node = (_loads(header) or {}).get("node_rank")
+            if isinstance(rank, int) and isinstance(node, int):
+                out[rank] = node
+        return out
+
+    def _evals(self, run_id: int) -> tuple[tuple[EvalPoint, ...], Optional[str]]:
+        bodies = [_loads(b) or {} for (b,) in self._sql(
             "SELECT body FROM events WHERE run_id = ? AND kind = 'eval' ORDER BY step DESC LIMIT ?",
             (run_id, MAX_EVALS))]
         names: dict[str, int] = {}
@@ -555,109 +517,107 @@ class IndexSource:
                                     checkpoint=b.get("checkpoint")))
         return tuple(points), name
 
-    def _nodes(self, db: sqlite3.Connection, run_id: int) -> tuple[NodeMetrics, ...]:
+    def _nodes(self, reader: Any, run_id: int) -> tuple[NodeMetrics, ...]:
+        latest: dict[int, Any] = {}
+        for sample in reader.node_samples(run_id, limit=1):
+            latest[sample.node] = sample
         out = []
-        for node, ts, cpu, used, total, gpus in db.execute(
-            "SELECT s.node, s.ts, s.cpu_pct, s.ram_used, s.ram_total, s.gpus FROM system s JOIN"
-            " (SELECT node, max(ts) AS ts FROM system WHERE run_id = ? GROUP BY node) m"
-            " ON s.node = m.node AND s.ts = m.ts WHERE s.run_id = ? ORDER BY s.node", (run_id, run_id)
-        ):
-            g = []
-            for item in _loads(gpus) or []:
-                if isinstance(item, dict):
-                    g.append((int(item.get("index", 0)), _num(item.get("util_pct")), item.get("mem_used"),
-                              item.get("mem_total")))
-            out.append(NodeMetrics(node, ts, cpu, used, total, tuple(g)))
+        for node in sorted(latest):
+            s = latest[node]
+            gpus = tuple((int(g.get("index", 0)), _num(g.get("util_pct")), g.get("mem_used"), g.get("mem_total"))
+                         for g in s.gpus if isinstance(g, dict))
+            out.append(NodeMetrics(node, s.ts, s.cpu_pct, s.ram_used, s.ram_total, gpus))
         return tuple(out)
-
-    def _outcomes(self, db: sqlite3.Connection, run_id: int) -> tuple[Outcome, ...]:
-        out = []
-        for key, content, error in db.execute(
-            "SELECT key, content, error FROM side_files WHERE run_id = ? AND kind = 'outcome' ORDER BY key",
-            (run_id,)
-        ):
-            o = _loads(content) or {}
-            t = o.get("training") if isinstance(o.get("training"), dict) else {}
-            node = o.get("node_rank") if isinstance(o.get("node_rank"), int) else int(key or 0)
-            status = str(t.get("status") or ("invalid" if error else "unknown"))
-            reasons = ("node_training_failed",) if status == "failed" else (("node_outcome_invalid",) if error else ())
-            out.append(Outcome(node, status, t.get("exit_code"), reasons))
-        return tuple(out)
-
-    def _errors(self, db: sqlite3.Connection, run_id: int) -> tuple[IngestError, ...]:
-        return tuple(IngestError(p, o, m) for p, o, m in db.execute(
-            "SELECT path, offset, message FROM errors WHERE run_id = ? ORDER BY error_id DESC LIMIT ?",
-            (run_id, MAX_ERRORS)))
 
     # -- backlog
     def backlog(self, run_id: Optional[int] = None) -> BacklogSnapshot:
         now = self.clock()
-        db = self._db()
-        if db is None:
+        reader = self._db()
+        if reader is None:
             return BacklogSnapshot((), (), None, None, None, now)
-        where, args = ("WHERE s.run_id = ?", (run_id,)) if run_id is not None else ("", ())
-        per_run: dict[int, dict[str, Any]] = {}
-        names: dict[int, tuple[str, Optional[int]]] = {
-            rid: (name, step) for rid, name, step in db.execute("SELECT run_id, name, last_step FROM runs")}
-        for rid, kind, key, content in db.execute(
-            f"SELECT s.run_id, s.kind, s.key, s.content FROM side_files s {where}"
-            f"{' AND' if where else ' WHERE'} s.kind IN ('request', 'claim', 'receipt', 'failure')", args
-        ):
-            body = _loads(content)
-            if not isinstance(body, dict):
-                continue
-            d = per_run.setdefault(rid, {"request": [], "claim": {}, "receipt": {}, "failure": {}})
-            ckpt = str(body.get("checkpoint") or key)
-            if kind == "request":
-                d["request"].append(body)
-            elif kind == "failure":
-                d["failure"].setdefault(ckpt, []).append(body)
-            else:
-                d[kind][ckpt] = body
+        runs = reader.list_runs(now=now)
+        if run_id is not None:
+            runs = tuple(r for r in runs if r.run_id == run_id)
         items: list[BacklogItem] = []
         newest = None
         lag = train_step = None
-        for rid, d in sorted(per_run.items()):
-            name, step = names.get(rid, (str(rid), None))
-            d["request"].sort(key=lambda r: (r.get("step") or 0, str(r.get("checkpoint"))))
-            for f in d["failure"].values():
-                f.sort(key=lambda x: x.get("attempt") or 0)
-            run_items = backlog_items(name, d["request"], d["claim"], d["receipt"], d["failure"], now)
+        owners = self._claim_owners(run_id)
+        for run in sorted(runs, key=lambda r: r.name):
+            run_items = [_backlog_item(run.name, b, owners.get((run.run_id, b.checkpoint)), now)
+                         for b in reader.backlog(run.run_id, now=now)]
             items += run_items
             done = [i for i in run_items if i.state == "completed" and i.step is not None]
             if done:
                 best = max(done, key=lambda i: i.step)
                 if newest is None or (best.step or 0) > (newest[2] or 0):
-                    newest = (name, best.checkpoint, best.step)
-                    if step is not None:
-                        train_step, lag = step, max(0, step - best.step)
-            elif step is not None and run_id is not None:
-                train_step = step
+                    newest = (run.name, best.checkpoint, best.step)
+                    if run.last_step is not None:
+                        train_step, lag = run.last_step, max(0, run.last_step - best.step)
+            elif run.last_step is not None and run_id is not None:
+                train_step = run.last_step
         counts = {s: 0 for s in ("pending", "claimed", "completed", "failed")}
         for i in items:
             counts[i.state] = counts.get(i.state, 0) + 1
         stuck = sum(1 for i in items if i.stuck)
         count_list = list(counts.items()) + ([("stuck", stuck)] if stuck else [])
-        label = names.get(run_id, (None, None))[0] if run_id is not None else None
+        label = runs[0].name if run_id is not None and runs else None
         return BacklogSnapshot(tuple(items), tuple(count_list), newest, lag, train_step, now, run=label)
+
+    def _claim_owners(self, run_id: Optional[int]) -> dict[tuple[int, str], str]:
+        """(run, checkpoint) → "host:pid" of its claim's owner (the reader's backlog item has no owner)."""
+        where = "AND run_id = ?" if run_id is not None else ""
+        out = {}
+        for rid, key, content in self._sql(
+            f"SELECT run_id, key, content FROM side_files WHERE kind = 'claim' AND content IS NOT NULL {where}",
+            (run_id,) if run_id is not None else ()
+        ):
+            owner = (_loads(content) or {}).get("owner")
+            if isinstance(owner, dict):
+                out[(rid, str(key))] = f"{owner.get('host', '?')}:{owner.get('pid', '?')}"
+        return out
 
     # -- compare
     def summary(self, spec: str) -> tuple[dict, str]:
-        from traceml_tui.compare.load import read_summary
+        from traceml_tui.compare.load import parse_summary_bytes, read_summary
 
         path = Path(spec)
         if path.is_dir():
             path = path / "final_summary.json"
         if path.is_file():
             return read_summary(path), path.parent.name if path.name == "final_summary.json" else path.name
-        db = self._db()
-        if db is not None:
-            row = db.execute(
-                "SELECT s.content FROM side_files s JOIN runs r ON r.run_id = s.run_id"
-                " WHERE r.name = ? AND s.kind = 'summary' AND s.content IS NOT NULL ORDER BY r.run_id DESC LIMIT 1",
-                (spec,)).fetchone()
-            if row:
-                from traceml_tui.compare.load import parse_summary_bytes
-
-                return parse_summary_bytes(row[0].encode("utf-8")), spec
+        reader = self._db()
+        run = reader.find_run(spec) if reader is not None else None
+        if run is not None:
+            rows = self._sql("SELECT content FROM side_files WHERE run_id = ? AND kind = 'summary'"
+                             " AND content IS NOT NULL", (run.run_id,))
+            if rows:
+                return parse_summary_bytes(rows[0][0].encode("utf-8")), run.name
         raise FileNotFoundError(f"no final summary for {spec!r} (not a file, a run directory, or a run in the index)")
+
+
+def _points_series(name: str, series: Any) -> Series:
+    """A reader Series (buckets with min/max/mean) as a snapshot Series."""
+    pts = series.points
+    return Series(name, tuple((p.step_lo + p.step_hi) / 2.0 for p in pts), tuple(p.mean for p in pts),
+                  tuple(p.vmin for p in pts), tuple(p.vmax for p in pts))
+
+
+def _outcomes(items: Any) -> tuple[Outcome, ...]:
+    out = []
+    for o in items:
+        status = o.status or ("invalid" if o.error else "unknown")
+        reasons = ("node_training_failed",) if status == "failed" else (("node_outcome_invalid",) if o.error else ())
+        out.append(Outcome(o.node if o.node is not None else -1, status, o.exit_code, reasons))
+    return tuple(out)
+
+
+def _backlog_item(run: str, b: Any, owner: Optional[str], now: float) -> BacklogItem:
+    """A reader backlog item in the screen's terms (a stale claim is a claimed item that is stuck)."""
+    stuck = b.state == "stale-claim"
+    state = "claimed" if stuck else b.state
+    return BacklogItem(
+        run=run, checkpoint=b.checkpoint, step=b.step, state=state,
+        age_s=None if b.created is None else now - b.created, owner=owner if state == "claimed" else None,
+        heartbeat_age_s=None if b.heartbeat is None or state != "claimed" else now - b.heartbeat,
+        lease_s=b.lease_s if state == "claimed" else None, retries=b.failures, stuck=stuck,
+        last_error=None if b.last_error is None else b.last_error[:120])
