@@ -247,7 +247,8 @@ def test_watch_rejects_bad_input(tmp_path, cli_env, traceml_cmd):
     assert proc.stderr.strip() == f"traceml watch: {missing} is not a folder"
     proc = subprocess.run([*traceml_cmd, "watch", "--max-step-time-regression-pct", "-3", str(tmp_path)],
                           env=cli_env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "negative" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "negative" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_headless_commands_do_not_import_textual():

@@ -28,9 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = 1) -> int:
     print(f"traceml watch: {message}", file=sys.stderr)
-    return 1
+    return code
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -46,9 +46,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             threshold = parse_threshold(args.threshold)
         except ThresholdError as exc:
-            return _fail(str(exc))
-    if args.poll <= 0:
-        return _fail("--poll must be a positive number of seconds")
+            return _fail(f"--max-step-time-regression-pct: {exc}", 2)
+    if not args.poll > 0:
+        return _fail("--poll must be a positive number of seconds", 2)
     explicit = bool(args.roots)
     roots = [os.path.abspath(r) for r in (args.roots or ["logs"])]
     for root in roots:
