@@ -256,3 +256,60 @@ def test_headless_commands_do_not_import_textual():
             "traceml_tui.tui.textplot; print('textual' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@aio
+async def test_alert_when_a_run_fails_during_the_session(tmp_path):
+    root = tmp_path / "logs"
+    root.mkdir()
+    run = d.write_run(root, "live", ranks=2, steps=10, finished=False, evals=False)
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [root])
+    source = IndexSource(index, clock=lambda: d.T0 + 2)
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(100, 24)) as pilot:
+        await d.settle(pilot)
+        assert app.runs_snapshot.rows[0].status == "running"
+        from traceml_tui import atomic, records
+
+        path = run / "ranks" / "rank_1" / "steps-0.jsonl"
+        fd = atomic.open_append(path)
+        atomic.append_line(fd, records.encode(records.RankEnd(v=1, run="live", rank=1, attempt=0, step=10,
+                                                              ts=d.T0 + 1.1, status="failed", exit_code=1)))
+        import os
+
+        os.close(fd)
+        d.ingest(index, [root])
+        for _ in range(200):
+            await pilot.pause(0.02)
+            if app.runs_snapshot.rows[0].status == "failed":
+                break
+        await pilot.pause()
+        assert [n.message for n in app._notifications] == ["run live failed"]
+        await pilot.press("a")  # alerts off: the toggle itself is the only new notification
+        assert [n.message for n in app._notifications][-1] == "alerts off"
+
+
+@aio
+async def test_mark_and_compare_two_runs_from_the_runs_screen(tmp_path):
+    for name in ("ref-run", "cand-run"):
+        d.write_run(tmp_path / "logs", name)
+    d.summary_pair(tmp_path / "logs")
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [tmp_path / "logs"])
+    source = IndexSource(index, clock=lambda: d.FIXED_NOW)
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await d.settle(pilot)
+        table = pilot.app.screen.query_one(RunsTable)
+        names = column(table, 1)
+        assert sorted(names) == ["cand-run", "ref-run"]
+        table.move_cursor(row=names.index("ref-run"))
+        await pilot.press("m")
+        table.move_cursor(row=names.index("cand-run"))
+        await pilot.press("c")
+        await d.settle(pilot)
+        screen = pilot.app.screen
+        assert isinstance(screen, CompareScreen)
+        assert screen.snapshot.result == "SLOWER_IN_THIS_PAIR" and screen.snapshot.reference == "ref-run"
+    source.close()

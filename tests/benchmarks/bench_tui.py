@@ -107,13 +107,14 @@ async def measure(index: Path, refreshes: int = 20) -> dict[str, float]:
         if rid is not None:
             for _ in range(5):
                 c = time.thread_time()
-                source.run_detail(rid)
+                source.run_detail(rid, source.runs())
                 detail.append(time.thread_time() - c)
         out["runs_warm_ms"] = statistics.median(warm) * 1000
         out["runs_cold_ms"] = statistics.median(cold) * 1000
         out["ui_apply_ms"] = statistics.median(ui) * 1000
         out["refresh_cpu_ms"] = out["runs_warm_ms"] + out["ui_apply_ms"]
-        out["run_detail_ms"] = statistics.median(detail) * 1000 if detail else 0.0
+        # A refresh while the Run screen is open: the runs list (for alerts) plus the run's detail.
+        out["run_detail_refresh_ms"] = statistics.median(detail) * 1000 if detail else 0.0
         out["rss_mb"] = proc.memory_info().rss / 2**20
     source.close()
     return out
@@ -136,7 +137,7 @@ def main(argv: list[str]) -> int:
         big = asyncio.run(measure(index))
     print(f"\n{'metric':<28}{'empty index':>14}{'large index':>14}{'ratio':>8}   target")
     targets = {"first_paint_s": "< 1.5 s", "refresh_cpu_ms": "< 50 ms", "rss_mb": "< 250 MB"}
-    for key in ("first_paint_s", "refresh_cpu_ms", "runs_warm_ms", "ui_apply_ms", "runs_cold_ms", "run_detail_ms",
+    for key in ("first_paint_s", "refresh_cpu_ms", "runs_warm_ms", "ui_apply_ms", "runs_cold_ms", "run_detail_refresh_ms",
                 "rss_mb"):
         ratio = big[key] / base[key] if base[key] else float("nan")
         print(f"{key:<28}{base[key]:>14.3f}{big[key]:>14.3f}{ratio:>8.2f}   {targets.get(key, '')}")

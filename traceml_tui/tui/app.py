@@ -126,9 +126,10 @@ class WatchApp(App):
             version = source.data_version()
             mono = time.monotonic()
             if version != last_version or wanted != last_wanted or mono - last_build >= AGE_REFRESH_S:
-                self.post_message(RunsUpdated(source.runs()))
+                runs = source.runs()
+                self.post_message(RunsUpdated(runs))
                 if wanted[0] == "run":
-                    self.post_message(RunUpdated(wanted[1], source.run_detail(wanted[1])))
+                    self.post_message(RunUpdated(wanted[1], source.run_detail(wanted[1], runs)))
                 elif wanted[0] == "backlog":
                     self.post_message(BacklogUpdated(wanted, source.backlog(wanted[1])))
                 elif wanted[0] == "compare" and (wanted != last_wanted or version != last_version):

@@ -64,8 +64,11 @@ class Source(Protocol):
     def runs(self) -> RunsSnapshot:
         """Every run, one row each."""
 
-    def run_detail(self, run_id: int) -> Optional[RunDetail]:
-        """Everything the Run screen shows for one run (None when the run is gone)."""
+    def run_detail(self, run_id: int, runs: Optional[RunsSnapshot] = None) -> Optional[RunDetail]:
+        """Everything the Run screen shows for one run (None when the run is gone).
+
+        ``runs`` is a runs snapshot just built, reused for the run's own row.
+        """
 
     def backlog(self, run_id: Optional[int] = None) -> BacklogSnapshot:
         """Validation requests of one run (or of every run)."""
@@ -444,12 +447,12 @@ class IndexSource:
                 "backlog": max(0, requests - receipts)}
 
     # -- one run
-    def run_detail(self, run_id: int) -> Optional[RunDetail]:
+    def run_detail(self, run_id: int, runs: Optional[RunsSnapshot] = None) -> Optional[RunDetail]:
         reader = self._db()
         if reader is None:
             return None
         now = self.clock()
-        row = next((r for r in self.runs().rows if r.run_id == run_id), None)
+        row = next((r for r in (runs or self.runs()).rows if r.run_id == run_id), None)
         if row is None:
             return None
         base = reader.run_detail(run_id, now=now)

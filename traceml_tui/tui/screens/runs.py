@@ -36,6 +36,8 @@ class RunsScreen(Screen):
         Binding("s", "next_sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse", show=False),
         Binding("b", "backlog", "Backlog"),
+        Binding("m", "mark", "Mark ref"),
+        Binding("c", "compare", "Compare"),
         Binding("escape", "clear_filter", "Clear", show=False),
     ]
 
@@ -120,6 +122,25 @@ class RunsScreen(Screen):
 
     def action_reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
+
+    def _selected_name(self) -> Optional[str]:
+        key = self.query_one(RunsTable).selected_key()
+        if key is None or self.snapshot is None:
+            return None
+        return next((r.name for r in self.snapshot.rows if str(r.run_id) == key), None)
+
+    def action_mark(self) -> None:
+        """Remember the run under the cursor as the reference of the next comparison."""
+        self.marked = self._selected_name()
+        if self.marked:
+            self.notify(f"reference: {self.marked} — move to the candidate and press c", timeout=4)
+
+    def action_compare(self) -> None:
+        candidate = self._selected_name()
+        if not getattr(self, "marked", None) or candidate is None:
+            self.notify("mark a reference run with m first", severity="warning", timeout=4)
+            return
+        self.app.open_compare(self.marked, candidate)
 
     def action_backlog(self) -> None:
         self.app.open_backlog(None)
