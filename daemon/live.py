@@ -34,32 +34,51 @@ SERIES_COLS = (COL_STEP_MS, COL_INPUT_WAIT, COL_GPU_STEP, COL_LOSS, COL_GRAD_NOR
 
 
 def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, list[tuple[int, float]]]]:
-    """Row tuples for ``steps`` and, per loss component, its (step, ratio) pairs."""
-    rows = []
-    ratios: dict[str, list[tuple[int, float]]] = {}
-    append = rows.append
+    """Row tuples for ``steps`` and, per loss component, its (step, ratio) pairs.
+
+    Loss components live on as ``ratio/<name>`` series and the latest ratios
+    (the JSONL stream stays the full record); ``extra`` keeps task metrics and
+    CUDA memory peaks, only when a record has them.
+    """
     encode = _extra_encoder.encode
+    rows = []
+    append = rows.append
+    with_components = []
     for s in steps:
         c = s.cpu_ms
         g = s.gpu_ms
         m = s.mem
         extra = None
-        if s.components or s.metrics or (m is not None and (m.cuda_peak_allocated is not None or m.cuda_peak_reserved is not None)):
-            extra = encode({"components": s.components, "metrics": s.metrics,
+        if s.metrics or (m is not None and (m.cuda_peak_allocated is not None or m.cuda_peak_reserved is not None)):
+            extra = encode({"metrics": s.metrics,
                             "cuda_peak_allocated": m.cuda_peak_allocated if m else None,
                             "cuda_peak_reserved": m.cuda_peak_reserved if m else None}).decode()
-            if s.components:
-                for name, comp in s.components.items():
-                    if comp.ratio is not None:
-                        ratios.setdefault(name, []).append((s.step, comp.ratio))
+        if s.components:
+            with_components.append(s)
         if g is None:
             append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
                     None, None, None, None, None, None,
-                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m else None, extra))
+                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra))
         else:
             append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
                     g.step, g.input_wait, g.h2d, g.forward, g.backward, g.optimizer,
-                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m else None, extra))
+                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra))
+    ratios: dict[str, list[tuple[int, float]]] = {}
+    if with_components:
+        names = set()
+        for s in with_components[:: max(1, len(with_components) // 16)]:
+            names.update(s.components)
+        for s in with_components:
+            if not names.issuperset(s.components):
+                names.update(s.components)
+        for name in names:
+            pairs = []
+            for s in with_components:
+                comp = s.components.get(name)
+                if comp is not None and comp.ratio is not None:
+                    pairs.append((s.step, comp.ratio))
+            if pairs:
+                ratios[name] = pairs
     return rows, ratios
 
 
@@ -173,8 +192,12 @@ def bucket_aggregates(steps: np.ndarray, values: np.ndarray, width: int):
 
 def series_values(rows: Sequence[tuple]) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) arrays for the wide series table from row tuples."""
-    arr = np.array([[r[COL_STEP]] + [r[c] for c in SERIES_COLS] for r in rows], dtype=np.float64)
-    return arr[:, 0], arr[:, 1:]
+    cols = list(zip(*rows))  # transpose in C
+    steps = np.array(cols[COL_STEP], dtype=np.float64)
+    values = np.empty((len(rows), len(SERIES_COLS)), dtype=np.float64)
+    for j, c in enumerate(SERIES_COLS):
+        values[:, j] = np.array(cols[c], dtype=np.float64)  # None becomes NaN
+    return steps, values
 
 
 def run_rollup(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -74,12 +74,25 @@ def read_block(fd: int, offset: int, size: int) -> bytes:
     return b"".join(chunks)
 
 
-class Parsed(NamedTuple):
-    """Records decoded from a block of complete lines."""
+class Parsed:
+    """Records decoded from a block of complete lines; ``offsets`` are computed on first use."""
 
-    records: list  # typed records in file order
-    offsets: list  # byte offset of each record's line (same order)
-    errors: list  # (offset, length, message) for each rejected line
+    __slots__ = ("records", "errors", "_offsets", "_lines", "_base")
+
+    def __init__(self, recs: list, offsets: Optional[list], errors: list, lines=None, base: int = 0) -> None:
+        self.records = recs  # typed records in file order
+        self.errors = errors  # (offset, length, message) for each rejected line
+        self._offsets = offsets
+        self._lines = lines
+        self._base = base
+
+    @property
+    def offsets(self) -> list:
+        """Byte offset of each record's line (same order as ``records``)."""
+        if self._offsets is None:
+            self._offsets = _line_offsets(self._lines, self._base)
+            self._lines = None
+        return self._offsets
 
 
 def _line_offsets(lines: list[bytes], base: int) -> list[int]:
@@ -108,7 +121,7 @@ def parse_block(block: bytes, base: int) -> Parsed:
             recs = None
         # A line holding two objects would shift every record after it: count must match.
         if recs is not None and len(recs) == len(lines):
-            return Parsed(recs, _line_offsets(lines, base), [])
+            return Parsed(recs, None, [], lines, base)
     return _parse_slow(lines, base)
 
 
