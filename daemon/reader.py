@@ -167,6 +167,18 @@ class IngestError:
 
 
 @dataclass(frozen=True)
+class Event:
+    """A non-step record of a rank stream: eval, checkpoint, field_stats, rank_end."""
+
+    kind: str
+    rank: Optional[int]
+    attempt: Optional[int]
+    step: Optional[int]
+    ts: Optional[float]
+    body: dict
+
+
+@dataclass(frozen=True)
 class Changes:
     version: int
     run_ids: tuple[int, ...]
@@ -442,6 +454,16 @@ class Reader:
         rows = self._rows(f"SELECT error_id, run_id, path, offset, length, message, seen FROM errors WHERE {where}"
                           " ORDER BY error_id DESC LIMIT ?", (*params, limit))
         return tuple(IngestError(*r) for r in reversed(rows))
+
+    def events(self, run_id: int, kind: Optional[str] = None, limit: int = 200) -> tuple[Event, ...]:
+        """The newest ``limit`` events of a run (optionally one kind), in step order."""
+        where, params = "run_id = ?", [run_id]
+        if kind is not None:
+            where += " AND kind = ?"
+            params.append(kind)
+        rows = self._rows(f"SELECT kind, rank, attempt, step, ts, body FROM events WHERE {where}"
+                          " ORDER BY step DESC, ts DESC LIMIT ?", (*params, limit))
+        return tuple(Event(k, r, a, st, ts, json.loads(body)) for k, r, a, st, ts, body in reversed(rows))
 
     def step_count(self, run_id: int) -> int:
         """Number of step rows of a run (for tests and diagnostics; cost grows with the run)."""

@@ -23,6 +23,7 @@ RANK_RE = re.compile(r"^rank_(\d+)$")
 NODE_RE = re.compile(r"^node_(\d+)$")
 BACKLOG_KINDS = {"requests": "request", "claims": "claim", "receipts": "receipt", "failures": "failure"}
 _RUN_MARKERS = ("manifest.json", "ranks", "nodes")
+_IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
 _SKIP_DIRS = {"ranks", "nodes", "validation", "checkpoints", "__pycache__"}
 
 
@@ -168,6 +169,8 @@ class Watcher:
 
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event) -> None:  # noqa: D401 - watchdog hook
+                if event.event_type in _IGNORED_EVENTS:
+                    return  # our own reads would wake us forever
                 callback(os.fsdecode(event.src_path))
                 dest = getattr(event, "dest_path", None)
                 if dest:

@@ -232,6 +232,9 @@ def test_live_aggregates_series_and_status(env):
         assert "step_ms" in r.series_metrics(run.run_id)
         v = r.data_version()
     # Append more: version moves, changes name this run, and an appended rank_end completes it.
+    append_raw(steps_path(run_dir, 0), records.encode(records.Eval(
+        v=1, run="big", rank=0, attempt=0, step=5000, ts=6999.0, checkpoint="ck5000", split="val",
+        metrics={"auc": 0.75})))
     for rank in range(3):
         append_raw(steps_path(run_dir, rank), records.encode(records.RankEnd(
             v=1, run="big", rank=rank, attempt=0, step=5000, ts=7000.0, status="completed", exit_code=0)))
@@ -240,6 +243,9 @@ def test_live_aggregates_series_and_status(env):
         ch = r.changes_since(v)
         assert ch.version > v and ch.run_ids == (run.run_id,)
         assert r.run(run.run_id).status == "completed"
+        evals = r.events(run.run_id, "eval")
+        assert [(e.step, e.body["checkpoint"], e.body["metrics"]) for e in evals] == [(5000, "ck5000", {"auc": 0.75})]
+        assert {k.rank: k.ended for k in r.rank_rows(run.run_id)} == {0: "completed", 1: "completed", 2: "completed"}
 
 
 def test_stalled_failed_outcomes_backlog_and_nodes(env):
