@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from traceml_tui.guard.contract import ContractError, measurement_end, parse_guard_contract
+from traceml_tui.guard.contract import _type_name  # one wording for type errors in both files
 
 CONFIG_FILENAME = "traceml.yaml"
 DEFAULT_HISTORY_RETENTION_S = 30 * 60
@@ -119,24 +120,6 @@ def find_config(start: Path) -> Path | None:
         if current.parent == current:
             return None
         current = current.parent
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a Boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__
 
 
 def _duplicate_key(node: yaml.Node, field: str, seen_nodes: set[int] | None = None) -> tuple[str, int] | None:
