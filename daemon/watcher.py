@@ -176,10 +176,19 @@ class Watcher:
                 if dest:
                     callback(os.fsdecode(dest))
 
+        from watchdog import events as ev
+
+        # Opens and no-write closes are left out at the inotify mask: a rescan opens every folder,
+        # and receiving those events would cost more than the rescan itself.
+        wanted = [ev.FileCreatedEvent, ev.FileModifiedEvent, ev.FileMovedEvent, ev.FileDeletedEvent,
+                  ev.FileClosedEvent, ev.DirCreatedEvent, ev.DirMovedEvent, ev.DirDeletedEvent]
         observer = Observer()
         try:
             for root in self.roots:
-                observer.schedule(_Handler(), root, recursive=True)
+                try:
+                    observer.schedule(_Handler(), root, recursive=True, event_filter=wanted)
+                except TypeError:  # watchdog < 4 has no event_filter
+                    observer.schedule(_Handler(), root, recursive=True)
             observer.daemon = True
             observer.start()
         except Exception:  # inotify limits, vanished roots: polling covers everything anyway
