@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -222,3 +223,68 @@ def test_bad_arguments_give_one_line_and_exit_2(tmp_path, traceml_cmd, cli_env):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "root is not a folder" in out.stderr and "Traceback" not in out.stderr
     assert not Path(cli_env["XDG_STATE_HOME"], "traceml", "index.sqlite").exists()
+
+
+def test_run_folder_deleted_while_the_daemon_reads_it(tmp_path, traceml_cmd, cli_env):
+    root = tmp_path / "logs"
+    index = tmp_path / "index.sqlite"
+    doomed = steps_path(root / "doomed", 0)
+    doomed.parent.mkdir(parents=True)
+    writer = subprocess.Popen([sys.executable, str(SUPPORT), str(doomed), "0", "1000000", "7"])
+    write_steps(root / "alive", 0, range(1, 3))
+    proc = _daemon(traceml_cmd, cli_env, root, "--index", index, "--poll-interval", "0.05", "--rescan-interval", "0.2")
+    try:
+        assert _wait(lambda: _records(index, "doomed") > 100, 30)
+        shutil.rmtree(root / "doomed", ignore_errors=True)
+        writer.kill()
+        writer.wait()
+        shutil.rmtree(root / "doomed", ignore_errors=True)
+        assert _wait(lambda: _status(index, "doomed") == "missing", 30)
+        append_raw(steps_path(root / "alive", 0), step_line("alive", 0, 3))
+        assert _wait(lambda: _last(index, "alive") == 3, 30)
+        assert proc.poll() is None  # still serving
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, proc.stderr.read()
+    assert _records(index, "doomed") > 100  # rows of a removed run are kept
+
+
+def _find(index: Path, name: str):
+    try:
+        with Reader(index) as r:
+            return r.find_run(name)
+    except (FileNotFoundError, sqlite3.Error):
+        return None
+
+
+def _records(index: Path, name: str) -> int:
+    run = _find(index, name)
+    return run.records if run else 0
+
+
+def _status(index: Path, name: str):
+    run = _find(index, name)
+    return run.status if run else None
+
+
+def _last(index: Path, name: str):
+    run = _find(index, name)
+    return run.last_step if run else None
+
+
+def test_embedded_ingester_announces_itself_and_stops(tmp_path):
+    from daemon.service import Ingester
+
+    root = tmp_path / "logs"
+    path = write_steps(root / "r", 0, range(1, 4))
+    index = tmp_path / "index.sqlite"
+    ing = Ingester(index, [str(root)], poll_interval=0.05, use_inotify=True, mode="embedded")
+    ing.start()
+    try:
+        info = find_running_daemon(index)
+        assert info is not None and info.mode == "embedded" and info.pid == os.getpid()
+        append_raw(path, step_line("r", 0, 4))
+        assert _wait(lambda: _last(index, "r") == 4, 10)
+    finally:
+        ing.stop()
+    assert find_running_daemon(index) is None
