@@ -410,13 +410,14 @@ class Ingester:
             if s.rel in run.files:
                 continue
             self._begin()
-            cur = self.conn.execute(
-                "INSERT INTO files (run_id, path, stream, rank, attempt, node) VALUES (?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (run_id, path) DO UPDATE SET missing = 0 RETURNING file_id, identity, generation,"
-                " offset, skipping, tail",
+            # Two statements rather than UPSERT … RETURNING: works with SQLite older than 3.35.
+            self.conn.execute(
+                "INSERT OR IGNORE INTO files (run_id, path, stream, rank, attempt, node) VALUES (?, ?, ?, ?, ?, ?)",
                 (run.run_id, s.rel, s.stream, s.rank, s.attempt, s.node),
             )
-            file_id, identity, generation, offset, skipping, tail = cur.fetchone()
+            file_id, identity, generation, offset, skipping, tail = self.conn.execute(
+                "SELECT file_id, identity, generation, offset, skipping, tail FROM files WHERE run_id = ? AND path = ?",
+                (run.run_id, s.rel)).fetchone()
             f = _File(file_id=file_id, run_id=run.run_id, rel=s.rel, path=os.path.join(run.dir, s.rel),
                       stream=s.stream, rank=s.rank, attempt=s.attempt, node=s.node, identity=identity,
                       generation=generation, offset=offset, skipping=skipping, tail=tail)
