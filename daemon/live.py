@@ -22,7 +22,7 @@ import numpy as np
 from traceml_tui import records
 
 WINDOW = 64  # steps in the rolling window
-SERIES_POINTS = 1000  # at most this many buckets per (run, rank, metric); the TUI asks ≤ 2,000
+SERIES_POINTS = 512  # buckets per (run, rank, metric): more than a terminal chart has columns, within the ≤ 2,000 asked
 
 _extra_encoder = msgspec.json.Encoder()
 

@@ -799,9 +799,6 @@ class Ingester:
         steps, values = live.series_values(rows)
         current = self._width(run_id, rank)
         width = live.series_width(int(steps.max()), current or 1)
-        if ratios:
-            top = max(s for pairs in ratios.values() for s, _ in pairs)
-            width = live.series_width(int(top), width)
         if width != current:
             if current:
                 self._merge_series(run_id, rank, width // current)
@@ -809,27 +806,20 @@ class Ingester:
             self._widths[(run_id, rank)] = width
         b, lo, hi, vmin, vmax, vsum, n = live.bucket_aggregates(steps, values, width)
         m = len(idx.SERIES_METRICS)
-        out = []
-        vmin_l, vmax_l, vsum_l, n_l = vmin.tolist(), vmax.tolist(), vsum.tolist(), n.tolist()
-        for i, (bk, l, h) in enumerate(zip(b.tolist(), lo.tolist(), hi.tolist())):
-            row = [run_id, rank, bk, int(l), int(h)]
-            for j in range(m):
-                cnt = n_l[i][j]
-                if cnt:
-                    row += [vmin_l[i][j], vmax_l[i][j], vsum_l[i][j], cnt]
-                else:
-                    row += [None, None, None, 0]
-            out.append(row)
-        self.conn.executemany(_SERIES_UPSERT, out)
+        out = np.empty((len(b), 3 + 4 * m), dtype=np.float64)
+        out[:, 0], out[:, 1], out[:, 2] = b, lo, hi
+        empty = n == 0
+        vsum[empty] = np.nan  # NaN binds as NULL: an empty metric stays NULL after the merge
+        out[:, 3::4], out[:, 4::4], out[:, 5::4], out[:, 6::4] = vmin, vmax, vsum, n
+        self.conn.executemany(_series_upsert_sql(run_id, rank), out.tolist())
         if ratios:
             extra = []
             for name, pairs in ratios.items():
                 arr = np.array(pairs, dtype=np.float64)
                 b, lo, hi, vmin, vmax, vsum, n = live.bucket_aggregates(arr[:, 0], arr[:, 1:], width)
-                for bk, l, h, a, z, s, c in zip(b.tolist(), lo.tolist(), hi.tolist(), vmin[:, 0].tolist(),
-                                                vmax[:, 0].tolist(), vsum[:, 0].tolist(), n[:, 0].tolist()):
-                    if c:
-                        extra.append((run_id, rank, "ratio/" + name, bk, int(l), int(h), a, z, s, c))
+                keep = n[:, 0] > 0
+                block = np.column_stack((b, lo, hi, vmin[:, 0], vmax[:, 0], vsum[:, 0], n[:, 0]))[keep]
+                extra.extend((run_id, rank, "ratio/" + name, *row) for row in block.tolist())
             self.conn.executemany(_EXTRA_UPSERT, extra)
 
     def _merge_series(self, run_id: int, rank: int, factor: int) -> None:
@@ -870,6 +860,18 @@ def _series_upsert() -> str:
 
 
 _SERIES_UPSERT = _series_upsert()
+_series_sql_cache: dict[tuple[int, int], str] = {}
+
+
+def _series_upsert_sql(run_id: int, rank: int) -> str:
+    """The series UPSERT with run_id and rank inlined (rows are then plain float lists from numpy)."""
+    sql = _series_sql_cache.get((run_id, rank))
+    if sql is None:
+        if len(_series_sql_cache) > 4096:
+            _series_sql_cache.clear()
+        head, _, tail = _SERIES_UPSERT.partition("VALUES (?, ?, ")
+        sql = _series_sql_cache[(run_id, rank)] = f"{head}VALUES ({int(run_id)}, {int(rank)}, {tail}"
+    return sql
 _EXTRA_UPSERT = (
     "INSERT INTO series_extra VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, rank, metric, bucket)"
     f" DO UPDATE SET {_combine('step_lo', 'min')}, {_combine('step_hi', 'max')}, {_combine('vmin', 'min')},"
