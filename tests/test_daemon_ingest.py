@@ -206,6 +206,12 @@ def test_removed_run_keeps_rows_and_is_marked_missing(env):
         assert runs["gone"].status == "missing" and runs["gone"].records == 5
         assert r.step_count(runs["gone"].run_id) == 5
         assert runs["kept"].status != "missing"
+    from daemon import cli
+
+    assert cli.main(["--prune-missing", "--index", str(index)]) == 0  # the only way rows leave
+    with Reader(index) as r:
+        assert [run.name for run in r.list_runs()] == ["kept"]
+        assert r.step_count(runs["gone"].run_id) == 0 and r.step_count(runs["kept"].run_id) == 2
 
 
 def test_live_aggregates_series_and_status(env):
