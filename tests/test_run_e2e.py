@@ -196,6 +196,8 @@ for step in range(1, 6):
         dist.all_reduce(t)
     if fail_node is not None and os.environ["TRACEML_NODE_RANK"] == fail_node and step == 2:
         sys.exit(3)
+traceml.finish()
+dist.destroy_process_group()  # without it gloo may abort at interpreter exit
 """
 
 
@@ -212,14 +214,22 @@ def _two_nodes(seed_dir: Path, tmp_path: Path, name: str, *, fail_node: str | No
     env = _env(tmp_path, **extra)
     common = ["--run-name", name, "--nnodes", "2", "--nproc-per-node", "1", "--master-port", port,
               "--logs-dir", str(logs), "--finalize-timeout", "4"]
-    node0 = subprocess.Popen([*TRACEML, "run", "node.py", *common, "--node-rank", "0"], cwd=seed_dir, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if plant is not None:
-        threading.Timer(0.5, plant, args=(logs / name,)).start()
-    node1 = subprocess.run([*TRACEML, "run", "node.py", *common, "--node-rank", "1"], cwd=node1_dir, env=env,
-                           capture_output=True, text=True, timeout=180)
-    out0, err0 = node0.communicate(timeout=180)
-    result0 = subprocess.CompletedProcess(node0.args, node0.returncode, out0, err0)
+    # node 0's output goes to files, not pipes: an unread pipe that fills up would block node 0
+    # mid-training and, through the collectives, node 1 too.
+    out0, err0 = tmp_path / f"{name}-node0.out", tmp_path / f"{name}-node0.err"
+    with open(out0, "w") as stdout0, open(err0, "w") as stderr0:
+        node0 = subprocess.Popen([*TRACEML, "run", "node.py", *common, "--node-rank", "0"], cwd=seed_dir, env=env,
+                                 stdout=stdout0, stderr=stderr0)
+        try:
+            if plant is not None:
+                threading.Timer(0.5, plant, args=(logs / name,)).start()
+            node1 = subprocess.run([*TRACEML, "run", "node.py", *common, "--node-rank", "1"], cwd=node1_dir, env=env,
+                                   capture_output=True, text=True, timeout=180)
+            node0.wait(timeout=180)
+        finally:
+            if node0.poll() is None:
+                node0.kill()
+    result0 = subprocess.CompletedProcess(node0.args, node0.returncode, out0.read_text(), err0.read_text())
     return result0, node1, json.loads((logs / name / "manifest.json").read_text())
 
 
@@ -276,8 +286,8 @@ def test_two_nodes_forged_outcome_conflicts(seed_dir: Path, tmp_path: Path) -> N
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     plant = lambda run_dir: _forged_outcome(run_dir, "sha256:" + "0" * 64)  # noqa: E731
-    node0, _, manifest = _two_nodes(seed_dir, tmp_path, "mn-forged", node1_dir=elsewhere, plant=plant)
-    assert node0.returncode == 0
+    node0, node1, manifest = _two_nodes(seed_dir, tmp_path, "mn-forged", node1_dir=elsewhere, plant=plant)
+    assert (node0.returncode, node1.returncode) == (0, 0), node0.stderr[-2000:] + node1.stderr[-2000:]
     assert manifest["guard"]["training"]["status"] == "incomplete"
     assert "node_outcome_conflict" in manifest["guard"]["training"]["reasons"]
 
@@ -296,8 +306,8 @@ def test_two_nodes_oversized_outcome_is_invalid(seed_dir: Path, tmp_path: Path) 
                 time.sleep(0.05)
         _forged_outcome(run_dir, digest.get("d", "x"), size_pad=1 << 20)
 
-    node0, _, manifest = _two_nodes(seed_dir, tmp_path, "mn-huge", node1_dir=elsewhere, plant=plant)
-    assert node0.returncode == 0
+    node0, node1, manifest = _two_nodes(seed_dir, tmp_path, "mn-huge", node1_dir=elsewhere, plant=plant)
+    assert (node0.returncode, node1.returncode) == (0, 0), node0.stderr[-2000:] + node1.stderr[-2000:]
     assert manifest["guard"]["training"]["status"] == "incomplete"
     assert "node_outcome_invalid" in manifest["guard"]["training"]["reasons"]
 
