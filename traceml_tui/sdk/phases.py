@@ -105,7 +105,13 @@ def attach(model: Any, current: Callable[[], Any]) -> bool:
         state.fwd_start = None
         tensor = _first_grad_tensor(output)
         if tensor is not None:
-            tensor.register_hook(backward_start)
+            grad_fn = tensor.grad_fn
+            # A pre-hook on the output's autograd node is the cheapest way to see backward
+            # reach the model (Tensor.register_hook costs several µs of Python per step).
+            if grad_fn is not None:
+                grad_fn.register_prehook(backward_start)
+            else:
+                tensor.register_hook(backward_start)
 
     def backward_start(_grad: Any) -> None:
         state = current()
