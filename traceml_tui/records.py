@@ -8,7 +8,8 @@ file unique, followed by one JSON object per line:
 * ``step``        — one completed optimizer step (see :class:`Step`)
 * ``eval``        — an evaluation observation (``role``, ``checkpoint``, ``split``, ``metrics``, ``status``)
 * ``checkpoint``  — a published checkpoint (``id``, ``path`` relative to the run dir, ``step``)
-* ``field_stats`` — latent-field distribution QC (``name``, ``median``, ``p_low``, ``p_high``, ``occupancy``)
+* ``field_stats`` — latent-field distribution QC (``name``, ``space``, ``median``, ``p_low``, ``p_high``,
+  ``occupancy``, percentile levels ``q_low``/``q_high``, bounds ``lower``/``upper``, ``count``, ``factor``)
 * ``rank_end``    — the rank finished (``status``: ``completed``/``failed``, ``exit_code``)
 * ``system``      — one node sample in ``system.jsonl`` (see :class:`SystemSample`)
 
@@ -131,11 +132,17 @@ class FieldStats(msgspec.Struct, tag="field_stats", tag_field="kind"):
     step: int
     ts: float
     name: str = ""
-    space: str = "linear"
+    space: str = "linear"  # "linear" | "log": the space the statistics are computed in
     median: Optional[float] = None
     p_low: Optional[float] = None
     p_high: Optional[float] = None
-    occupancy: Optional[float] = None
+    occupancy: Optional[float] = None  # fraction of values at (or beyond) a declared bound
+    q_low: float = 5.0  # percentile levels of p_low / p_high
+    q_high: float = 95.0
+    lower: Optional[float] = None  # declared bounds, in the field's natural units
+    upper: Optional[float] = None
+    count: Optional[int] = None  # finite values that entered the statistics
+    factor: Optional[float] = None  # predeclared collapse factor: spread < factor x initial spread fails
 
 
 class RankEnd(msgspec.Struct, tag="rank_end", tag_field="kind"):
