@@ -1,0 +1,336 @@
+"""The input batch grid (seed 004): one image of one complete batch.
+
+Every batch member is a row and every consumed input (view, context/reference
+input, augmentation) is a column labelled by its role, so one image shows the
+whole batch the model saw. Large batches are paged (16 members per page by
+default) and nothing is dropped. Every experiment uses this one renderer.
+
+Layout is pure (:func:`plan_grid`); rendering composes a pixel canvas with
+numpy and writes it through matplotlib (Agg) so tile boxes in the layout are
+exact PNG pixel coordinates. Files are immutable per QC step::
+
+    qc/batch_grid/<name>/step-00000120.json           layout + batch identity
+    qc/batch_grid/<name>/step-00000120-p1of7.png      one file per page
+
+A second grid at the same step (a resume) gets ``step-00000120-2``; nothing is
+overwritten. Accepts numpy arrays and CPU (or GPU) tensors; no torchvision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from traceml_tui import atomic
+
+RENDERER = "traceml.batch_grid/1"
+GRID_DIR = "qc/batch_grid"
+ROWS_PER_PAGE = 16
+MIN_CELL, MAX_CELL = 48, 160
+PAD = 4
+TITLE_H, HEADER_H, LABEL_W = 22, 20, 44
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class BatchGridError(ValueError):
+    """A batch that cannot be shown as a grid; ``str()`` names what is wrong."""
+
+
+@dataclass(frozen=True)
+class Tile:
+    page: int  # 1-based
+    member: int  # index of the batch member
+    role: str
+    label: str
+    box: tuple[int, int, int, int]  # x0, y0, x1, y1 of the tile's cell in the page PNG (pixels)
+    shape: tuple[int, ...]  # the member's input shape for this role, as given
+
+
+@dataclass
+class GridLayout:
+    name: str
+    roles: list[str]
+    members: int
+    pages: int
+    rows_per_page: int
+    cell: int
+    width: int
+    height: int
+    tiles: list[Tile] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- batch → roles
+
+
+def _as_numpy(value: Any):
+    import numpy as np
+
+    if hasattr(value, "detach"):  # torch tensor, without importing torch
+        value = value.detach()
+        if getattr(value, "dtype", None) is not None and "bfloat16" in str(value.dtype):
+            value = value.float()
+        value = value.cpu().numpy()
+    return np.asarray(value)
+
+
+def split_roles(batch: Any, roles: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Normalize a batch into ``{role: array of shape (B, ...)}``.
+
+    * a mapping ``{role: (B, ...)}`` — its keys are the roles (``roles`` may
+      select and order them);
+    * a list/tuple of arrays — one per role, named by ``roles``
+      (default ``input0, input1, …``);
+    * one array — ``(B, ...)`` is a single role (``roles=["image"]`` or
+      default ``input``); with ``roles`` of length V > 1 the array must be
+      ``(B, V, ...)`` and dimension 1 holds the views.
+
+    Every role must have the same batch size.
+    """
+    if isinstance(batch, dict):
+        keys = list(roles) if roles is not None else [str(k) for k in batch]
+        missing = [k for k in keys if k not in batch]
+        if missing:
+            raise BatchGridError(f"roles not in the batch: {', '.join(missing)}")
+        out = {str(k): _as_numpy(batch[k]) for k in keys}
+    elif isinstance(batch, (list, tuple)):
+        names = list(roles) if roles is not None else [f"input{i}" for i in range(len(batch))]
+        if len(names) != len(batch):
+            raise BatchGridError(f"{len(names)} roles for {len(batch)} batch inputs")
+        out = {str(n): _as_numpy(x) for n, x in zip(names, batch)}
+    else:
+        array = _as_numpy(batch)
+        names = list(roles) if roles is not None else ["input"]
+        if len(names) == 1:
+            out = {str(names[0]): array}
+        else:
+            if array.ndim < 2 or array.shape[1] != len(names):
+                raise BatchGridError(
+                    f"{len(names)} roles need an array of shape (B, {len(names)}, ...), got {tuple(array.shape)}"
+                )
+            out = {str(n): array[:, i] for i, n in enumerate(names)}
+    if not out:
+        raise BatchGridError("the batch has no inputs")
+    if len(set(out)) != len(out):
+        raise BatchGridError("role names must be distinct")
+    sizes = {name: (a.shape[0] if a.ndim else 0) for name, a in out.items()}
+    if len(set(sizes.values())) != 1:
+        raise BatchGridError("roles differ in batch size: " + ", ".join(f"{k}={v}" for k, v in sizes.items()))
+    if next(iter(sizes.values())) == 0:
+        raise BatchGridError("the batch is empty")
+    return out
+
+
+def batch_digest(inputs: dict[str, Any]) -> str:
+    """Content digest of a batch (roles, shapes, bytes): identifies the fixed QC batch."""
+    h = hashlib.sha256()
+    for name, array in inputs.items():
+        h.update(name.encode())
+        h.update(repr((array.shape, str(array.dtype))).encode())
+        h.update(array.tobytes())
+    return h.hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def plan_grid(name: str, roles: Sequence[str], members: int, shapes: dict[str, tuple[int, ...]],
+              *, cell: int, rows_per_page: int = ROWS_PER_PAGE) -> GridLayout:
+    """Pixel layout of the grid: members down the rows, roles across the columns, paged."""
+    per_page = max(1, int(rows_per_page))
+    pages = -(-members // per_page)
+    cols = len(roles)
+    width = LABEL_W + cols * (cell + PAD) + PAD
+    height = TITLE_H + HEADER_H + min(members, per_page) * (cell + PAD) + PAD
+    layout = GridLayout(name=name, roles=list(roles), members=members, pages=pages, rows_per_page=per_page,
+                        cell=cell, width=width, height=height)
+    for member in range(members):
+        page, row = divmod(member, per_page)
+        y0 = TITLE_H + HEADER_H + row * (cell + PAD)
+        for col, role in enumerate(roles):
+            x0 = LABEL_W + col * (cell + PAD)
+            shape = tuple(int(s) for s in shapes[role][1:])
+            layout.tiles.append(Tile(page=page + 1, member=member, role=role, label=f"#{member} {role}",
+                                     box=(x0, y0, x0 + cell, y0 + cell), shape=shape))
+    return layout
+
+
+# --------------------------------------------------------------------------- pixels
+
+
+def to_image(item: Any):
+    """One member's input for one role as an RGB float image in [0, 1] (H, W, 3).
+
+    (H, W) grey; (C, H, W) with C in 1/3/4 or (H, W, C) channels-last; other
+    channel counts show the first channel; (D, H, W…) volumes show the middle
+    slice; a 1-D signal is drawn as a strip. Integer images are read as
+    0..255; float images already in [0, 1] are shown as they are, others are
+    min-max scaled per tile (the label does not pretend to physical units).
+    """
+    import numpy as np
+
+    a = np.asarray(item)
+    if a.dtype == bool:
+        a = a.astype(np.float64)
+    integer = np.issubdtype(a.dtype, np.integer)
+    a = a.astype(np.float64)
+    if a.ndim == 0:
+        a = a.reshape(1, 1)
+    if a.ndim == 1:
+        a = a.reshape(1, -1)
+    while a.ndim > 3:  # volumes and stacks: the middle slice of the leading axis
+        a = a[a.shape[0] // 2]
+    if a.ndim == 3:
+        if a.shape[0] in (1, 3, 4):  # channels-first, the torch convention, wins when ambiguous
+            a = np.moveaxis(a, 0, -1)
+        elif a.shape[-1] not in (1, 3, 4):
+            a = a[0][..., None]  # many channels (e.g. features): the first one
+        if a.shape[-1] == 4:
+            a = a[..., :3]
+        if a.shape[-1] == 1:
+            a = np.repeat(a, 3, axis=-1)
+    else:
+        a = np.repeat(a[..., None], 3, axis=-1)
+    finite = np.isfinite(a)
+    a = np.where(finite, a, 0.0)
+    if integer:
+        a = a / 255.0
+    elif finite.any():
+        lo, hi = float(a[finite].min()), float(a[finite].max())
+        if lo < 0.0 or hi > 1.0:
+            a = (a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)
+    return np.clip(a, 0.0, 1.0)
+
+
+def _fit(img, cell: int):
+    """Nearest-neighbour resize into a cell x cell square, aspect ratio preserved, centred on grey."""
+    import numpy as np
+
+    h, w = img.shape[:2]
+    scale = cell / max(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    rows = np.minimum((np.arange(nh) / scale).astype(int), h - 1)
+    cols = np.minimum((np.arange(nw) / scale).astype(int), w - 1)
+    out = np.full((cell, cell, 3), 0.85)
+    y0, x0 = (cell - nh) // 2, (cell - nw) // 2
+    out[y0:y0 + nh, x0:x0 + nw] = img[rows][:, cols]
+    return out
+
+
+def choose_cell(inputs: dict[str, Any]) -> int:
+    """Cell size in pixels: the largest input extent, kept between MIN_CELL and MAX_CELL."""
+    extent = 1
+    for array in inputs.values():
+        sample = to_image(array[0])
+        extent = max(extent, *sample.shape[:2])
+    return int(min(MAX_CELL, max(MIN_CELL, extent)))
+
+
+def render_pages(layout: GridLayout, inputs: dict[str, Any], *, title: str) -> list[bytes]:
+    """Render each page of the grid as PNG bytes (matplotlib Agg; no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    dpi = 100
+    pages: list[bytes] = []
+    for page in range(1, layout.pages + 1):
+        canvas = np.ones((layout.height, layout.width, 3))
+        tiles = [t for t in layout.tiles if t.page == page]
+        for t in tiles:
+            x0, y0, x1, y1 = t.box
+            canvas[y0:y1, x0:x1] = _fit(to_image(inputs[t.role][t.member]), layout.cell)
+        fig = Figure(figsize=(layout.width / dpi, layout.height / dpi), dpi=dpi)
+        fig.figimage(canvas, xo=0, yo=0, origin="upper")
+        W, H = layout.width, layout.height
+
+        def text(x: float, y: float, s: str, **kw: Any) -> None:
+            fig.text(x / W, 1.0 - y / H, s, fontsize=7, va="center", **kw)
+
+        text(PAD, TITLE_H / 2, f"{title}   page {page}/{layout.pages}", ha="left", weight="bold")
+        for col, role in enumerate(layout.roles):
+            text(LABEL_W + col * (layout.cell + PAD) + layout.cell / 2, TITLE_H + HEADER_H / 2,
+                 role, ha="center")
+        for t in tiles:
+            if t.role == layout.roles[0]:
+                text(LABEL_W - PAD, (t.box[1] + t.box[3]) / 2, f"#{t.member}", ha="right")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi)
+        pages.append(buf.getvalue())
+    return pages
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _free_stem(folder: Path, step: int) -> str:
+    stem = f"step-{step:08d}"
+    serial = 1
+    while (folder / f"{stem if serial == 1 else f'{stem}-{serial}'}.json").exists():
+        serial += 1
+    return stem if serial == 1 else f"{stem}-{serial}"
+
+
+def save_batch_grid(run_dir: Path, batch: Any, *, step: int, name: str = "inputs",
+                    roles: Optional[Sequence[str]] = None, batch_id: Optional[str] = None,
+                    rows_per_page: int = ROWS_PER_PAGE) -> Path:
+    """Render one complete batch and save it under ``run_dir/qc/batch_grid/<name>/``.
+
+    Returns the path of the layout JSON (which lists the page PNGs, relative
+    to the run directory). ``batch_id`` names the fixed QC batch (default: the
+    grid name); the content digest is recorded too, so a batch that changes
+    between QC points is visible.
+    """
+    if not _NAME_RE.match(name):
+        raise BatchGridError(f"grid name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
+    inputs = split_roles(batch, roles)
+    members = next(iter(inputs.values())).shape[0]
+    layout = plan_grid(name, list(inputs), members, {k: tuple(v.shape) for k, v in inputs.items()},
+                       cell=choose_cell(inputs), rows_per_page=rows_per_page)
+    digest = batch_digest(inputs)
+    ident = batch_id or name
+    pngs = render_pages(layout, inputs, title=f"{name} · step {step} · batch {ident} · {members} members")
+    folder = Path(run_dir) / GRID_DIR / name
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = _free_stem(folder, step)
+    files = []
+    for page, data in enumerate(pngs, start=1):
+        file = folder / (f"{stem}.png" if layout.pages == 1 else f"{stem}-p{page}of{layout.pages}.png")
+        atomic.atomic_write_bytes(file, data, exclusive=True)
+        files.append(file.relative_to(run_dir).as_posix())
+    meta = {
+        "renderer": RENDERER,
+        "name": name,
+        "step": int(step),
+        "batch_id": ident,
+        "batch_digest": digest,
+        "created": time.time(),
+        "files": files,
+        **{k: v for k, v in asdict(layout).items() if k != "name"},
+    }
+    meta_path = folder / f"{stem}.json"
+    # the layout JSON is written last: its presence means every page is complete
+    atomic.atomic_write_json(meta_path, meta, exclusive=True)
+    return meta_path
+
+
+def list_grids(run_dir: Path) -> list[dict]:
+    """Every saved grid's layout JSON under a run directory, oldest step first."""
+    import json
+
+    out = []
+    for path in sorted((Path(run_dir) / GRID_DIR).glob("*/step-*.json")):
+        try:
+            meta = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict):
+            meta["layout_file"] = path.relative_to(run_dir).as_posix()
+            out.append(meta)
+    return sorted(out, key=lambda m: (m.get("step", 0), m.get("layout_file", "")))
