@@ -26,6 +26,8 @@ _SDK_NAMES = (
     "publish_checkpoint",
     "finish",
     "current_run",
+    "log_batch_grid",
+    "log_field_stats",
 )
 
 

@@ -4,6 +4,7 @@
 * :func:`trace_step` — ``with traceml.trace_step(model): …`` around one optimizer step.
 * :func:`log` — loss, lr, grad norm, examples and scale-free loss components of the current step.
 * :func:`log_eval`, :func:`publish_checkpoint`, :func:`finish`, :func:`current_run`.
+* :func:`log_batch_grid`, :func:`log_field_stats` — input batch grid and latent field QC (``sdk/qc.py``).
 
 torch is never imported here; phase hooks import it only when a model is passed.
 """
@@ -18,6 +19,7 @@ from typing import Any, Optional
 
 from traceml_tui import records
 from traceml_tui.sdk import env
+from traceml_tui.sdk.qc import log_batch_grid, log_field_stats  # noqa: F401 - re-exported
 from traceml_tui.sdk.session import Session, _mean_square, detect_rank, register_exit, resolve_run
 
 _session: Optional[Session] = None
