@@ -475,6 +475,13 @@ def environment_section() -> dict:
     }
 
 
+def _qc_section(run_dir: Path) -> dict:
+    """Latent field-collapse QC (seed 004): each field's verdict; a collapsed field is a failure."""
+    from traceml_tui.hygiene import field_qc  # imported here: `traceml compare` loads this module
+
+    return field_qc.summarize(run_dir)
+
+
 def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[float] = None) -> dict:
     """Build the complete summary payload for a run directory (``text`` left empty)."""
     manifest = manifest if isinstance(manifest, dict) else {}
@@ -525,6 +532,7 @@ def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[floa
         "step_time": step_time,
         "step_memory": step_memory,
         "training": training_section(ranks, run_dir),
+        "qc": _qc_section(run_dir),
         "environment": environment_section(),
         "text": "",
     }

@@ -73,4 +73,8 @@ def render_text(summary: dict[str, Any]) -> str:
     for name, comp in sorted(comps.items()):
         flag = "learning" if comp.get("learning") else "NOT below the no-skill line (1.0)"
         lines.append(f"Loss {name}: scale-free ratio {comp['ratio_first']:.3f} → {comp['ratio_last']:.3f} ({flag})")
+    for name, field in sorted(((summary.get("qc") or {}).get("fields") or {}).items()):
+        if field.get("status") == "failed":
+            lines.append(f"QC FAILED: field {name} collapsed at step {field.get('failed_at_step')} "
+                         f"(spread below {field.get('factor')} x its initial spread)")
     return "\n".join(lines)
