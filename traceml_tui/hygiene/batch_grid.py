@@ -139,12 +139,15 @@ def batch_digest(inputs: dict[str, Any]) -> str:
 
 
 def plan_grid(name: str, roles: Sequence[str], members: int, shapes: dict[str, tuple[int, ...]],
-              *, cell: int, rows_per_page: int = ROWS_PER_PAGE) -> GridLayout:
-    """Pixel layout of the grid: members down the rows, roles across the columns, paged."""
+              *, cell: int, rows_per_page: int = ROWS_PER_PAGE, min_width: int = 0) -> GridLayout:
+    """Pixel layout of the grid: members down the rows, roles across the columns, paged.
+
+    ``min_width`` leaves room for the title line of a narrow grid.
+    """
     per_page = max(1, int(rows_per_page))
     pages = -(-members // per_page)
     cols = len(roles)
-    width = LABEL_W + cols * (cell + PAD) + PAD
+    width = max(LABEL_W + cols * (cell + PAD) + PAD, int(min_width))
     height = TITLE_H + HEADER_H + min(members, per_page) * (cell + PAD) + PAD
     layout = GridLayout(name=name, roles=list(roles), members=members, pages=pages, rows_per_page=per_page,
                         cell=cell, width=width, height=height)
@@ -181,7 +184,7 @@ def to_image(item: Any):
     if a.ndim == 0:
         a = a.reshape(1, 1)
     if a.ndim == 1:
-        a = a.reshape(1, -1)
+        return _signal_image(a)
     while a.ndim > 3:  # volumes and stacks: the middle slice of the leading axis
         a = a[a.shape[0] // 2]
     if a.ndim == 3:
@@ -204,6 +207,27 @@ def to_image(item: Any):
         if lo < 0.0 or hi > 1.0:
             a = (a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)
     return np.clip(a, 0.0, 1.0)
+
+
+def _signal_image(values):
+    """A 1-D input (a signal, a context vector) drawn as a dark trace on white."""
+    import numpy as np
+
+    n = max(1, values.size)
+    rows = int(min(64, max(16, n // 2)))
+    img = np.ones((rows, n, 3))
+    finite = np.isfinite(values)
+    if not finite.any():
+        return img
+    lo, hi = float(values[finite].min()), float(values[finite].max())
+    ys = np.where(finite, values, lo)
+    ys = ((hi - ys) / (hi - lo) * (rows - 1)).astype(int) if hi > lo else np.full(n, rows // 2)
+    prev = ys[0]
+    for x, y in enumerate(ys):  # connect consecutive samples so the trace reads as a line
+        a, b = sorted((prev, y))
+        img[a:b + 1, x] = 0.1
+        prev = y
+    return img
 
 
 def _fit(img, cell: int):
@@ -291,11 +315,13 @@ def save_batch_grid(run_dir: Path, batch: Any, *, step: int, name: str = "inputs
         raise BatchGridError(f"grid name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
     inputs = split_roles(batch, roles)
     members = next(iter(inputs.values())).shape[0]
-    layout = plan_grid(name, list(inputs), members, {k: tuple(v.shape) for k, v in inputs.items()},
-                       cell=choose_cell(inputs), rows_per_page=rows_per_page)
-    digest = batch_digest(inputs)
     ident = batch_id or name
-    pngs = render_pages(layout, inputs, title=f"{name} · step {step} · batch {ident} · {members} members")
+    title = f"{name} · step {step} · batch {ident} · {members} members"
+    layout = plan_grid(name, list(inputs), members, {k: tuple(v.shape) for k, v in inputs.items()},
+                       cell=choose_cell(inputs), rows_per_page=rows_per_page,
+                       min_width=PAD + 6 * (len(title) + 14))  # ~6 px per character at 7 pt, + " page n/m"
+    digest = batch_digest(inputs)
+    pngs = render_pages(layout, inputs, title=title)
     folder = Path(run_dir) / GRID_DIR / name
     folder.mkdir(parents=True, exist_ok=True)
     stem = _free_stem(folder, step)
