@@ -707,8 +707,9 @@ class Ingester:
                 continue
             body = _body_encoder.encode(rec).decode()
             tag = kind.__struct_config__.tag
-            events.append((run.run_id, cur["identity"], cur["generation"], off, tag, rec.rank, rec.attempt, rec.step,
-                           rec.ts, body))
+            # getattr: a kind added to records.py later need not carry every field.
+            events.append((run.run_id, cur["identity"], cur["generation"], off, str(tag), getattr(rec, "rank", None),
+                           getattr(rec, "attempt", None), getattr(rec, "step", None), getattr(rec, "ts", None), body))
             if kind is records.RankEnd:
                 key = (run.run_id, rec.rank, rec.attempt)
                 w = self._window(key)
