@@ -180,6 +180,7 @@ class Ingester:
         self._thread: Optional[threading.Thread] = None
         self._watcher: Optional[watcher.Watcher] = None
         self._batch: Optional[_Batch] = None
+        self._quarantine: set[str] = set()
         self.records_ingested = 0
 
     # ----------------------------------------------------------------- lifecycle
@@ -539,7 +540,7 @@ class Ingester:
         """Ingest new complete lines of ``targets``; True when anything moved (more may follow)."""
         progressed = False
         for run, f in targets:
-            if run.missing and not os.path.isdir(run.dir):
+            if f.path in self._quarantine or (run.missing and not os.path.isdir(run.dir)):
                 continue
             try:
                 st = os.stat(f.path, follow_symlinks=False)
@@ -558,6 +559,11 @@ class Ingester:
                 except OSError as exc:
                     log.warning("traceml daemon: cannot read %s: %s", f.path, exc)
                     more = False
+                except Exception as exc:
+                    # An unexpected bug on one file must not stall the others: set it aside until restart.
+                    log.error("traceml daemon: skipping %s until restart: %s", f.path, exc)
+                    self._quarantine.add(f.path)
+                    raise
                 progressed = progressed or more
                 if self._batch is not None and self._batch.rows >= BATCH_ROWS:
                     self._commit()
