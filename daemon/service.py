@@ -216,10 +216,16 @@ class Ingester:
         """Ingest everything present now and return how many records were added."""
         self.open()
         before = self.records_ingested
-        self._scan()
-        while self._poll(list(self._paths.values())):
-            pass
-        self._commit()
+        for _ in range(1 + len(self._paths) + 1):  # each failure sets one file aside, so this ends
+            try:
+                self._scan()
+                while self._poll(list(self._paths.values())):
+                    pass
+                self._commit()
+                break
+            except Exception as exc:
+                log.error("traceml daemon: ingest pass failed: %s", exc)
+                self._rollback()
         return self.records_ingested - before
 
     def request_stop(self) -> None:
