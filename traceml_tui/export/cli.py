@@ -1,0 +1,117 @@
+"""``traceml export trackio RUN_DIR… --project LANE-MANAGER --group G --description TEXT``.
+
+Exit codes: 0 delivered (or nothing new), 2 bad registration or arguments
+(checked before any artifact is read or any server contacted), 75 the
+destination was unavailable (nothing lost: the next export retries from the
+cursor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL: try again later
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        print(f"traceml export: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="traceml export", description="Publish run directories to a tracking dashboard (a derived index).")
+    sub = p.add_subparsers(dest="target", required=True, parser_class=_Parser)
+    t = sub.add_parser("trackio", help="publish to Trackio")
+    t.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    t.add_argument("--project", help="<lane>-<manager>, lowercase and stable (e.g. vanguard-hal)")
+    t.add_argument("--group", help="group shared by related experiments")
+    t.add_argument("--description", help="plain-language description: question, knob, the run's current role")
+    t.add_argument("--server-url", help="a self-hosted Trackio server (default: the local Trackio store)")
+    t.add_argument("--validate-only", action="store_true",
+                   help="check the registration and metric mapping, read nothing, contact nothing")
+    t.add_argument("--follow", action="store_true", help="keep exporting as the runs grow")
+    t.add_argument("--interval", type=float, default=30.0, help="seconds between --follow passes (default 30)")
+    t.add_argument("--cursor-dir", help="keep export cursors here instead of <run_dir>/export/")
+    return p
+
+
+def _err(message: str) -> None:
+    print(f"traceml export: {message}", file=sys.stderr)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of ``traceml export``."""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from traceml_tui.export import mapping
+
+    # registration first: nothing is read and no server is contacted until it is complete
+    problems = mapping.registration_problems(args.project, args.group, args.description)
+    if problems:
+        _err("registration incomplete: " + "; ".join(problems))
+        return 2
+    if args.validate_only:
+        lane, manager = mapping.lane_and_manager(args.project)
+        print(f"registration ok: project {args.project} (lane {lane}, manager {manager}), group {args.group}, "
+              f"{len(mapping.MAPPING)} mapped sources, step metric {mapping.STEP_METRIC}")
+        return 0
+    if args.interval <= 0:
+        _err("--interval must be positive")
+        return 2
+    run_dirs = [Path(d) for d in args.run_dirs]
+    for d in run_dirs:
+        if not d.is_dir() or not (d / "ranks").is_dir():
+            _err(f"{d}: not a run directory (no ranks/ folder)")
+            return 2
+
+    from traceml_tui.export import trackio_export as tx
+
+    try:
+        import trackio  # noqa: F401
+    except ImportError:
+        _err("the trackio package is not installed (pip install 'traceml[trackio]')")
+        return 2
+    registration = tx.Registration(args.project, args.group, args.description.strip(), args.server_url)
+    cursor_dir = Path(args.cursor_dir) if args.cursor_dir else None
+
+    stop = {"now": False}
+
+    def _stop(signum, frame):  # noqa: ANN001 - signal handler signature
+        stop["now"] = True
+
+    if args.follow:
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+
+    while True:
+        unavailable = False
+        for run_dir in run_dirs:
+            try:
+                counts = tx.export_run(run_dir, registration, tx.TrackioSink(args.server_url), cursor_dir=cursor_dir)
+            except tx.SinkUnavailable as exc:
+                _err(f"{run_dir.name}: Trackio unavailable ({exc}); local results untouched, will retry from the cursor")
+                unavailable = True
+                continue
+            except (OSError, ValueError) as exc:
+                _err(f"{run_dir.name}: {exc}")
+                return 2
+            if any(counts.values()):
+                print(f"{run_dir.name}: sent {counts['points']} points, {counts['tables']} tables, "
+                      f"{counts['images']} images to {args.project}", flush=True)
+            elif not args.follow:
+                print(f"{run_dir.name}: nothing new", flush=True)
+        if not args.follow:
+            return EXIT_UNAVAILABLE if unavailable else 0
+        finished = all((d / "final_summary.json").is_file() for d in run_dirs)
+        if finished and not unavailable:
+            return 0  # a finished run has nothing more to grow
+        deadline = time.monotonic() + args.interval
+        while time.monotonic() < deadline and not stop["now"]:
+            time.sleep(min(0.2, args.interval))
+        if stop["now"]:
+            return 0

@@ -1,0 +1,123 @@
+"""The export cursor: what has already been delivered, so a repeated export sends only what is new.
+
+Per run and project, one small JSON file written atomically after a
+successful delivery (never before), so an outage leaves the cursor where it was
+and the next export retries the same points:
+
+* ``files`` — per step file, the hash of its header line and the byte offset
+  read up to (complete lines only; a replaced file restarts at 0);
+* ``train_step`` — the highest training step delivered (a resume that repeats
+  steps does not send them twice);
+* ``delivered`` — ``key@step`` of evaluation and QC points, so an evaluation
+  that arrives late for an earlier checkpoint is sent exactly once;
+* ``grids``, ``curve``, ``tables`` — images and tables already sent (by file or digest);
+* ``counters``, ``readouts`` — what the information tables were built from, so an
+  increment rebuilds them without rereading the whole history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+from traceml_tui import atomic
+
+CURSOR_VERSION = 1
+
+
+@dataclass
+class Cursor:
+    files: dict[str, dict] = field(default_factory=dict)
+    train_step: int = 0
+    delivered: set[str] = field(default_factory=set)
+    grids: set[str] = field(default_factory=set)
+    curve: Optional[str] = None
+    tables: dict[str, str] = field(default_factory=dict)
+    counters: dict = field(default_factory=dict)  # examples seen, batch sizes: table rows survive increments
+    readouts: dict[str, list] = field(default_factory=dict)  # eval records seen so far, for the readouts table
+
+    def copy(self) -> "Cursor":
+        return Cursor(files=dict(self.files), train_step=self.train_step, delivered=set(self.delivered),
+                      grids=set(self.grids), curve=self.curve, tables=dict(self.tables),
+                      counters=dict(self.counters), readouts=dict(self.readouts))
+
+    def to_json(self) -> dict:
+        return {"version": CURSOR_VERSION, "files": self.files, "train_step": self.train_step,
+                "delivered": sorted(self.delivered), "grids": sorted(self.grids), "curve": self.curve,
+                "tables": self.tables, "counters": self.counters, "readouts": self.readouts}
+
+
+def cursor_path(run_dir: Path, project: str, cursor_dir: Optional[Path] = None) -> Path:
+    """Where the cursor of (run, project) lives: ``<run_dir>/export/trackio-<project>.json`` by default."""
+    if cursor_dir is not None:
+        return Path(cursor_dir) / f"{Path(run_dir).resolve().name}-trackio-{project}.json"
+    return Path(run_dir) / "export" / f"trackio-{project}.json"
+
+
+def load(path: Path) -> Cursor:
+    """Read a cursor; a missing file is a fresh cursor, an unreadable one is an error (never silently reset)."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return Cursor()
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"export cursor {path.name} is unreadable ({exc}); move it aside to re-export") from None
+    if not isinstance(raw, dict) or raw.get("version") != CURSOR_VERSION:
+        raise ValueError(f"export cursor {path.name} has an unknown version")
+    return Cursor(files=dict(raw.get("files") or {}), train_step=int(raw.get("train_step") or 0),
+                  delivered=set(raw.get("delivered") or ()), grids=set(raw.get("grids") or ()),
+                  curve=raw.get("curve"), tables=dict(raw.get("tables") or {}),
+                  counters=dict(raw.get("counters") or {}), readouts=dict(raw.get("readouts") or {}))
+
+
+def save(path: Path, cursor: Cursor) -> None:
+    """Write the cursor atomically."""
+    atomic.atomic_write_json(path, cursor.to_json())
+
+
+def head_hash(data: bytes) -> Optional[str]:
+    end = data.find(b"\n")
+    return hashlib.sha256(data[:end]).hexdigest()[:16] if end >= 0 else None
+
+
+def read_new_lines(path: Path, state: Optional[dict]) -> tuple[list[bytes], Optional[dict]]:
+    """Complete lines of ``path`` past the cursor ``state``, and the state to store after delivery.
+
+    A file whose header changed (replaced or truncated) is read from the start.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(1 << 16)
+            identity = head_hash(head)
+            if identity is None:
+                return [], state
+            offset = int(state["offset"]) if state and state.get("head") == identity else 0
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return [], state
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], {"head": identity, "offset": offset}
+    lines = [line for line in data[:end].split(b"\n") if line.strip()]
+    return lines, {"head": identity, "offset": offset + end + 1}
+
+
+def iter_step_files(run_dir: Path) -> Iterator[tuple[int, Path]]:
+    """(rank, path) of every rank step file, ranks and attempts in order."""
+    def attempt(path: Path) -> int:
+        try:
+            return int(path.stem.split("-", 1)[1])
+        except (IndexError, ValueError):
+            return -1
+
+    for rank_dir in sorted((Path(run_dir) / "ranks").glob("rank_*")):
+        try:
+            rank = int(rank_dir.name.split("_", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        for path in sorted(rank_dir.glob("steps-*.jsonl"), key=attempt):
+            yield rank, path

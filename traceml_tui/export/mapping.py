@@ -1,0 +1,133 @@
+"""The metric mapping of the Trackio export: records → namespaced metric keys. Pure.
+
+Keys name the quantity, then the role: ``loss/train``, ``loss/eval``,
+``ratio/<component>/train`` (the scale-free ratio, 1.0 = no skill),
+``<metric>/train`` and ``<metric>/eval`` for task metrics, ``lr/train``,
+``grad_norm/train`` and ``qc/field/<name>/<statistic>`` for latent field QC.
+An incoming ``/val`` (or ``/validation``) role is written as ``/eval`` here and
+nowhere else, so one endpoint never splits across two charts. The step of
+every point is the optimizer update count (``STEP_METRIC``). Counters
+(updates, examples seen, batch size, pending readouts) go to an information
+table, never to charts. A missing score is never sent as a number.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Optional
+
+from traceml_tui import records
+
+STEP_METRIC = "optimizer_updates"
+ROLES = ("train", "eval", "test")
+_ROLE_ALIASES = {"val": "eval", "valid": "eval", "validation": "eval", "eval": "eval", "train": "train",
+                 "training": "train", "test": "test"}
+PROJECT_RE = re.compile(r"^([a-z0-9][a-z0-9_]*)-([a-z0-9][a-z0-9_-]*)$")
+_KEY_PART_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
+
+#: what the exporter publishes, by record source (recorded in the run config and checked by --validate-only)
+MAPPING: dict[str, str] = {
+    "step.loss": "loss/train",
+    "step.components.<c>.ratio": "ratio/<c>/train",
+    "step.components.<c>.value": "loss/<c>/train",
+    "step.metrics.<m>": "<m>/train",
+    "step.lr": "lr/train",
+    "step.grad_norm": "grad_norm/train",
+    "eval.metrics.<m> (completed)": "<m>/<role>",
+    "receipt.metrics.<m>": "<m>/eval",
+    "field_stats.<f>.<stat>": "qc/field/<f>/<stat>",
+    "learning_curve.png": "curve/learning_curve",
+    "qc/batch_grid/<name>": "qc/batch_grid/<name>",
+    "counters, readouts": "info/run, info/readouts (tables)",
+}
+
+
+def normalize_role(role: Optional[str]) -> str:
+    """The published role of a role label: val/validation → eval (the one place that does it)."""
+    return _ROLE_ALIASES.get((role or "eval").strip().lower(), _clean(role or "eval"))
+
+
+def _clean(part: str) -> str:
+    return _KEY_PART_RE.sub("_", str(part).strip()) or "_"
+
+
+def metric_key(name: str, role: str) -> str:
+    """``<quantity>/<role>``; a name that already ends in a role keeps it, normalized (``auc/val`` → ``auc/eval``)."""
+    parts = [p for p in str(name).split("/") if p]
+    if len(parts) > 1 and parts[-1].lower() in _ROLE_ALIASES:
+        return "/".join(_clean(p) for p in parts[:-1]) + "/" + normalize_role(parts[-1])
+    return "/".join(_clean(p) for p in parts or ["_"]) + "/" + normalize_role(role)
+
+
+def validate_mapping(keys: Iterable[str] = MAPPING.values()) -> list[str]:
+    """Problems in a metric mapping: every chart key must end in a role (tables and images excepted)."""
+    problems = []
+    for key in keys:
+        if key.startswith(("qc/", "curve/", "info/")):
+            continue
+        if key.rsplit("/", 1)[-1] not in ROLES and not key.endswith("<role>"):
+            problems.append(f"metric key {key!r} does not end in a role ({', '.join(ROLES)})")
+    return problems
+
+
+def _put(points: dict[str, float], key: str, value: Any) -> None:
+    number = records.finite_or_none(value)
+    if number is not None:  # a missing value stays missing: never a 0
+        points[key] = number
+
+
+def step_points(rec: records.Step) -> dict[str, float]:
+    """Chart points of one training step record."""
+    points: dict[str, float] = {}
+    _put(points, "loss/train", rec.loss)
+    _put(points, "lr/train", rec.lr)
+    _put(points, "grad_norm/train", rec.grad_norm)
+    for name, comp in (rec.components or {}).items():
+        _put(points, f"ratio/{_clean(name)}/train", comp.ratio)
+        _put(points, f"loss/{_clean(name)}/train", comp.value)
+    for name, value in (rec.metrics or {}).items():
+        _put(points, metric_key(name, "train"), value)
+    return points
+
+
+def eval_points(metrics: dict[str, Any], role: str = "eval") -> dict[str, float]:
+    """Chart points of one completed evaluation (an eval record or a validation receipt)."""
+    points: dict[str, float] = {}
+    for name, value in (metrics or {}).items():
+        _put(points, metric_key(name, role), value)
+    return points
+
+
+def field_points(rec: records.FieldStats) -> dict[str, float]:
+    """Chart points of one latent field QC record (statistics in the field's own space)."""
+    base = f"qc/field/{_clean(rec.name)}"
+    points: dict[str, float] = {}
+    for stat in ("median", "p_low", "p_high", "occupancy"):
+        _put(points, f"{base}/{stat}", getattr(rec, stat))
+    return points
+
+
+def registration_problems(project: Any, group: Any, description: Any) -> list[str]:
+    """What is missing or malformed in a registration (checked before any artifact is read)."""
+    problems = []
+    if not isinstance(project, str) or not project:
+        problems.append("--project is required (<lane>-<manager>, lowercase)")
+    elif not PROJECT_RE.match(project):
+        problems.append(f"--project {project!r} must be <lane>-<manager>: lowercase letters, digits, '_' "
+                        "(e.g. vanguard-hal)")
+    if not isinstance(group, str) or not group.strip():
+        problems.append("--group is required (related experiments share a group)")
+    if not isinstance(description, str) or not description.strip():
+        problems.append("--description is required: a nonempty plain-language description of the run")
+    elif any(ord(c) < 32 and c not in "\n\t" for c in description):
+        problems.append("--description must be plain text (control characters found)")
+    problems += validate_mapping()
+    return problems
+
+
+def lane_and_manager(project: str) -> tuple[str, str]:
+    """Split a valid project name ``<lane>-<manager>``."""
+    match = PROJECT_RE.match(project)
+    if match is None:
+        raise ValueError(f"not a <lane>-<manager> project name: {project!r}")
+    return match.group(1), match.group(2)

@@ -1,0 +1,319 @@
+"""Publish a run directory to Trackio as a derived index, incrementally and idempotently.
+
+The run directory stays authoritative. :func:`plan_export` reads what is new
+since the cursor (training steps, evaluations, receipts, field QC, the learning
+curve, batch grids) into a :class:`Delivery`; :func:`export_run` sends it
+through a :class:`Sink` and only then advances the cursor. Nothing new → the
+sink is not even opened. A sink failure (server outage) raises
+:class:`SinkUnavailable`; the cursor is unchanged and the next export retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+from traceml_tui import records
+from traceml_tui.export import cursor as cursor_mod
+from traceml_tui.export import mapping
+
+
+class SinkUnavailable(RuntimeError):
+    """The tracking destination could not take the delivery; local results are untouched."""
+
+
+class Sink(Protocol):
+    """Where a delivery goes (Trackio, or a test double)."""
+
+    def open(self, *, project: str, run: str, group: str, config: dict) -> None: ...
+    def log(self, points: dict[str, Any], step: int) -> None: ...
+    def table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None: ...
+    def image(self, key: str, path: Path, step: int, caption: str) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class Registration:
+    project: str
+    group: str
+    description: str
+    server_url: Optional[str] = None
+
+    def config(self, run_dir: Path) -> dict:
+        lane, manager = mapping.lane_and_manager(self.project)
+        return {
+            "description": self.description,
+            "manager": manager,
+            "lane": lane,
+            # the seed asks for the experiment directory in the run config: it is the authoritative output root
+            "experiment_dir": str(Path(run_dir).resolve()),
+            "step_metric": mapping.STEP_METRIC,
+            "metric_mapping": mapping.MAPPING,
+            "exporter": "traceml export trackio",
+        }
+
+
+@dataclass
+class Delivery:
+    points: dict[int, dict[str, float]] = field(default_factory=dict)
+    tables: list[tuple[str, list[str], list[list[Any]], int]] = field(default_factory=list)
+    images: list[tuple[str, Path, int, str]] = field(default_factory=list)
+
+    def add(self, step: int, values: dict[str, float]) -> None:
+        if values:
+            self.points.setdefault(int(step), {}).update(values)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.points or self.tables or self.images)
+
+    def counts(self) -> dict[str, int]:
+        return {"points": sum(len(v) for v in self.points.values()), "tables": len(self.tables),
+                "images": len(self.images)}
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor_mod.Cursor]:
+    """What to send since ``cur``, and the cursor to store once it is delivered."""
+    from traceml_tui.hygiene import batch_grid, field_qc
+
+    run_dir = Path(run_dir)
+    new = cur.copy()
+    out = Delivery()
+    files = list(cursor_mod.iter_step_files(run_dir))
+    lead_rank = min((rank for rank, _ in files), default=0)  # charts follow one rank; others repeat it
+    last_step = int(cur.counters.get("updates") or 0)
+    examples: Optional[int] = cur.counters.get("examples")
+    batch_sizes = set(cur.counters.get("batch_sizes") or ())
+    for rank, path in files:
+        rel = path.relative_to(run_dir).as_posix()
+        lines, state = cursor_mod.read_new_lines(path, cur.files.get(rel))
+        prev_examples: Optional[int] = None
+        for line in lines:
+            try:
+                rec = records.decode(line)
+            except records.RecordError:
+                continue  # the daemon reports malformed lines; the exporter never invents values
+            if rank != lead_rank:
+                continue
+            if isinstance(rec, records.Step):
+                if rec.step > new.train_step:
+                    out.add(rec.step, mapping.step_points(rec))
+                    new.train_step = rec.step
+                last_step = max(last_step, rec.step)
+                if rec.examples is not None:
+                    if prev_examples is not None and rec.examples > prev_examples:
+                        batch_sizes.add(rec.examples - prev_examples)
+                    prev_examples = examples = rec.examples
+            elif isinstance(rec, records.Eval):
+                role = mapping.normalize_role(rec.role)
+                if rec.status == "completed":
+                    for key, value in mapping.eval_points(rec.metrics, role).items():
+                        if f"{key}@{rec.step}" not in new.delivered:
+                            out.add(rec.step, {key: value})
+                            new.delivered.add(f"{key}@{rec.step}")
+                new.readouts[f"{rec.checkpoint or ''}@{rec.step}/{role}/{rec.split or ''}"] = [
+                    rec.checkpoint or "", rec.step, role, rec.split or "", rec.status,
+                    ", ".join(f"{k}={'unavailable' if v is None else v}" for k, v in sorted(rec.metrics.items())),
+                ]
+            elif isinstance(rec, records.FieldStats):
+                for key, value in mapping.field_points(rec).items():
+                    if f"{key}@{rec.step}" not in new.delivered:
+                        out.add(rec.step, {key: value})
+                        new.delivered.add(f"{key}@{rec.step}")
+        if state is not None:
+            new.files[rel] = state
+    new.counters = {"updates": last_step, "examples": examples, "batch_sizes": sorted(batch_sizes)}
+    readouts: dict[str, list[Any]] = dict(new.readouts)
+
+    # validation backlog: receipts are results, requests without one are pending, failures failed
+    from traceml_tui.hygiene import backlog
+
+    receipts = backlog.list_receipts(run_dir)
+    failures = backlog.list_failures(run_dir)
+    for request in backlog.list_requests(run_dir):
+        ckpt = request.get("checkpoint")
+        step = request.get("step") if isinstance(request.get("step"), int) else 0
+        receipt = receipts.get(ckpt)
+        if receipt is not None:
+            metrics = receipt.get("metrics") if isinstance(receipt.get("metrics"), dict) else {}
+            for key, value in mapping.eval_points(metrics, "eval").items():
+                if f"{key}@{step}" not in new.delivered:
+                    out.add(step, {key: value})
+                    new.delivered.add(f"{key}@{step}")
+            status = "completed"
+            detail = ", ".join(f"{k}={'unavailable' if v is None else v}" for k, v in sorted(metrics.items()))
+        elif failures.get(ckpt):
+            status, detail = "failed", str(failures[ckpt][-1].get("error", ""))[:200]
+        else:
+            status, detail = "pending", ""
+        readouts[f"{ckpt}@{step}/backlog"] = [ckpt, step, "eval", "validation", status, detail]
+
+    # counters and readouts: information tables, re-sent only when their content changes
+    pending = sum(1 for row in readouts.values() if row[4] == "pending")
+    failed = sum(1 for row in readouts.values() if row[4] == "failed")
+    stopping = _read_json(run_dir / "early_stopping.json") or {}
+    qc = field_qc.summarize_records(field_qc.load_field_records(run_dir)) if any(
+        k.startswith("qc/field/") for k in new.delivered) else {"failed_fields": []}
+    info_rows = [
+        ["optimizer updates", last_step],
+        ["examples seen", "unavailable" if examples is None else examples],
+        ["batch size", "unavailable" if not batch_sizes else ", ".join(str(b) for b in sorted(batch_sizes))],
+        ["epochs completed", "unavailable (not recorded)"],
+        ["pending readouts", pending],
+        ["failed readouts", failed],
+        ["newest completed checkpoint", max((r[0] for r in readouts.values() if r[4] == "completed" and r[0]),
+                                            default="none")],
+        ["selected best checkpoint", stopping.get("best_checkpoint") or "none"],
+        ["eval use", "validation drives checkpoint selection and early stopping: not an untouched test"],
+        ["field QC failures", ", ".join(qc["failed_fields"]) or "none"],
+        ["step metric", mapping.STEP_METRIC],
+    ]
+    rows_readouts = [readouts[k] for k in sorted(readouts, key=lambda k: (readouts[k][1], k))]
+    for key, columns, rows in (("info/run", ["quantity", "value"], info_rows),
+                               ("info/readouts", ["checkpoint", "step", "role", "split", "status", "metrics"],
+                                rows_readouts)):
+        digest = _digest(rows)
+        if rows and cur.tables.get(key) != digest:
+            out.tables.append((key, columns, [[str(c) for c in r] for r in rows], last_step))
+            new.tables[key] = digest
+
+    curve = run_dir / "learning_curve.png"
+    if curve.is_file():
+        digest = hashlib.sha256(curve.read_bytes()).hexdigest()[:16]
+        if digest != cur.curve:
+            out.images.append(("curve/learning_curve", curve, last_step, "canonical learning curve"))
+            new.curve = digest
+    for grid in batch_grid.list_grids(run_dir):
+        ident = grid["layout_file"]
+        if ident in new.grids:
+            continue
+        for page, rel in enumerate(grid.get("files") or [], start=1):
+            caption = f"batch {grid.get('batch_id')} ({grid.get('members')} members), page {page}/{grid.get('pages')}"
+            out.images.append((f"qc/batch_grid/{grid.get('name')}", run_dir / rel, int(grid.get("step") or 0),
+                               caption))
+        new.grids.add(ident)
+    return out, new
+
+
+def export_run(run_dir: Path, registration: Registration, sink: Sink, *,
+               cursor_dir: Optional[Path] = None) -> dict[str, int]:
+    """Deliver what is new in one run; return the counts sent (all zero when nothing was new).
+
+    Raises :class:`SinkUnavailable` when the destination fails; the cursor then
+    stays where it was, so nothing is lost and nothing is skipped.
+    """
+    run_dir = Path(run_dir)
+    path = cursor_mod.cursor_path(run_dir, registration.project, cursor_dir)
+    cur = cursor_mod.load(path)
+    delivery, new = plan_export(run_dir, cur)
+    if delivery.empty:
+        if new.to_json() != cur.to_json():
+            cursor_mod.save(path, new)  # e.g. offsets past lines that held nothing to publish
+        return delivery.counts()
+    try:
+        sink.open(project=registration.project, run=run_dir.resolve().name, group=registration.group,
+                  config=registration.config(run_dir))
+        for step in sorted(delivery.points):
+            sink.log(delivery.points[step], step)
+        for key, columns, rows, step in delivery.tables:
+            sink.table(key, columns, rows, step)
+        for key, file, step, caption in delivery.images:
+            sink.image(key, file, step, caption)
+        sink.close()
+    except SinkUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of the destination is an outage to retry
+        raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from None
+    cursor_mod.save(path, new)
+    return delivery.counts()
+
+
+class TrackioSink:
+    """The Trackio destination: the local store (``TRACKIO_DIR``) or ``server_url``.
+
+    Trackio's own console messages are kept off stdout (the CLI's report stays
+    readable); they are shown on stderr only when something fails.
+    """
+
+    def __init__(self, server_url: Optional[str] = None) -> None:
+        self.server_url = server_url
+        self._run: Any = None
+        self._chatter = io.StringIO()
+        self._warnings: Optional[contextlib.ExitStack] = None
+        self._caught: list = []
+
+    def _quiet(self):
+        return contextlib.redirect_stdout(self._chatter)
+
+    def open(self, *, project: str, run: str, group: str, config: dict) -> None:
+        # Trackio reports a failed write as a warning and carries on ("this batch could not be
+        # persisted"); the exporter must see it, or the cursor would move past lost points.
+        self._warnings = contextlib.ExitStack()
+        self._caught = self._warnings.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        try:
+            self._init(project=project, run=run, group=group, config=config)
+        except BaseException:
+            self._warnings.close()
+            self._warnings = None
+            raise
+
+    def _init(self, *, project: str, run: str, group: str, config: dict) -> None:
+        with self._quiet():
+            import trackio
+
+            self._trackio = trackio
+            self._run = trackio.init(project=project, name=run, group=group, config=config, resume="allow",
+                                     server_url=self.server_url, auto_log_cpu=False, auto_log_gpu=False,
+                                     embed=False)
+
+    def log(self, points: dict[str, Any], step: int) -> None:
+        with self._quiet():
+            self._run.log(dict(points), step=int(step))
+
+    def table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        with self._quiet():
+            self._run.log({key: self._trackio.Table(columns=columns, data=rows)}, step=int(step))
+
+    def image(self, key: str, path: Path, step: int, caption: str) -> None:
+        with self._quiet():
+            self._run.log({key: self._trackio.Image(str(path), caption=caption)}, step=int(step))
+
+    def close(self) -> None:
+        try:
+            if self._run is not None:
+                with self._quiet():
+                    self._run.finish()
+                self._run = None
+        finally:
+            if self._warnings is not None:
+                self._warnings.close()
+                self._warnings = None
+        failures = [str(w.message) for w in self._caught if _is_failure(str(w.message))]
+        failures += [line for line in self._chatter.getvalue().splitlines()
+                     if "Trackio warning" in line and _is_failure(line)]
+        if failures:
+            raise SinkUnavailable(failures[0].splitlines()[0][:300])
+
+
+def _is_failure(message: str) -> bool:
+    text = message.lower()
+    return any(word in text for word in ("could not", "failed", "error", "unable"))
