@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("traceml_tui.tui.cli", "open the terminal UI over the index"),
     "validate": ("traceml_tui.hygiene.validate_cli", "validation backlog: drain, status"),
     "curve": ("traceml_tui.hygiene.curve_cli", "render the canonical learning_curve.png"),
+    "export": ("traceml_tui.export.cli", "publish a run to Trackio (derived index)"),
 }
 
 USAGE = "usage: traceml COMMAND [ARGS...]"
