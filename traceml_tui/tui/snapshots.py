@@ -116,6 +116,19 @@ class IngestError:
 
 
 @dataclass(frozen=True)
+class FieldVerdict:
+    """Field-collapse QC of one latent field (seed 004): ``status`` is ok, failed or no_reference."""
+
+    name: str
+    status: str
+    qc_points: int
+    failed_at_step: Optional[int]
+    latest_step: Optional[int]
+    latest_spread_ratio: Optional[float]
+    factor: float
+
+
+@dataclass(frozen=True)
 class RunDetail:
     """Everything the Run screen shows for one run."""
 
@@ -132,6 +145,7 @@ class RunDetail:
     nodes: tuple[NodeMetrics, ...] = ()
     outcomes: tuple[Outcome, ...] = ()
     errors: tuple[IngestError, ...] = ()
+    fields: tuple[FieldVerdict, ...] = ()
     now: float = 0.0
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 from traceml_tui.tui.snapshots import (
+    FieldVerdict,
     BacklogItem,
     BacklogSnapshot,
     CompareSnapshot,
@@ -491,6 +492,7 @@ class IndexSource:
             nodes=self._nodes(reader, run_id), outcomes=_outcomes(base.outcomes),
             errors=tuple(IngestError(e.path, e.offset, e.message)
                          for e in reversed(reader.errors(run_id, limit=MAX_ERRORS))),
+            fields=field_verdicts(reader.events(run_id, kind="field_stats", limit=MAX_FIELD_EVENTS)),
             now=now)
 
     def _rank_nodes(self, run_id: int) -> dict[int, int]:
@@ -624,3 +626,29 @@ def _backlog_item(run: str, b: Any, owner: Optional[str], now: float) -> Backlog
         heartbeat_age_s=None if b.heartbeat is None or state != "claimed" else now - b.heartbeat,
         lease_s=b.lease_s if state == "claimed" else None, retries=b.failures, stuck=stuck,
         last_error=None if b.last_error is None else b.last_error[:120])
+
+
+MAX_FIELD_EVENTS = 5000
+
+
+def field_verdicts(events: Any) -> tuple[FieldVerdict, ...]:
+    """Field-collapse verdicts from the index's field_stats events (the same rule as the summary's)."""
+    if not events:
+        return ()
+    import msgspec
+
+    from traceml_tui import records
+    from traceml_tui.hygiene.field_qc import summarize_records
+
+    parsed = []
+    for event in events:
+        try:
+            parsed.append(msgspec.convert(dict(event.body, kind="field_stats"), records.FieldStats))
+        except (msgspec.ValidationError, TypeError):
+            continue
+    fields = summarize_records(parsed)["fields"]
+    return tuple(
+        FieldVerdict(name=name, status=v["status"], qc_points=v["qc_points"], failed_at_step=v["failed_at_step"],
+                     latest_step=v["latest_step"], latest_spread_ratio=v["latest_spread_ratio"], factor=v["factor"])
+        for name, v in fields.items()
+    )

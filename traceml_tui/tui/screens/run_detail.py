@@ -136,9 +136,35 @@ class RunScreen(Screen):
         self.query_one("#chart-eval", TextChart).data = ChartData(
             "Train vs eval", series, marks=marks,
             legend=f"● train  ○ eval {detail.eval_metric_name or ''}  ? pending ({pending})  ✗ failed")
+        if detail.fields:
+            self._field_panel().data = ("Field QC (spread vs initialization)", field_lines(detail))
         self.query_one("#nodes", InfoPanel).data = ("Nodes", node_lines(detail))
         self.query_one("#outcomes", InfoPanel).data = ("Guard outcomes", outcome_lines(detail))
         self.query_one("#errors", InfoPanel).data = (f"Ingest errors ({detail.run.errors})", error_lines(detail))
 
+    def _field_panel(self) -> InfoPanel:
+        """The field-QC panel, mounted on first use so runs without latent fields look unchanged."""
+        found = self.query("#fields")
+        if found:
+            return found.first(InfoPanel)
+        panel = InfoPanel(id="fields")
+        self.query_one("#nodes", InfoPanel).parent.mount(panel, before="#nodes")
+        return panel
+
     def action_backlog(self) -> None:
         self.app.open_backlog(self.run_id)
+
+
+def field_lines(detail: RunDetail) -> list:
+    """One line per latent field; a collapsed field is a failure and stands out."""
+    lines = []
+    for field in sorted(detail.fields, key=lambda f: (f.status != "failed", f.name)):
+        ratio = "—" if field.latest_spread_ratio is None else f"{field.latest_spread_ratio:.2f}×"
+        if field.status == "failed":
+            lines.append((f"FAILED  {field.name}: collapsed at step {field.failed_at_step} "
+                          f"(spread {ratio} of initial < {field.factor:g})", "bold red"))
+        elif field.status == "ok":
+            lines.append(f"ok      {field.name}: spread {ratio} of initial ({field.qc_points} QC points)")
+        else:
+            lines.append((f"?       {field.name}: no initial spread to compare against", "dim"))
+    return lines
