@@ -210,8 +210,14 @@ def _early_stopping(raw: Any) -> dict:
 def _qc(raw: Any) -> dict:
     path = "hygiene.qc"
     block = _mapping(raw, path)
-    _unknown_keys(block, ("cadence",), path)
-    return {"cadence": _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)}
+    _unknown_keys(block, ("cadence", "collapse_factor"), path)
+    out = {"cadence": _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)}
+    if "collapse_factor" in block:
+        factor = block["collapse_factor"]
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 < factor < 1.0:
+            raise HygieneConfigError(f"{path}.collapse_factor", f"must be a number between 0 and 1 (got {factor!r})")
+        out["collapse_factor"] = float(factor)
+    return out
 
 
 def parse_hygiene(raw: object) -> dict:

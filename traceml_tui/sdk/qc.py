@@ -21,7 +21,7 @@ from traceml_tui import records
 
 # (session id, kind, name) → last recorded step; keeps one decision per step and name
 _recorded: dict[tuple[int, str, str], int] = {}
-_cadence_cache: dict[int, Optional[int]] = {}
+_qc_cache: dict[int, dict] = {}
 
 
 def _session() -> Any:
@@ -30,19 +30,31 @@ def _session() -> Any:
     return sdk.current_run() or sdk.init()
 
 
-def _manifest_cadence(session: Any) -> Optional[int]:
+def _manifest_qc(session: Any) -> dict:
+    """The run's declared ``hygiene.qc`` block from its manifest (``{}`` outside ``traceml run``)."""
     key = id(session)
-    if key not in _cadence_cache:
-        value = None
+    if key not in _qc_cache:
+        block: dict = {}
         try:
             manifest = json.loads((Path(session.run_dir) / "manifest.json").read_text())
-            raw = ((manifest.get("hygiene") or {}).get("qc") or {}).get("cadence")
-            if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
-                value = raw
+            raw = (manifest.get("hygiene") or {}).get("qc") or {}
+            block = raw if isinstance(raw, dict) else {}
         except (OSError, ValueError, AttributeError):
             pass
-        _cadence_cache[key] = value
-    return _cadence_cache[key]
+        _qc_cache[key] = block
+    return _qc_cache[key]
+
+
+def _manifest_cadence(session: Any) -> Optional[int]:
+    raw = _manifest_qc(session).get("cadence")
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else None
+
+
+def _declared_factor(session: Any) -> float:
+    raw = _manifest_qc(session).get("collapse_factor")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and 0.0 < raw < 1.0:
+        return float(raw)
+    return 0.1
 
 
 def _due(session: Any, kind: str, name: str, step: int, cadence: Optional[int]) -> bool:
@@ -63,7 +75,7 @@ def log_field_stats(
     space: str = "linear",
     bounds: Optional[tuple[Optional[float], Optional[float]]] = None,
     quantiles: tuple[float, float] = (5.0, 95.0),
-    collapse_factor: float = 0.1,
+    collapse_factor: Optional[float] = None,
     step: Optional[int] = None,
     cadence: Optional[int] = None,
 ) -> Optional[dict]:
@@ -72,15 +84,20 @@ def log_field_stats(
     ``values``: the field (tensor or array, any shape). ``space="log"`` for a
     log-parameterized coordinate: statistics are computed on ``log(values)``.
     ``bounds=(lo, hi)`` in natural units gives the bound occupancy.
-    ``collapse_factor`` is predeclared: a spread (``p_high - p_low`` in the
+    ``collapse_factor`` is predeclared (default: ``hygiene.qc.collapse_factor``
+    of the run's traceml.yaml, else 0.1): a spread (``p_high - p_low`` in the
     field's space) below it times the initial spread fails the run's QC.
     Returns the recorded statistics, or ``None`` when this step is off-cadence.
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError("field name must be a nonempty string")
-    if not (isinstance(collapse_factor, (int, float)) and 0.0 < float(collapse_factor) < 1.0):
+    if collapse_factor is not None and not (
+        isinstance(collapse_factor, (int, float)) and 0.0 < float(collapse_factor) < 1.0
+    ):
         raise ValueError("collapse_factor must be between 0 and 1")
     session = _session()
+    if collapse_factor is None:
+        collapse_factor = _declared_factor(session)
     at = session.last_step if step is None else int(step)
     if not _due(session, "field", name, at, cadence):
         return None
