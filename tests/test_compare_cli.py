@@ -182,6 +182,7 @@ def _bad_inputs(tmp: Path) -> dict[str, Path]:
         "Infinity literal": b'{"schema_version": Infinity}',
         "10,000-deep nesting": b"[" * 10_000 + b"]" * 10_000,
         "not a summary": b'{"hello": "world"}',
+        "a 5,000-digit integer": b'{"schema_version": ' + b"9" * 5000 + b"}",
     }.items():
         path = tmp / (name.replace(" ", "_").replace(",", "") + ".json")
         path.write_bytes(data)
@@ -196,6 +197,7 @@ def _bad_inputs(tmp: Path) -> dict[str, Path]:
 BAD_NAMES = [
     "missing file", "a directory", "empty file", "invalid JSON", "a JSON array", "non-UTF-8 bytes",
     "NaN literal", "Infinity literal", "10,000-deep nesting", "not a summary", "a 200 MB file",
+    "a 5,000-digit integer",
 ]
 EXPECTED_WORDS = {
     "missing file": "does not exist",
@@ -209,6 +211,7 @@ EXPECTED_WORDS = {
     "10,000-deep nesting": "nested too deeply",
     "not a summary": "not a final summary",
     "a 200 MB file": "size limit",
+    "a 5,000-digit integer": "not a usable JSON summary",
 }
 
 

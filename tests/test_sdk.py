@@ -40,7 +40,9 @@ def test_header_first_then_steps_with_unmeasured_phases_null(tmp_path: Path) -> 
     assert all(s.cpu_ms.forward is None and s.cpu_ms.backward is None and s.gpu_ms is None for s in steps)
     assert [s.examples for s in steps] == [4, 8, 12]
     assert steps[2].loss == pytest.approx(1 / 3)
-    assert isinstance(recs[-1], records.RankEnd) and recs[-1].status == "completed" and recs[-1].step == 3
+    # the SDK cannot see the exit code of a clean exit: it says "exited" and leaves the code null
+    assert isinstance(recs[-1], records.RankEnd) and recs[-1].status == "exited" and recs[-1].step == 3
+    assert recs[-1].exit_code is None
 
 
 def test_torch_phases_and_scale_free_components(tmp_path: Path) -> None:
@@ -126,3 +128,31 @@ def test_importing_the_package_does_not_import_torch() -> None:
     code = "import sys, traceml_tui, traceml_tui.sdk; print(json.dumps(['torch' in sys.modules, 'textual' in sys.modules]))"
     proc = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, timeout=60)
     assert json.loads(proc.stdout) == [False, False]
+
+
+def test_sys_exit_code_is_not_invented_and_a_fork_never_writes(tmp_path: Path) -> None:
+    body = """
+import os, sys, time
+for _ in range(2):
+    with traceml.trace_step():
+        pass
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # the child runs atexit hooks too; it must not append to the rank's file
+os.waitpid(pid, 0)
+sys.exit(3)
+"""
+    proc = _script(tmp_path, body, TRACEML_TRACE_MAX_STEPS="1")
+    assert proc.returncode == 3
+    recs = _records(tmp_path)
+    ends = [r for r in recs if isinstance(r, records.RankEnd)]
+    assert len(ends) == 1, "exactly one writer: the forked child wrote nothing"
+    assert ends[0].exit_code is None and ends[0].status == "exited"
+    assert ends[0].step == 1  # clamped to the recorded steps under --trace-max-steps
+
+
+def test_side_files_are_readable_by_other_users(tmp_path: Path) -> None:
+    from traceml_tui import atomic
+
+    atomic.atomic_write_json(tmp_path / "side.json", {"a": 1})
+    assert (tmp_path / "side.json").stat().st_mode & 0o044 == 0o044

@@ -62,6 +62,8 @@ def parse_summary_bytes(data: bytes, *, require_shape: bool = True) -> dict[str,
         raise SummaryError("is nested too deeply to be a summary") from None
     except json.JSONDecodeError as exc:
         raise SummaryError(f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except ValueError as exc:  # e.g. an integer beyond Python's digit limit
+        raise SummaryError(f"is not a usable JSON summary ({exc})") from None
     if not isinstance(payload, dict):
         raise SummaryError(f"holds a JSON {_json_type(payload)}, not an object")
     if require_shape:

@@ -174,6 +174,8 @@ def _parse_yaml(path: Path) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(path, None, f"invalid YAML at {where}{problem}") from None
+    except RecursionError:
+        raise ConfigError(path, None, "invalid YAML: nested too deeply") from None
 
 
 def _bool(path: Path, key: str, value: Any) -> bool:

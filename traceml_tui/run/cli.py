@@ -113,6 +113,8 @@ def parse_options(argv: list[str], config_logs_dir: Optional[str] = None, config
     timeout = ns.finalize_timeout if ns.finalize_timeout is not None else (config_timeout or 60.0)
     if not timeout > 0 or timeout != timeout or timeout == float("inf"):
         raise LaunchError(f"--finalize-timeout must be a positive number of seconds (got {ns.finalize_timeout})")
+    if ns.run_name is not None and not ns.run_name:
+        raise LaunchError("--run-name must not be empty")
     run_name = ns.run_name or f"{script.stem}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
     if not _RUN_NAME.match(run_name):
         raise LaunchError(

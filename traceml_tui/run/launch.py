@@ -91,6 +91,8 @@ class Launcher:
             )
         if opts.resume and opts.node_rank == 0 and not manifest_path.exists():
             raise LaunchError(f"--resume: no run {opts.run_name!r} to resume in {opts.logs_dir}")
+        if opts.node_rank != 0:
+            self._refuse_finished_run(manifest_path)
         try:
             self.node_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -110,6 +112,17 @@ class Launcher:
                 self.manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
                 raise LaunchError(f"--resume: cannot read {manifest_path}: {exc}") from None
+            if "guard" in self.manifest:
+                raise LaunchError(
+                    f"--resume: run {opts.run_name!r} is guarded; a guarded run is never resumed (choose a fresh --run-name)"
+                )
+            topology = self.manifest.get("topology") or {}
+            wanted = {"nnodes": opts.nnodes, "nproc_per_node": opts.nproc_per_node, "world_size": opts.world_size}
+            if topology and topology != wanted:
+                raise LaunchError(
+                    f"--resume: run {opts.run_name!r} ran with {topology.get('nnodes')} node(s) x "
+                    f"{topology.get('nproc_per_node')} process(es); resume it with the same topology"
+                )
             self.manifest["attempts"] = int(self.manifest.get("attempts", 1)) + 1
             self.manifest["status"] = "running"
             atomic.atomic_write_json(manifest_path, self.manifest)
@@ -135,6 +148,22 @@ class Launcher:
                 file=sys.stderr,
                 flush=True,
             )
+
+    def _refuse_finished_run(self, manifest_path: Path) -> None:
+        """A node k > 0 never writes into a run that already finished or already holds its outcome."""
+        import json
+
+        if (self.node_dir / "guard_outcome.json").exists():
+            raise LaunchError(
+                f"run {self.options.run_name!r} already holds an outcome of node {self.options.node_rank}; "
+                "choose a fresh --run-name"
+            )
+        try:
+            status = json.loads(manifest_path.read_text(encoding="utf-8")).get("status")
+        except (OSError, ValueError, AttributeError):
+            return  # node 0 has not written it yet: the normal multi-node start
+        if status in ("completed", "failed", "interrupted") and not self.options.resume:
+            raise LaunchError(f"run {self.options.run_name!r} already finished ({status}); choose a fresh --run-name")
 
     def _initial_manifest(self) -> dict:
         opts = self.options
@@ -206,6 +235,16 @@ class Launcher:
         self.interrupted = True
         if child is not None:
             self._signal_group(child, signum)
+            # torchrun can sit in a rendezvous retry loop that ignores SIGINT: escalate if it lingers
+            for delay, escalation in ((10.0, signal.SIGTERM), (20.0, signal.SIGKILL)):
+                timer = threading.Timer(delay, self._escalate, args=(child, escalation))
+                timer.daemon = True
+                timer.start()
+
+    def _escalate(self, child: subprocess.Popen, signum: int) -> None:
+        if child.poll() is None:
+            _warn(f"training still running; sending {signal.Signals(signum).name}")
+            self._signal_group(child, signum)
 
     @staticmethod
     def _signal_group(child: subprocess.Popen, signum: int) -> None:
@@ -244,16 +283,20 @@ class Launcher:
                 for tee in tees:
                     tee.start()
                 returncode = self.child.wait()
+                # A grandchild may still hold the pipes; give the copies one short shared deadline.
+                deadline = time.monotonic() + 2.0
                 for tee in tees:
-                    tee.join(timeout=10)
+                    tee.join(timeout=max(0.0, deadline - time.monotonic()))
                 exit_code = returncode if returncode >= 0 else 128 - returncode
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             sampler.stop()
             if curve is not None:
                 curve.set()
-        self.finalize(exit_code)
+        try:
+            self.finalize(exit_code)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         return exit_code
 
     # -- after training ---------------------------------------------------------------------
@@ -285,17 +328,26 @@ class Launcher:
             return
         training = None
         if self.guarded:
-            try:
-                from traceml_tui.guard.outcome import collect_outcomes
+            from traceml_tui.guard.outcome import collect_outcomes
 
-                training = collect_outcomes(
+            def collect(timeout_s: float) -> dict:
+                return collect_outcomes(
                     self.run_dir,
                     run_name=opts.run_name,
                     nnodes=opts.nnodes,
                     nproc_per_node=opts.nproc_per_node,
                     contract_digest=self.digest,
-                    timeout_s=opts.finalize_timeout,
+                    timeout_s=timeout_s,
                 )
+
+            # Ctrl-C while waiting for other nodes ends the wait, not the finalization.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                training = collect(opts.finalize_timeout)
+            except KeyboardInterrupt:
+                _warn("outcome collection interrupted; recording what has arrived")
+                self.interrupted = True
+                training = collect(0.0)
             except Exception as exc:  # noqa: BLE001
                 _warn(f"node outcome collection failed: {exc}")
                 training = {
@@ -307,6 +359,9 @@ class Launcher:
                 }
             if training.get("status") != "completed":
                 _warn(f"launcher completion incomplete: {', '.join(training.get('reasons', [])) or 'unknown'}")
+        # the last writes are short; a further Ctrl-C must not leave the run marked running
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self._finish_manifest(exit_code, training)
         self._write_summary()
         if self.hygiene is not None:

@@ -292,7 +292,7 @@ class Session:
                 run=self.run_name,
                 rank=self.rank,
                 attempt=self.attempt,
-                step=self.last_step,
+                step=self.last_step if self.max_steps is None else min(self.last_step, self.max_steps),
                 ts=time.time(),
                 status=status,
                 exit_code=exit_code,
@@ -353,8 +353,16 @@ def resolve_run(run_name: Optional[str], logs_dir: Optional[str]) -> tuple[Path,
 
 
 def register_exit(session: Session) -> None:
-    """Write ``rank_end`` at interpreter exit; an uncaught exception marks the rank failed."""
+    """Write ``rank_end`` at interpreter exit.
+
+    An uncaught exception marks the rank ``failed``. Otherwise the process
+    ``exited`` with a code the SDK cannot see (``sys.exit(n)`` never reaches an
+    exception hook), so ``exit_code`` stays null rather than a guessed 0; the
+    launcher records the real code in the manifest. A forked child inherits the
+    session but is not its writer: it never writes to the rank's file.
+    """
     previous_hook = sys.excepthook
+    owner_pid = os.getpid()
 
     def _excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
         session.failed = True
@@ -363,7 +371,12 @@ def register_exit(session: Session) -> None:
     sys.excepthook = _excepthook
 
     def _at_exit() -> None:
-        if not session.closed:
-            session.close("failed" if session.failed else "completed", 1 if session.failed else 0)
+        if not session.closed and os.getpid() == owner_pid:
+            session.close("failed" if session.failed else "exited", 1 if session.failed else None)
+
+    def _in_child() -> None:
+        session.closed = True  # one writer per file: the fork's copy must stay silent
 
     atexit.register(_at_exit)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_in_child)

@@ -1,0 +1,156 @@
+"""`traceml run` across a run's life: resume, interruption, late nodes (each refusal leaves files untouched)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from traceml_tui import records
+from traceml_tui.run import cli as run_cli
+
+TRACEML = [sys.executable, "-m", "traceml_tui"]
+GUARD = {
+    "schema_version": 1,
+    "workload": {"name": "w", "parameters": {"model": "m"}},
+    "measurement": {"start_step": 1, "completed_steps": 3},
+}
+STEPS = "import traceml_tui as traceml, sys\nfor _ in range(int(sys.argv[1])):\n    with traceml.trace_step():\n        traceml.log(loss=1.0)\n"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEML_")}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*TRACEML, "run", *args], cwd=cwd, env=_env(cwd), capture_output=True, text=True, timeout=120)
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _steps(run_dir: Path, attempt: int) -> list[int]:
+    lines = (run_dir / "ranks/rank_0" / f"steps-{attempt}.jsonl").read_bytes().splitlines()
+    return [r.step for r in map(records.decode, lines) if isinstance(r, records.Step)]
+
+
+def test_unguarded_resume_is_a_new_attempt_continuing_the_history(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(STEPS)
+    assert _run(["train.py", "--run-name", "r", "--args", "4"], tmp_path).returncode == 0
+    proc = _run(["train.py", "--run-name", "r", "--resume", "--args", "3"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "logs" / "r"
+    assert _steps(run_dir, 0) == [1, 2, 3, 4] and _steps(run_dir, 1) == [5, 6, 7]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["attempts"] == 2 and manifest["status"] == "completed"
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary["step_time"]["global"]["window"]["steps_analyzed"] == 7
+
+
+def test_resume_refused_for_a_guarded_run_and_for_another_topology(tmp_path: Path) -> None:
+    guarded = tmp_path / "guarded"
+    guarded.mkdir()
+    (guarded / "traceml.yaml").write_text(yaml.safe_dump({"guard": GUARD}))
+    (guarded / "train.py").write_text(STEPS)
+    assert _run(["train.py", "--run-name", "g", "--args", "3"], guarded).returncode == 0
+    before = _digest(guarded / "logs")
+    # even from a folder without the declaration, a guarded run is never resumed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "train.py").write_text(STEPS)
+    proc = _run(["train.py", "--run-name", "g", "--resume", "--logs-dir", str(guarded / "logs"), "--args", "3"], elsewhere)
+    assert proc.returncode == 1 and "guarded" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert _digest(guarded / "logs") == before
+
+    (elsewhere / "train.py").write_text(STEPS)
+    assert _run(["train.py", "--run-name", "u", "--args", "2"], elsewhere).returncode == 0
+    before = _digest(elsewhere / "logs")
+    proc = _run(["train.py", "--run-name", "u", "--resume", "--nproc-per-node", "2", "--args", "2"], elsewhere)
+    assert proc.returncode == 1 and "same topology" in proc.stderr
+    assert _digest(elsewhere / "logs") == before
+
+
+def test_late_node_never_writes_into_a_finished_run(tmp_path: Path) -> None:
+    (tmp_path / "traceml.yaml").write_text(yaml.safe_dump({"guard": GUARD}))
+    (tmp_path / "train.py").write_text(STEPS)
+    assert _run(["train.py", "--run-name", "done", "--args", "3"], tmp_path).returncode == 0
+    before = _digest(tmp_path / "logs")
+    proc = _run(["train.py", "--run-name", "done", "--nnodes", "2", "--node-rank", "1", "--master-port", "29977",
+                 "--args", "3"], tmp_path)
+    assert proc.returncode == 1 and "already finished" in proc.stderr
+    assert _digest(tmp_path / "logs") == before
+
+
+def test_sigint_mid_run_gives_an_interrupted_run_with_a_summary(tmp_path: Path) -> None:
+    (tmp_path / "slow.py").write_text(
+        "import time\nimport traceml_tui as traceml\nfor _ in range(10000):\n"
+        "    with traceml.trace_step():\n        time.sleep(0.01)\n"
+    )
+    proc = subprocess.Popen([*TRACEML, "run", "slow.py", "--run-name", "stop"], cwd=tmp_path, env=_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    steps = tmp_path / "logs/stop/ranks/rank_0/steps-0.jsonl"
+    for _ in range(600):
+        if steps.exists() and steps.read_bytes().count(b"\n") > 5:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    manifest = json.loads((tmp_path / "logs/stop/manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["exit_code"] == proc.returncode
+    summary = json.loads((tmp_path / "logs/stop/final_summary.json").read_text())
+    assert summary["run_context"]["run"]["status"] == "interrupted"
+    assert summary["step_time"]["global"]["window"]["steps_analyzed"] > 5
+    assert "traceml_tui/run" not in err  # the script's own KeyboardInterrupt is shown; the launcher's never
+
+
+def test_ctrl_c_while_collecting_outcomes_still_finalizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from traceml_tui.guard.config import load_config
+    from traceml_tui.run.launch import Launcher
+
+    (tmp_path / "traceml.yaml").write_text(yaml.safe_dump({"guard": GUARD}))
+    (tmp_path / "train.py").write_text("pass\n")
+    monkeypatch.chdir(tmp_path)
+    options = run_cli.parse_options(["train.py", "--run-name", "zint", "--nnodes", "2", "--master-port", "29978",
+                                     "--finalize-timeout", "60"])
+    launcher = Launcher(options, load_config(tmp_path / "traceml.yaml"))
+    launcher.prepare()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    try:
+        timer.start()
+        launcher.finalize(0)  # node 1 never reports; Ctrl-C ends the 60 s wait
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - started < 30
+    manifest = json.loads((tmp_path / "logs/zint/manifest.json").read_text())
+    assert manifest["status"] != "running"
+    assert manifest["guard"]["training"]["reasons"] == ["node_outcome_missing"]
+    assert (tmp_path / "logs/zint/final_summary.json").exists()
+
+
+def test_deeply_nested_yaml_and_empty_run_name_are_one_line_refusals(tmp_path: Path, monkeypatch, capsys) -> None:
+    (tmp_path / "train.py").write_text("open('RAN', 'w')\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "traceml.yaml").write_text("guard: " + "[" * 3000 + "]" * 3000 + "\n")
+    assert run_cli.main(["train.py"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nested too deeply" in err
+    (tmp_path / "traceml.yaml").unlink()
+    assert run_cli.main(["train.py", "--run-name", ""]) == 1
+    assert "--run-name" in capsys.readouterr().err
+    assert not (tmp_path / "RAN").exists()
