@@ -196,10 +196,29 @@ def connect_reader(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
-def insert_steps_sql(run_id: int) -> str:
-    """INSERT for step rows; run_id is inlined so that row tuples need not carry it."""
-    holes = ",".join("?" * (len(STEP_COLUMNS) - 1))
-    return f"INSERT OR IGNORE INTO steps VALUES ({int(run_id)},{holes})"
+def insert_steps_sql(run_id: int, columns: Optional[tuple[int, ...]] = None) -> str:
+    """INSERT for step rows; run_id is inlined so that row tuples need not carry it.
+
+    ``columns`` (positions in a row tuple, i.e. in ``STEP_COLUMNS[1:]``) names
+    the columns that the rows carry; every other column is stored as NULL. The
+    ingester leaves out columns that are NULL in a whole batch: binding None
+    costs the sqlite3 module an adapter lookup per value, more than the insert.
+    """
+    if columns is None:
+        holes = ",".join("?" * (len(STEP_COLUMNS) - 1))
+        return f"INSERT OR IGNORE INTO steps VALUES ({int(run_id)},{holes})"
+    key = (int(run_id), tuple(columns))
+    sql = _insert_sql_cache.get(key)
+    if sql is None:
+        if len(_insert_sql_cache) > 4096:
+            _insert_sql_cache.clear()
+        names = ", ".join(STEP_COLUMNS[1 + i] for i in columns)
+        sql = _insert_sql_cache[key] = (f"INSERT OR IGNORE INTO steps (run_id, {names})"
+                                        f" VALUES ({int(run_id)},{','.join('?' * len(columns))})")
+    return sql
+
+
+_insert_sql_cache: dict[tuple[int, tuple[int, ...]], str] = {}
 
 
 def bump_version(conn: sqlite3.Connection) -> int:

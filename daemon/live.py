@@ -190,13 +190,19 @@ def bucket_aggregates(steps: np.ndarray, values: np.ndarray, width: int):
     return b[starts], np.minimum.reduceat(s, starts), np.maximum.reduceat(s, starts), vmin, vmax, vsum, n
 
 
-def series_values(rows: Sequence[tuple]) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, values) arrays for the wide series table from row tuples."""
-    cols = list(zip(*rows))  # transpose in C
+def series_values(rows: Sequence[tuple], cols: Optional[Sequence[Sequence]] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) arrays for the wide series table from row tuples (or their columns, ``zip(*rows)``)."""
+    if cols is None:
+        cols = list(zip(*rows))  # transpose in C
+    n = len(cols[COL_STEP]) if cols else 0
     steps = np.array(cols[COL_STEP], dtype=np.float64)
-    values = np.empty((len(rows), len(SERIES_COLS)), dtype=np.float64)
+    values = np.empty((n, len(SERIES_COLS)), dtype=np.float64)
     for j, c in enumerate(SERIES_COLS):
-        values[:, j] = np.array(cols[c], dtype=np.float64)  # None becomes NaN
+        col = cols[c]
+        if col.count(None) == n:
+            values[:, j] = np.nan
+        else:
+            values[:, j] = np.array(col, dtype=np.float64)  # None becomes NaN
     return steps, values
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-from itertools import accumulate
 from typing import NamedTuple, Optional
 
 import msgspec
+import numpy as np
 
 from traceml_tui import records
 
@@ -20,7 +20,10 @@ MAX_LINE = records.MAX_LINE_BYTES
 READ_BYTES = 4 << 20  # one batch reads at most this much (≈10k records)
 HEAD_PROBE = 4096
 
-_list_decoder = msgspec.json.Decoder(list[records.Record])
+# Lean decoders: accept and reject exactly the lines the full Record union does (same fields and
+# types), but a step record becomes a ``records.LeanStep`` that the garbage collector never tracks.
+_list_decoder = msgspec.json.Decoder(list[records.LeanRecord])
+_line_decoder = msgspec.json.Decoder(records.LeanRecord)
 
 
 class Head(NamedTuple):
@@ -75,54 +78,99 @@ def read_block(fd: int, offset: int, size: int) -> bytes:
 
 
 class Parsed:
-    """Records decoded from a block of complete lines; ``offsets`` are computed on first use."""
+    """Records decoded from a block of complete lines; ``offsets`` are computed on first use.
 
-    __slots__ = ("records", "errors", "_offsets", "_lines", "_base")
+    Step records are ``records.LeanStep``; every other kind is its full ``records`` type.
+    """
 
-    def __init__(self, recs: list, offsets: Optional[list], errors: list, lines=None, base: int = 0) -> None:
+    __slots__ = ("records", "errors", "_offsets", "_block", "_base")
+
+    def __init__(self, recs: list, offsets: Optional[list], errors: list, block: Optional[bytes] = None,
+                 base: int = 0) -> None:
         self.records = recs  # typed records in file order
         self.errors = errors  # (offset, length, message) for each rejected line
         self._offsets = offsets
-        self._lines = lines
+        self._block = block  # fast path: one record per line of this block
         self._base = base
 
     @property
     def offsets(self) -> list:
         """Byte offset of each record's line (same order as ``records``)."""
         if self._offsets is None:
-            self._offsets = _line_offsets(self._lines, self._base)
-            self._lines = None
+            self._offsets = self.offsets_of(range(len(self.records)))
+            self._block = None
         return self._offsets
 
+    def offsets_of(self, indices) -> list:
+        """Byte offsets of the lines of ``records[i]`` for ascending ``indices`` (cheap for a few early ones)."""
+        if self._offsets is not None:
+            return [self._offsets[i] for i in indices]
+        block, base = self._block, self._base
+        indices = list(indices)
+        if not indices:
+            return []
+        if indices[-1] < 256:
+            out, pos, line = [], 0, 0
+            for i in indices:
+                while line < i:
+                    pos = block.index(b"\n", pos) + 1
+                    line += 1
+                out.append(base + pos)
+            return out
+        starts = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
+        starts += base + 1
+        return [base if i == 0 else int(starts[i - 1]) for i in indices]
 
-def _line_offsets(lines: list[bytes], base: int) -> list[int]:
-    return list(accumulate((len(line) + 1 for line in lines[:-1]), initial=base))
+
+def _lines_within_limit(block: bytes) -> bool:
+    """True when no line of ``block`` (complete lines) is longer than MAX_LINE bytes, without splitting it."""
+    end = len(block)
+    pos = 0
+    while end - pos > MAX_LINE + 1:
+        nl = block.rfind(b"\n", pos, pos + MAX_LINE + 1)
+        if nl < 0:
+            return False
+        pos = nl + 1
+    return True
 
 
 def parse_block(block: bytes, base: int) -> Parsed:
     """Decode a block of complete lines (``block`` ends with ``\\n``) that starts at byte ``base``.
 
-    Fast path: the whole block is decoded as one JSON array with msgspec. Any
-    problem (bad JSON, bad UTF-8, a non-object, an over-long line, a blank line)
-    falls back to line-by-line decoding, where each bad line becomes one error.
+    Fast path: the whole block is decoded as one JSON array with msgspec (the
+    newlines become commas; no per-line Python work). Any problem (bad JSON,
+    bad UTF-8, a non-object, an over-long line, a blank line) falls back to
+    line-by-line decoding, where each bad line becomes one error.
     """
-    lines = block[:-1].split(b"\n")
-    if not lines:
+    count = block.count(b"\n")
+    if not count:
         return Parsed([], [], [])
     try:
         block.decode("utf-8")
         utf8_ok = True
     except UnicodeDecodeError:
         utf8_ok = False
-    if utf8_ok and max(map(len, lines)) <= MAX_LINE:
+    if utf8_ok and _lines_within_limit(block):
         try:
-            recs = _list_decoder.decode(b"[" + b",".join(lines) + b"]")
+            recs = _list_decoder.decode(b"[" + block[:-1].replace(b"\n", b",") + b"]")
         except (msgspec.DecodeError, msgspec.ValidationError):
             recs = None
         # A line holding two objects would shift every record after it: count must match.
-        if recs is not None and len(recs) == len(lines):
-            return Parsed(recs, None, [], lines, base)
-    return _parse_slow(lines, base)
+        if recs is not None and len(recs) == count:
+            return Parsed(recs, None, [], block, base)
+    return _parse_slow(block[:-1].split(b"\n"), base)
+
+
+def decode_line(line: bytes):
+    """One line as a lean record; :class:`records.RecordError` exactly as ``records.decode`` raises it."""
+    if len(line) > MAX_LINE:
+        raise records.RecordError(f"line of {len(line)} bytes exceeds the {MAX_LINE}-byte limit")
+    try:
+        return _line_decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        raise records.RecordError(f"invalid record: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise records.RecordError(f"malformed JSON: {exc}") from None
 
 
 def _parse_slow(lines: list[bytes], base: int) -> Parsed:
@@ -142,7 +190,7 @@ def _parse_slow(lines: list[bytes], base: int) -> Parsed:
                 errors.append((offset, length, f"invalid UTF-8 at byte {exc.start} of the line"))
             else:
                 try:
-                    recs.append(records.decode(stripped))
+                    recs.append(decode_line(stripped))
                     offsets.append(offset)
                 except records.RecordError as exc:
                     errors.append((offset, length, str(exc)))

@@ -178,6 +178,67 @@ class SystemSample(msgspec.Struct, tag="system", tag_field="kind"):
 
 Record = Union[Header, Step, Eval, Checkpoint, FieldStats, RankEnd, SystemSample]
 
+
+# --------------------------------------------------------------------------- lean decode types
+# The daemon decodes whole blocks of step records. These mirror Step and its
+# parts field for field (same names, types and defaults, so a line is accepted
+# or rejected exactly as with Record) but are ``gc=False``: a block of 10k
+# records then creates no objects the cyclic garbage collector has to track,
+# which is most of what decoding costs. They are for reading only.
+
+
+class LeanPhases(msgspec.Struct, gc=False):
+    """:class:`Phases` for bulk decoding."""
+
+    step: Optional[float] = None
+    input_wait: Optional[float] = None
+    h2d: Optional[float] = None
+    forward: Optional[float] = None
+    backward: Optional[float] = None
+    optimizer: Optional[float] = None
+
+
+class LeanMemory(msgspec.Struct, gc=False):
+    """:class:`Memory` for bulk decoding."""
+
+    rss: Optional[int] = None
+    cuda_peak_allocated: Optional[int] = None
+    cuda_peak_reserved: Optional[int] = None
+
+
+class LeanComponent(msgspec.Struct, gc=False):
+    """:class:`Component` for bulk decoding."""
+
+    value: Optional[float]
+    weight: float = 1.0
+    weighted: Optional[float] = None
+    target_ms: Optional[float] = None
+    ratio: Optional[float] = None
+
+
+class LeanStep(msgspec.Struct, tag="step", tag_field="kind", gc=False):
+    """:class:`Step` for bulk decoding (same fields, same validation)."""
+
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    step: int
+    ts: float
+    cpu_ms: LeanPhases = msgspec.field(default_factory=LeanPhases)
+    gpu_ms: Optional[LeanPhases] = None
+    loss: Optional[float] = None
+    lr: Optional[float] = None
+    grad_norm: Optional[float] = None
+    examples: Optional[int] = None
+    mem: Optional[LeanMemory] = None
+    components: Optional[dict[str, LeanComponent]] = None
+    metrics: Optional[dict[str, Optional[float]]] = None
+
+
+#: :data:`Record` with :class:`LeanStep` in place of :class:`Step` (accepts exactly the same lines).
+LeanRecord = Union[Header, LeanStep, Eval, Checkpoint, FieldStats, RankEnd, SystemSample]
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Record)
 

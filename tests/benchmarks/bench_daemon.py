@@ -65,7 +65,7 @@ def bench_cold(tmp: Path, total: int) -> None:
     for path in sorted(root.rglob("steps-0.jsonl")):
         data = path.read_bytes()
         parsed = tailer.parse_block(data, 0)
-        steps = [r for r in parsed.records if type(r) is records.Step]
+        steps = [r for r in parsed.records if type(r) in (records.Step, records.LeanStep)]
         rows, _ = live.step_rows(steps)
         rows_by_run.append((int(path.parts[-4][3:]) + 1, rows))
     base_index = tmp / "base.sqlite"
