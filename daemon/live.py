@@ -110,10 +110,14 @@ class RankWindow:
 
     def add_rows(self, rows: Sequence[tuple], inserted: int) -> None:
         """Fold a batch of row tuples (file order) into the window."""
+        self.add_columns(list(zip(*rows)), inserted)
+
+    def add_columns(self, cols: Sequence[Sequence], inserted: int) -> None:
+        """Fold a batch given as row columns (``zip(*rows)``, file order) into the window."""
         self.records += inserted
-        if not rows:
+        if not cols or not cols[COL_STEP]:
             return
-        tail = sorted(rows[-WINDOW:], key=lambda r: r[COL_STEP])
+        tail = sorted(zip(*(c[-WINDOW:] for c in cols)), key=lambda r: r[COL_STEP])
         for r in tail:
             if self.steps and r[COL_STEP] <= self.steps[-1]:
                 continue  # a duplicate or an older step must not disturb the window
@@ -122,14 +126,16 @@ class RankWindow:
             self.step_ms.append(r[COL_STEP_MS])
             self.input_wait.append(r[COL_INPUT_WAIT])
             self.examples.append(r[COL_EXAMPLES])
-        first = min(r[COL_STEP] for r in rows)
+        steps = cols[COL_STEP]
+        first = min(steps)
         self.first_step = first if self.first_step is None else min(self.first_step, first)
-        last = max(rows, key=lambda r: r[COL_STEP])
-        if self.last_step is None or last[COL_STEP] >= self.last_step:
-            self.last_step = last[COL_STEP]
-            self.last_ts = last[COL_TS]
-            if last[COL_LOSS] is not None:
-                self.loss = last[COL_LOSS]
+        top = max(steps)
+        i = steps.index(top)  # the first row holding the largest step, as max(rows, key=step) picks
+        if self.last_step is None or top >= self.last_step:
+            self.last_step = top
+            self.last_ts = cols[COL_TS][i]
+            if cols[COL_LOSS][i] is not None:
+                self.loss = cols[COL_LOSS][i]
 
     def figures(self) -> dict[str, Optional[float]]:
         """Rolling medians and rates over the window."""

@@ -145,11 +145,14 @@ def parse_block(block: bytes, base: int) -> Parsed:
     count = block.count(b"\n")
     if not count:
         return Parsed([], [], [])
-    try:
-        block.decode("utf-8")
+    if block.isascii():
         utf8_ok = True
-    except UnicodeDecodeError:
-        utf8_ok = False
+    else:
+        try:
+            block.decode("utf-8")
+            utf8_ok = True
+        except UnicodeDecodeError:
+            utf8_ok = False
     if utf8_ok and _lines_within_limit(block):
         try:
             recs = _list_decoder.decode(b"[" + block[:-1].replace(b"\n", b",") + b"]")

@@ -81,8 +81,27 @@ def bench_cold(tmp: Path, total: int) -> None:
             n += len(rows[i:i + 10_000])
     base_s = time.perf_counter() - t0
     conn.close()
+    # Second baseline: the same bare INSERT, but leaving out columns that are NULL in a whole batch, as the
+    # ingester does (binding None costs the sqlite3 module an adapter lookup per value). The target ratio is
+    # against the first baseline; this one shows what is left of the pipeline's own overhead.
+    narrow_by_run = []
+    for run_id, rows in rows_by_run:
+        for i in range(0, len(rows), 10_000):
+            chunk = rows[i:i + 10_000]
+            keep = tuple(j for j, col in enumerate(zip(*chunk)) if col.count(None) != len(col))
+            narrow_by_run.append((idx.insert_steps_sql(run_id, keep), [tuple(r[j] for j in keep) for r in chunk]))
     del rows_by_run
+    conn = idx.connect_writer(tmp / "base_narrow.sqlite")
+    t0 = time.perf_counter()
+    for sql, chunk in narrow_by_run:
+        conn.execute("BEGIN")
+        conn.executemany(sql, chunk)
+        conn.execute("COMMIT")
+    narrow_s = time.perf_counter() - t0
+    conn.close()
+    del narrow_by_run
     base_rate = n / base_s
+    narrow_rate = n / narrow_s
     index = tmp / "cold.sqlite"
     ing = Ingester(index, [str(root)], use_inotify=False)
     t0 = time.perf_counter()
@@ -92,7 +111,10 @@ def bench_cold(tmp: Path, total: int) -> None:
     rate = got / cold_s
     print(f"bare INSERT (pre-decoded rows, same schema): {base_rate:,.0f} rows/s ({base_s:.2f}s)")
     print(f"cold ingest end to end (read+decode+rows+aggregates+series): {rate:,.0f} records/s ({cold_s:.2f}s, {got:,} records)")
-    print(f"ratio cold ingest / bare INSERT: {rate / base_rate:.2f} (target >= 0.7)")
+    print(f"bare INSERT leaving out all-NULL columns (as the ingester does): {narrow_rate:,.0f} rows/s "
+          f"({narrow_s:.2f}s)")
+    print(f"ratio cold ingest / bare INSERT: {rate / base_rate:.2f} (target >= 0.7); "
+          f"/ bare INSERT without NULL columns: {rate / narrow_rate:.2f}")
 
 
 def _daemon(index: Path, root: Path, *extra: str) -> subprocess.Popen:
