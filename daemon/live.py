@@ -205,7 +205,7 @@ def series_values(rows: Sequence[tuple], cols: Optional[Sequence[Sequence]] = No
     values = np.empty((n, len(SERIES_COLS)), dtype=np.float64)
     for j, c in enumerate(SERIES_COLS):
         col = cols[c]
-        if col.count(None) == n:
+        if col[0] is None and col.count(None) == n:
             values[:, j] = np.nan
         else:
             values[:, j] = np.array(col, dtype=np.float64)  # None becomes NaN

