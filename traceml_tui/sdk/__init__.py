@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from pathlib import Path
 from time import perf_counter
 from typing import Any, Optional
@@ -78,12 +79,14 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
         session = _session if _session is not None else init()
         self._session = session
         model = self._model
-        if model is not None and model is not session.hooked_model:
+        if model is not None and (session.hooked_model is None or session.hooked_model() is not model):
             from traceml_tui.sdk import phases
 
             if phases.attach(model, _current_state):
                 session.cuda = True
-            session.hooked_model = model  # the common case (same model every step) skips attach
+            # The common case (same model every step) skips attach. A weak reference: keeping a
+            # DDP model alive until interpreter shutdown makes its reducer abort at teardown.
+            session.hooked_model = weakref.ref(model)
         now = perf_counter()
         state = session.begin(now)
         if session.cuda:
