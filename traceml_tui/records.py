@@ -35,7 +35,7 @@ PHASES: tuple[str, ...] = ("step", "input_wait", "h2d", "forward", "backward", "
 KINDS: tuple[str, ...] = ("header", "step", "eval", "checkpoint", "field_stats", "rank_end", "system")
 
 
-class Phases(msgspec.Struct, omit_defaults=False):
+class Phases(msgspec.Struct, omit_defaults=False, gc=False):
     """Per-phase timings on one clock, in milliseconds; ``None`` = not measured."""
 
     step: Optional[float] = None
@@ -46,7 +46,7 @@ class Phases(msgspec.Struct, omit_defaults=False):
     optimizer: Optional[float] = None
 
 
-class Memory(msgspec.Struct):
+class Memory(msgspec.Struct, gc=False):
     """Process memory at step end, in bytes."""
 
     rss: Optional[int] = None
@@ -54,7 +54,7 @@ class Memory(msgspec.Struct):
     cuda_peak_reserved: Optional[int] = None
 
 
-class Component(msgspec.Struct):
+class Component(msgspec.Struct, gc=False):
     """One loss component, scale-free (seed 004).
 
     ``target_ms`` is the mean square of the component's own target and
@@ -81,7 +81,7 @@ class Header(msgspec.Struct, tag="header", tag_field="kind"):
     stream: str = "steps"  # "steps" (rank file) or "system" (node file)
 
 
-class Step(msgspec.Struct, tag="step", tag_field="kind"):
+class Step(msgspec.Struct, tag="step", tag_field="kind", gc=False):
     v: int
     run: str
     rank: int
@@ -179,65 +179,11 @@ class SystemSample(msgspec.Struct, tag="system", tag_field="kind"):
 Record = Union[Header, Step, Eval, Checkpoint, FieldStats, RankEnd, SystemSample]
 
 
-# --------------------------------------------------------------------------- lean decode types
-# The daemon decodes whole blocks of step records. These mirror Step and its
-# parts field for field (same names, types and defaults, so a line is accepted
-# or rejected exactly as with Record) but are ``gc=False``: a block of 10k
-# records then creates no objects the cyclic garbage collector has to track,
-# which is most of what decoding costs. They are for reading only.
-
-
-class LeanPhases(msgspec.Struct, gc=False):
-    """:class:`Phases` for bulk decoding."""
-
-    step: Optional[float] = None
-    input_wait: Optional[float] = None
-    h2d: Optional[float] = None
-    forward: Optional[float] = None
-    backward: Optional[float] = None
-    optimizer: Optional[float] = None
-
-
-class LeanMemory(msgspec.Struct, gc=False):
-    """:class:`Memory` for bulk decoding."""
-
-    rss: Optional[int] = None
-    cuda_peak_allocated: Optional[int] = None
-    cuda_peak_reserved: Optional[int] = None
-
-
-class LeanComponent(msgspec.Struct, gc=False):
-    """:class:`Component` for bulk decoding."""
-
-    value: Optional[float]
-    weight: float = 1.0
-    weighted: Optional[float] = None
-    target_ms: Optional[float] = None
-    ratio: Optional[float] = None
-
-
-class LeanStep(msgspec.Struct, tag="step", tag_field="kind", gc=False):
-    """:class:`Step` for bulk decoding (same fields, same validation)."""
-
-    v: int
-    run: str
-    rank: int
-    attempt: int
-    step: int
-    ts: float
-    cpu_ms: LeanPhases = msgspec.field(default_factory=LeanPhases)
-    gpu_ms: Optional[LeanPhases] = None
-    loss: Optional[float] = None
-    lr: Optional[float] = None
-    grad_norm: Optional[float] = None
-    examples: Optional[int] = None
-    mem: Optional[LeanMemory] = None
-    components: Optional[dict[str, LeanComponent]] = None
-    metrics: Optional[dict[str, Optional[float]]] = None
-
-
-#: :data:`Record` with :class:`LeanStep` in place of :class:`Step` (accepts exactly the same lines).
-LeanRecord = Union[Header, LeanStep, Eval, Checkpoint, FieldStats, RankEnd, SystemSample]
+# Step records and their parts are ``gc=False``: they never form reference cycles, and a
+# block of 10k decoded records then creates no objects the cyclic garbage collector has
+# to track (most of what bulk decoding in the daemon used to cost). The daemon's names:
+LeanStep = Step
+LeanRecord = Record
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Record)
