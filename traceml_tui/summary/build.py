@@ -475,11 +475,11 @@ def environment_section() -> dict:
     }
 
 
-def _qc_section(run_dir: Path) -> dict:
+def _qc_section(ranks: dict[int, RankSteps]) -> dict:
     """Latent field-collapse QC (seed 004): each field's verdict; a collapsed field is a failure."""
     from traceml_tui.hygiene import field_qc  # imported here: `traceml compare` loads this module
 
-    return field_qc.summarize(run_dir)
+    return field_qc.summarize_records(rec for series in ranks.values() for rec in series.fields)
 
 
 def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[float] = None) -> dict:
@@ -487,7 +487,9 @@ def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[floa
     manifest = manifest if isinstance(manifest, dict) else {}
     retention = manifest.get("history_retention_s")
     retention_s = float(retention) if isinstance(retention, (int, float)) and not isinstance(retention, bool) and retention > 0 else DEFAULT_RETENTION_S
-    ranks = load_ranks(run_dir)
+    loaded = load_ranks(run_dir)
+    # a rank that only recorded QC fields (killed before its first step) counts for QC alone
+    ranks = {rank: series for rank, series in loaded.items() if series.steps or series.ended is not None}
     window = common_window(ranks, retention_s)
     context = run_context(manifest)
     topology = dict(context.get("execution", {}))
@@ -532,7 +534,7 @@ def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[floa
         "step_time": step_time,
         "step_memory": step_memory,
         "training": training_section(ranks, run_dir),
-        "qc": _qc_section(run_dir),
+        "qc": _qc_section(loaded),
         "environment": environment_section(),
         "text": "",
     }

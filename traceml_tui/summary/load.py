@@ -22,6 +22,7 @@ class RankSteps:
     steps: dict[int, records.Step] = field(default_factory=dict)
     attempts: set[int] = field(default_factory=set)
     evals: list[records.Eval] = field(default_factory=list)
+    fields: list[records.FieldStats] = field(default_factory=list)
     ended: Optional[records.RankEnd] = None
 
 
@@ -69,9 +70,11 @@ def load_ranks(run_dir: Path) -> dict[int, RankSteps]:
                     series.attempts.add(record.attempt)
                 elif isinstance(record, records.Eval):
                     series.evals.append(record)
+                elif isinstance(record, records.FieldStats):
+                    series.fields.append(record)
                 elif isinstance(record, records.RankEnd):
                     series.ended = record
-        if series.steps or series.ended is not None:
+        if series.steps or series.ended is not None or series.fields:
             out[rank] = series
     return out
 
