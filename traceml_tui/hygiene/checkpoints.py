@@ -15,7 +15,6 @@ from typing import Any
 
 from traceml_tui.atomic import atomic_write_json, fsync_dir
 from traceml_tui.hygiene import backlog
-from traceml_tui.hygiene.backlog import request_path  # noqa: F401 - re-exported for the SDK
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -68,7 +67,12 @@ def _relative(run_dir: Path, path: Path) -> str:
 
 
 def publish_checkpoint(run_dir: Path, path_or_state: Any, *, step: int, config_digest: str) -> str:
-    """Publish one checkpoint and its validation request; returns the checkpoint id.
+    """Publish one checkpoint and its validation request; returns the checkpoint id (see :func:`publish_request`)."""
+    return publish_request(run_dir, path_or_state, step=step, config_digest=config_digest)["checkpoint"]
+
+
+def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_digest: str) -> dict:
+    """Publish one checkpoint and its validation request; returns the request as written.
 
     ``path_or_state`` is either an existing file (recorded as is, relative to
     ``run_dir`` when inside it) or a state object saved with ``torch.save``
@@ -104,7 +108,7 @@ def publish_checkpoint(run_dir: Path, path_or_state: Any, *, step: int, config_d
             atomic_write_json(backlog.request_path(run_dir, ckpt), request, exclusive=True)
         except FileExistsError:
             continue
-        return ckpt
+        return request
 
 
 def resolve_checkpoint_path(run_dir: Path, request: dict) -> Path:

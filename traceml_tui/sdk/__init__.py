@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from pathlib import Path
 from time import perf_counter
 from typing import Any, Optional
 
@@ -194,20 +193,13 @@ def publish_checkpoint(path_or_state: Any, *, step: Optional[int] = None) -> str
     step = session.last_step if step is None else int(step)
     checkpoint_id = checkpoints.checkpoint_id(step)
     if session.rank == 0:
-        checkpoint_id = checkpoints.publish_checkpoint(
+        request = checkpoints.publish_request(
             session.run_dir,
             path_or_state,
             step=step,
             config_digest=os.environ.get(env.VALIDATION_DIGEST, ""),
         )
-        path = checkpoints.request_path(session.run_dir, checkpoint_id)
-        relative = None
-        try:
-            import json
-
-            relative = json.loads(Path(path).read_text()).get("path")
-        except (OSError, ValueError):
-            pass
+        checkpoint_id = request["checkpoint"]
         session.write(
             records.Checkpoint(
                 v=records.RECORD_VERSION,
@@ -217,7 +209,7 @@ def publish_checkpoint(path_or_state: Any, *, step: Optional[int] = None) -> str
                 step=step,
                 ts=time.time(),
                 id=checkpoint_id,
-                path=relative,
+                path=request["path"],
             )
         )
     return checkpoint_id
@@ -225,6 +217,5 @@ def publish_checkpoint(path_or_state: Any, *, step: Optional[int] = None) -> str
 
 def finish(status: str = "completed", exit_code: Optional[int] = None) -> None:
     """Flush pending GPU timings and write this rank's ``rank_end`` record."""
-    global _session
     if _session is not None and not _session.closed:
         _session.close(status, exit_code)
