@@ -82,28 +82,15 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
             from traceml_tui.sdk import phases
 
             if phases.attach(model, _current_state):
-                session.cuda = True
+                session.enable_cuda()
             # The common case (same model every step) skips attach. A weak reference: keeping a
             # DDP model alive until interpreter shutdown makes its reducer abort at teardown.
             session.hooked_model = weakref.ref(model)
-        now = perf_counter()
-        state = session.begin(now)
-        if session.cuda:
-            import torch
-
-            from traceml_tui.sdk.phases import GpuStepEvents
-
-            prev = session.pending[-1][2].gpu.end if session.pending else getattr(session, "_gpu_prev_end", None)
-            state.gpu = GpuStepEvents(torch, prev)
-        self._state = state
+        self._state = session.begin(perf_counter())
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        session = self._session
-        state = self._state
-        session.end(state, perf_counter(), exc_type is None)
-        if state.gpu is not None:
-            session._gpu_prev_end = state.gpu.end  # type: ignore[attr-defined]
+        self._session.end(self._state, perf_counter(), exc_type is None)
         return False
 
 

@@ -186,6 +186,8 @@ class Session:
         self.examples: Optional[int] = None
         self.pending: deque = deque()  # steps waiting for their CUDA events
         self.cuda = False
+        self._torch: Any = None
+        self.gpu_prev_end: Any = None  # CUDA event at the end of the previous step (GPU input wait)
         self.hooked_model: Any = None
         self._rss: Optional[int] = None
         self._rss_at = 0.0
@@ -195,18 +197,33 @@ class Session:
         self._wall_offset = time.time() - time.perf_counter()
 
     # -- step clock ---------------------------------------------------------------------------
+    def enable_cuda(self) -> None:
+        """Time steps on the GPU too (CUDA events); called once a traced model is on CUDA."""
+        if not self.cuda:
+            import torch
+
+            self._torch = torch
+            self.cuda = True
+
     def begin(self, now: float) -> _StepState:
         wait = (now - self.prev_end) * 1000.0 if self.prev_end is not None else None
         state = _StepState(now, wait)
         if self.carry:
             state.values.update(self.carry)
             self.carry.clear()
+        if self.cuda:
+            from traceml_tui.sdk.phases import GpuStepEvents
+
+            state.gpu = GpuStepEvents(self._torch, self.gpu_prev_end)
         self.current = state
         return state
 
     def end(self, state: _StepState, now: float, ok: bool) -> None:
         self.current = None
         self.prev_end = now
+        if state.gpu is not None:
+            state.gpu.close()  # also for a failed step: the next step's input wait starts here
+            self.gpu_prev_end = state.gpu.end
         if not ok:
             return
         step = self.next_step
@@ -214,7 +231,6 @@ class Session:
         if self.max_steps is not None and step > self.max_steps:
             return
         if state.gpu is not None:
-            state.gpu.close()
             self.pending.append((step, now, state))
             self.drain_gpu(block=False)
         else:
