@@ -32,8 +32,6 @@ MAX_LINE_BYTES = 1 << 20  # readers refuse longer lines (DESIGN.md daemon rule 4
 #: Phases timed on each clock, in the order they happen within a step.
 PHASES: tuple[str, ...] = ("step", "input_wait", "h2d", "forward", "backward", "optimizer")
 
-KINDS: tuple[str, ...] = ("header", "step", "eval", "checkpoint", "field_stats", "rank_end", "system")
-
 
 class Phases(msgspec.Struct, omit_defaults=False, gc=False):
     """Per-phase timings on one clock, in milliseconds; ``None`` = not measured."""
@@ -209,11 +207,6 @@ def encode(record: Record) -> bytes:
     return _encoder.encode(record) + b"\n"
 
 
-def encode_dict(record: dict[str, Any]) -> bytes:
-    """Encode a plain dict record as one JSON line (non-finite floats become null)."""
-    return _encoder.encode(record) + b"\n"
-
-
 def decode(line: bytes | str) -> Record:
     """Decode and validate one line into a typed record.
 
@@ -231,22 +224,6 @@ def decode(line: bytes | str) -> Record:
         raise RecordError(f"invalid record: {exc}") from None
     except msgspec.DecodeError as exc:
         raise RecordError(f"malformed JSON: {exc}") from None
-
-
-def decode_raw(line: bytes | str) -> dict[str, Any]:
-    """Decode one line into a plain dict, keeping unknown keys (RecordError if not an object)."""
-    try:
-        value = msgspec.json.decode(line)
-    except msgspec.DecodeError as exc:
-        raise RecordError(f"malformed JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise RecordError("record is not a JSON object")
-    return value
-
-
-def to_builtins(record: Record) -> dict[str, Any]:
-    """Convert a typed record to plain Python builtins (dicts, lists, floats)."""
-    return msgspec.to_builtins(record)
 
 
 def steps_file_name(attempt: int) -> str:

@@ -10,7 +10,7 @@ import argparse
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -39,7 +39,6 @@ class LaunchOptions:
     trace_max_steps: Optional[int]
     finalize_timeout: float
     resume: bool = False
-    extra: dict = field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
