@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import msgspec
 import numpy as np
 
-from traceml_tui import records
+from traceml_tui.core import records
 
 WINDOW = 64  # steps in the rolling window
 SERIES_POINTS = 512  # buckets per (run, rank, metric): more than a terminal chart has columns, within the ≤ 2,000 asked

@@ -28,7 +28,7 @@ from typing import Optional
 import msgspec
 import numpy as np
 
-from traceml_tui import records
+from traceml_tui.core import records
 
 from . import index as idx
 from . import live, locations, tailer, watcher

@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 import msgspec
 import numpy as np
 
-from traceml_tui import records
+from traceml_tui.core import records
 
 MAX_LINE = records.MAX_LINE_BYTES
 READ_BYTES = 4 << 20  # one batch reads at most this much (≈10k records)

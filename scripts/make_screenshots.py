@@ -1,7 +1,7 @@
 """Regenerate screenshots/*.svg: one SVG of each `traceml watch` screen.
 
 Builds the same fixed run directories as the snapshot tests (records written
-with traceml_tui.records, index built by the real ingester, fixed clock), then
+with traceml_tui.core.records, index built by the real ingester, fixed clock), then
 drives the real App headless and saves each screen. Usage:
 
     python scripts/make_screenshots.py [OUT_DIR]   # default: screenshots/

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.compare.load import MAX_SUMMARY_BYTES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "summaries"

@@ -239,7 +239,7 @@ CONTRACT = {
 
 def _built_run(root: Path, name: str, step_ms: float, gpu: bool = False) -> Path:
     """A run directory with real v1 step records, summarized by traceml_tui.summary.build."""
-    from traceml_tui import records
+    from traceml_tui.core import records
 
     build = pytest.importorskip("traceml_tui.summary.build")
     run_dir = root / name

@@ -12,8 +12,8 @@ import pytest
 from daemon.reader import Reader
 from daemon.service import Ingester
 from test_daemon_support import append_raw, header_line, step_line, steps_path, write_steps
-from traceml_tui import records
-from traceml_tui.atomic import atomic_write_json
+from traceml_tui.core import records
+from traceml_tui.core.atomic import atomic_write_json
 
 
 @pytest.fixture

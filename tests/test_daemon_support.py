@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from traceml_tui import records  # noqa: E402
-from traceml_tui.atomic import append_line, open_append  # noqa: E402
+from traceml_tui.core import records  # noqa: E402
+from traceml_tui.core.atomic import append_line, open_append  # noqa: E402
 
 
 def header_line(run: str, rank: int, attempt: int = 0, uuid: str | None = None) -> bytes:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.hygiene import field_qc
 from traceml_tui.summary.build import build_summary
 from traceml_tui.summary.text import render_text

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from traceml_tui.atomic import atomic_write_json
+from traceml_tui.core.atomic import atomic_write_json
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import publish_checkpoint
 

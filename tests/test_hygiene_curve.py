@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import publish_checkpoint
 from traceml_tui.hygiene.curve import load_curve_data, render_learning_curve

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.hygiene.config import HygieneConfigError, parse_hygiene
 
 REPO = Path(__file__).resolve().parents[1]

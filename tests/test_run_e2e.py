@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from traceml_tui import records
+from traceml_tui.core import records
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.run import cli as run_cli
 
 TRACEML = [sys.executable, "-m", "traceml_tui"]

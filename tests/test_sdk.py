@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.summary.load import load_ranks
 
 
@@ -152,7 +152,7 @@ sys.exit(3)
 
 
 def test_side_files_are_readable_by_other_users(tmp_path: Path) -> None:
-    from traceml_tui import atomic
+    from traceml_tui.core import atomic
 
     atomic.atomic_write_json(tmp_path / "side.json", {"a": 1})
     assert (tmp_path / "side.json").stat().st_mode & 0o044 == 0o044

@@ -270,7 +270,7 @@ async def test_alert_when_a_run_fails_during_the_session(tmp_path):
     async with app.run_test(size=(100, 24)) as pilot:
         await d.settle(pilot)
         assert app.runs_snapshot.rows[0].status == "running"
-        from traceml_tui import atomic, records
+        from traceml_tui.core import atomic, records
 
         path = run / "ranks" / "rank_1" / "steps-0.jsonl"
         fd = atomic.open_append(path)

@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import tui_data as d  # noqa: E402
 
-from traceml_tui import atomic, records  # noqa: E402
+from traceml_tui.core import atomic, records  # noqa: E402
 from traceml_tui.tui.app import create_app  # noqa: E402
 from traceml_tui.tui.source import IndexSource  # noqa: E402
 from traceml_tui.tui.widgets.info_panel import InfoPanel  # noqa: E402

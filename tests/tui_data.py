@@ -1,6 +1,6 @@
 """Real run directories for the `traceml watch` tests, screenshots and benchmark.
 
-Records are written with :mod:`traceml_tui.records` (the same encoder the
+Records are written with :mod:`traceml_tui.core.records` (the same encoder the
 SDK uses) at fixed timestamps, so snapshots are deterministic; the index is
 then built by the real daemon :class:`~daemon.service.Ingester`.
 """
@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from traceml_tui import atomic, records
+from traceml_tui.core import atomic, records
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z: every record time is an offset from here
 V = records.RECORD_VERSION

@@ -27,8 +27,8 @@ from daemon import index as idx  # noqa: E402
 from daemon import live, tailer  # noqa: E402
 from daemon.reader import Reader  # noqa: E402
 from daemon.service import Ingester  # noqa: E402
-from traceml_tui import records  # noqa: E402
-from traceml_tui.atomic import append_line, open_append  # noqa: E402
+from traceml_tui.core import records  # noqa: E402
+from traceml_tui.core.atomic import append_line, open_append  # noqa: E402
 
 FILES = 64
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.hygiene.checkpoints import publish_checkpoint
 from traceml_tui.hygiene.curve import render_learning_curve
 

@@ -50,7 +50,7 @@ def main() -> None:
                 traceml.log(loss=0.5, lr=0.1, batch_size=8)
 
     def floor():  # clock reads + encode + write, the irreducible part
-        from traceml_tui import atomic, records
+        from traceml_tui.core import atomic, records
 
         fd = atomic.open_append(os.path.join(run_dir, "floor.jsonl"))
         rec = records.Step(v=1, run="r", rank=0, attempt=0, step=1, ts=0.0)

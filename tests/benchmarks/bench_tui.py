@@ -1,7 +1,7 @@
 """Benchmark of `traceml watch` over a large index: 200 runs × 8 ranks × 5,000 steps.
 
 One run (8 ranks × 5,000 steps, with evals, system samples and a backlog) is
-written with traceml_tui.records and ingested by the real daemon Ingester;
+written with traceml_tui.core.records and ingested by the real daemon Ingester;
 its rows are then cloned inside SQLite into 200 runs (8M step rows), so the
 index has the real schema, real aggregates and a realistic size.
 

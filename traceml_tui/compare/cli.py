@@ -136,7 +136,7 @@ def output_base(option: Optional[str], labels: tuple[str, str]) -> Path:
 
 
 def _write(path: Path, data: bytes) -> None:
-    from traceml_tui.atomic import atomic_write_bytes
+    from traceml_tui.core.atomic import atomic_write_bytes
 
     try:
         atomic_write_bytes(path, data)

@@ -31,7 +31,7 @@ def step_files(run_dir: Path) -> list[Path]:
     ranks = run_dir / "ranks"
     if not ranks.is_dir():
         return []
-    from traceml_tui import records  # only now: msgspec costs start-up time
+    from traceml_tui.core import records  # only now: msgspec costs start-up time
 
     files = []
     for rank_dir in sorted(ranks.glob(records.rank_dir_name(0).replace("0", "*"))):
@@ -57,7 +57,7 @@ def read_step_times(run_dir: Path, clock: str, window: tuple[Optional[int], Opti
     one (a resume re-runs steps). Malformed lines are skipped: noise is
     context, and the summary already passed strict reading.
     """
-    from traceml_tui import records
+    from traceml_tui.core import records
 
     start, end = window
     per_rank_step: dict[tuple[int, int], float] = {}

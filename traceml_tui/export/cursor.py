@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-from traceml_tui import atomic
+from traceml_tui.core import atomic
 
 CURSOR_VERSION = 1
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Optional
 
-from traceml_tui import records
+from traceml_tui.core import records
 
 STEP_METRIC = "optimizer_updates"
 ROLES = ("train", "eval", "test")

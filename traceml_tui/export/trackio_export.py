@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.export import cursor as cursor_mod
 from traceml_tui.export import mapping
 

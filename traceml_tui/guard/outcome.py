@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from traceml_tui.atomic import atomic_write_json
+from traceml_tui.core.atomic import atomic_write_json
 
 OUTCOME_SCHEMA_VERSION = 1
 MAX_OUTCOME_BYTES = 16 * 1024

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from traceml_tui.atomic import atomic_write_json, dumps_json, fsync_dir
+from traceml_tui.core.atomic import atomic_write_json, dumps_json, fsync_dir
 
 KINDS = ("requests", "claims", "receipts", "failures")
 #: Tolerance when comparing process start times (psutil rounds them).

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from traceml_tui import atomic
+from traceml_tui.core import atomic
 
 RENDERER = "traceml.batch_grid/1"
 GRID_DIR = "qc/batch_grid"

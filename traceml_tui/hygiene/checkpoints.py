@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from traceml_tui.atomic import atomic_write_json, fsync_dir
+from traceml_tui.core.atomic import atomic_write_json, fsync_dir
 from traceml_tui.hygiene import backlog
 
 CHECKPOINT_DIR = "checkpoints"

@@ -11,7 +11,7 @@ Shape (all cadences are in optimizer updates)::
 
     hygiene:
       history:
-        schema: 1                    # step record version (traceml_tui.records.RECORD_VERSION)
+        schema: 1                    # step record version (traceml_tui.core.records.RECORD_VERSION)
         output: ranks                # relative folder of the append-only history
       curve:
         cadence: 50                  # re-render learning_curve.png every N updates
@@ -41,7 +41,7 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
-from traceml_tui.records import RECORD_VERSION
+from traceml_tui.core.records import RECORD_VERSION
 
 DIRECTIONS = ("min", "max")
 SECTIONS = ("history", "curve", "validation", "early_stopping", "qc")

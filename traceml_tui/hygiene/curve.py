@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from traceml_tui import records
-from traceml_tui.atomic import atomic_write_bytes
+from traceml_tui.core import records
+from traceml_tui.core.atomic import atomic_write_bytes
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.config import CURVE_FILE
 

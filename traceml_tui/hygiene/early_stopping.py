@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.atomic import atomic_write_json
+from traceml_tui.core.atomic import atomic_write_json
 from traceml_tui.hygiene import backlog
 
 STATE_FILE = "early_stopping.json"

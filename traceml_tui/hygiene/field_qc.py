@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from traceml_tui import records
+from traceml_tui.core import records
 
 SPACES = ("linear", "log")
 DEFAULT_FACTOR = 0.1

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from traceml_tui import atomic, records
+from traceml_tui.core import atomic, records
 from traceml_tui.run.cli import LaunchError, LaunchOptions
 from traceml_tui.sdk import env as sdk_env
 

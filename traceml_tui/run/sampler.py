@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui import atomic, records
+from traceml_tui.core import atomic, records
 
 
 class _Nvml:

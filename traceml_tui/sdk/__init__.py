@@ -17,7 +17,7 @@ import weakref
 from time import perf_counter
 from typing import Any, Optional
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.sdk import env
 from traceml_tui.sdk.qc import log_batch_grid, log_field_stats  # noqa: F401 - re-exported
 from traceml_tui.sdk.session import Session, _mean_square, detect_rank, register_exit, resolve_run

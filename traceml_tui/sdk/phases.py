@@ -15,7 +15,7 @@ import weakref
 from time import perf_counter
 from typing import Any, Callable, Optional
 
-from traceml_tui import records
+from traceml_tui.core import records
 
 _hooked_models: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _optimizer_hooks_installed = False

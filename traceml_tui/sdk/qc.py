@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from traceml_tui import records
+from traceml_tui.core import records
 
 # The QC modules (and numpy/matplotlib behind them) load on first use, so that
 # importing the SDK stays cheap for scripts that never call these functions.

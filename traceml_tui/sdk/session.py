@@ -16,7 +16,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui import atomic, records
+from traceml_tui.core import atomic, records
 from traceml_tui.sdk import env
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

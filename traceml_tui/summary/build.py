@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from traceml_tui import records
+from traceml_tui.core import records
 from traceml_tui.summary.load import RankSteps, load_ranks, load_system
 
 SCHEMA_VERSION = 1.9

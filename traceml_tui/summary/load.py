@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-from traceml_tui import records
+from traceml_tui.core import records
 
 
 @dataclass

@@ -637,7 +637,7 @@ def field_verdicts(events: Any) -> tuple[FieldVerdict, ...]:
         return ()
     import msgspec
 
-    from traceml_tui import records
+    from traceml_tui.core import records
     from traceml_tui.hygiene.field_qc import summarize_records
 
     parsed = []
