@@ -1,0 +1,245 @@
+"""Typed manifest, node outcome and final summary: the shapes writers write and readers decode.
+
+The launcher builds a :class:`Manifest` and writes it with :func:`encode`;
+every reader (daemon, summary builder, TUI, hygiene, export) decodes one with
+:func:`decode_manifest`. The summary builder's payload is checked against
+:class:`Summary` before it is written, and readers of our own summaries
+decode the sections they show with :func:`decode_summary`. Unknown keys are
+ignored, so newer writers — and ``traceml-ai`` summaries — stay readable;
+``traceml compare`` keeps reading summaries as plain mappings for interop.
+
+A value of the wrong type makes the whole document unreadable (``None``):
+readers show "no manifest" rather than half of one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import msgspec
+
+MANIFEST_SCHEMA_VERSION = 1
+
+_encoder = msgspec.json.Encoder()
+
+
+class Topology(msgspec.Struct, omit_defaults=False):
+    nnodes: Optional[int] = None
+    nproc_per_node: Optional[int] = None
+    world_size: Optional[int] = None
+
+
+class Launch(msgspec.Struct):
+    kind: str = "process"  # "process" (one process) or "torch.distributed.run"
+
+
+class NodeExit(msgspec.Struct):
+    node_rank: int
+    exit_code: Optional[int] = None
+
+
+class GuardTraining(msgspec.Struct):
+    """The node outcomes collected by node 0 (``guard.training``)."""
+
+    status: Optional[str] = None  # completed | incomplete
+    nodes_expected: Optional[int] = None
+    nodes_observed: Optional[int] = None
+    reasons: list[str] = msgspec.field(default_factory=list)
+    nodes: list[NodeExit] = msgspec.field(default_factory=list)
+
+
+class Guard(msgspec.Struct, omit_defaults=True):
+    contract: Optional[dict[str, Any]] = None  # parsed by traceml_tui.guard.contract
+    contract_digest: Optional[str] = None
+    training: Optional[GuardTraining] = None
+
+
+class Manifest(msgspec.Struct, omit_defaults=False):
+    """``manifest.json``: written by node 0's launcher at start and at the end (no paths, hosts, args, env)."""
+
+    run_name: str
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+    status: str = "running"  # running → completed | failed | interrupted
+    started_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    exit_code: Optional[int] = None
+    mode: Optional[str] = None
+    history_enabled: Optional[bool] = None
+    history_retention_s: Optional[float] = None
+    topology: Topology = msgspec.field(default_factory=Topology)
+    launch: Launch = msgspec.field(default_factory=Launch)
+    trace_max_steps: Optional[int] = None
+    attempts: int = 1
+    guard: Union[Guard, msgspec.UnsetType] = msgspec.UNSET  # guarded runs only
+    hygiene: Union[dict[str, Any], msgspec.UnsetType] = msgspec.UNSET  # runs with a hygiene: block
+
+    @property
+    def guarded(self) -> bool:
+        return isinstance(self.guard, Guard)
+
+    @property
+    def guard_training_status(self) -> Optional[str]:
+        return self.guard.training.status if isinstance(self.guard, Guard) and self.guard.training else None
+
+    @property
+    def workload(self) -> Optional[str]:
+        """The declared workload name of a guarded run."""
+        contract = self.guard.contract if isinstance(self.guard, Guard) else None
+        wl = contract.get("workload") if isinstance(contract, dict) else None
+        name = wl.get("name") if isinstance(wl, dict) else None
+        return name if isinstance(name, str) else None
+
+    @property
+    def declared_last_step(self) -> Optional[int]:
+        """The last step the run declared it will record: the guard contract's window, else --trace-max-steps."""
+        contract = self.guard.contract if isinstance(self.guard, Guard) else None
+        m = contract.get("measurement") if isinstance(contract, dict) else None
+        if isinstance(m, dict) and isinstance(m.get("start_step"), int) and isinstance(m.get("completed_steps"), int):
+            return m["start_step"] + m["completed_steps"] - 1
+        return self.trace_max_steps
+
+    @property
+    def hygiene_block(self) -> dict[str, Any]:
+        return self.hygiene if isinstance(self.hygiene, dict) else {}
+
+    @property
+    def max_validation_attempts(self) -> Optional[int]:
+        """``hygiene.validation.max_attempts`` as declared (None: the default applies)."""
+        validation = self.hygiene_block.get("validation")
+        value = validation.get("max_attempts") if isinstance(validation, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+class OutcomeTraining(msgspec.Struct):
+    status: Optional[str] = None  # completed | failed
+    exit_code: Optional[int] = None
+
+
+class NodeOutcome(msgspec.Struct):
+    """``nodes/node_<k>/guard_outcome.json`` as readers see it (validated fully by traceml_tui.guard.outcome)."""
+
+    node_rank: Optional[int] = None
+    run_name: Optional[str] = None
+    training: OutcomeTraining = msgspec.field(default_factory=OutcomeTraining)
+    completed_at: Optional[str] = None
+
+
+class SummaryRun(msgspec.Struct):
+    status: Optional[str] = None
+    profile: Optional[str] = None
+
+
+class RunContext(msgspec.Struct, omit_defaults=True):
+    run: Optional[SummaryRun] = None
+    declaration: Optional[dict[str, Any]] = None
+    execution: Optional[dict[str, Any]] = None
+
+
+class ComponentTrend(msgspec.Struct):
+    """One loss component's scale-free ratio over the run (1.0 = what predicting zero scores)."""
+
+    ratio_first: Optional[float] = None
+    ratio_last: Optional[float] = None
+    ratio_min: Optional[float] = None
+    ratio_recent_median: Optional[float] = None
+    learning: Optional[bool] = None
+
+
+class EvalFreshness(msgspec.Struct, omit_defaults=True):
+    completed: int = 0
+    pending: int = 0
+    newest_checkpoint: Optional[str] = None
+    newest_step: Optional[int] = None
+    lag_steps: Optional[int] = None
+    backlog: Optional[int] = None
+
+
+class TrainingSection(msgspec.Struct):
+    """Our ``training`` section: loss, scale-free ratios and evaluation freshness."""
+
+    steps_completed: Optional[int] = None
+    examples: Optional[int] = None
+    loss: Optional[dict[str, Optional[float]]] = None
+    components: dict[str, ComponentTrend] = msgspec.field(default_factory=dict)
+    eval: Optional[EvalFreshness] = None
+
+    @property
+    def worst_ratio(self) -> tuple[Optional[str], Optional[float]]:
+        """The component with the highest recent ratio: the one that learns least."""
+        best: tuple[Optional[str], Optional[float]] = (None, None)
+        for name, trend in self.components.items():
+            value = trend.ratio_recent_median if trend.ratio_recent_median is not None else trend.ratio_last
+            if value is not None and (best[1] is None or value > best[1]):
+                best = (name, value)
+        return best
+
+
+class Summary(msgspec.Struct, omit_defaults=False):
+    """``final_summary.json``: the published schema-1.9 layout plus our own sections.
+
+    The sections ``traceml compare`` reads (``step_time``, ``system``,
+    ``process``, ``step_memory``, ``analysis_window``, ``meta``) stay mappings
+    here: their layout is the published one and compare reads them as such.
+    """
+
+    schema_version: Any = None
+    generated_at: Optional[str] = None
+    duration_s: Optional[float] = None
+    analysis_window: dict[str, Any] = msgspec.field(default_factory=dict)
+    meta: dict[str, Any] = msgspec.field(default_factory=dict)
+    run_context: RunContext = msgspec.field(default_factory=RunContext)
+    primary_diagnosis: dict[str, Any] = msgspec.field(default_factory=dict)
+    system: dict[str, Any] = msgspec.field(default_factory=dict)
+    process: dict[str, Any] = msgspec.field(default_factory=dict)
+    step_time: dict[str, Any] = msgspec.field(default_factory=dict)
+    step_memory: dict[str, Any] = msgspec.field(default_factory=dict)
+    training: Optional[TrainingSection] = None
+    qc: Optional[dict[str, Any]] = None
+    environment: Optional[dict[str, Any]] = None
+    text: str = ""
+
+    @property
+    def run_status(self) -> Optional[str]:
+        return self.run_context.run.status if self.run_context.run else None
+
+
+def _decode(data: Union[bytes, str, dict, None], kind: type) -> Any:
+    if data is None:
+        return None
+    try:
+        if isinstance(data, dict):
+            return msgspec.convert(data, kind)
+        return msgspec.json.decode(data, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, TypeError):
+        return None
+
+
+def decode_manifest(data: Union[bytes, str, dict, None]) -> Optional[Manifest]:
+    """A manifest from its JSON bytes (or a parsed mapping); None when it is not one."""
+    return _decode(data, Manifest)
+
+
+def decode_outcome(data: Union[bytes, str, dict, None]) -> Optional[NodeOutcome]:
+    """A node outcome's status fields; None when it is not one."""
+    return _decode(data, NodeOutcome)
+
+
+def decode_summary(data: Union[bytes, str, dict, None]) -> Optional[Summary]:
+    """Our typed view of a final summary (ours or traceml-ai's); None when it is not one."""
+    return _decode(data, Summary)
+
+
+def check_summary(payload: dict) -> dict:
+    """Validate a summary payload against :class:`Summary` (raise ``msgspec.ValidationError``); return it."""
+    msgspec.convert(payload, Summary)
+    return payload
+
+
+def encode(value: msgspec.Struct) -> bytes:
+    """JSON bytes of a manifest/outcome/summary struct (unset fields left out)."""
+    return _encoder.encode(value)
+
+
+def to_builtins(value: msgspec.Struct) -> dict:
+    """A struct as plain JSON-ready values (unset fields left out)."""
+    return msgspec.to_builtins(value)

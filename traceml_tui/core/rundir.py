@@ -1,0 +1,357 @@
+"""The run directory: the only code that names or lists a run's paths.
+
+```
+<logs-dir>/<run-name>/
+  manifest.json                         node 0, atomic
+  final_summary.json, final_summary.txt
+  learning_curve.png, early_stopping.json
+  nodes/node_<k>/guard_outcome.json     guarded runs
+  nodes/node_<k>/system.jsonl           ~1 Hz node samples
+  nodes/node_<k>/training.stdout.log, training.stderr.log
+  ranks/rank_<r>/steps-<attempt>.jsonl  one writer per file; a resume is a new attempt
+  validation/requests|claims|receipts|failures/<checkpoint>….json
+  checkpoints/                          published, immutable checkpoints
+  qc/batch_grid/<name>/step-<n>.json
+```
+
+Listing never follows a symbolic link and reports regular files only (see
+docs/daemon.md, "what the daemon reads"): a link named ``rank_0`` or
+``steps-0.jsonl`` is not a rank or a stream, wherever it points.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple, Optional
+
+MANIFEST = "manifest.json"
+SUMMARY_JSON = "final_summary.json"
+SUMMARY_TXT = "final_summary.txt"
+LEARNING_CURVE = "learning_curve.png"
+EARLY_STOPPING = "early_stopping.json"
+NODES = "nodes"
+RANKS = "ranks"
+VALIDATION = "validation"
+CHECKPOINTS = "checkpoints"
+BATCH_GRID = "qc/batch_grid"
+OUTCOME = "guard_outcome.json"
+SYSTEM = "system.jsonl"
+STDOUT_LOG = "training.stdout.log"
+STDERR_LOG = "training.stderr.log"
+#: Backlog folders under ``validation/`` and the kind of file each holds.
+BACKLOG_KINDS: dict[str, str] = {"requests": "request", "claims": "claim", "receipts": "receipt",
+                                 "failures": "failure"}
+
+_STEPS_RE = re.compile(r"steps-(\d+)\.jsonl")
+_RANK_RE = re.compile(r"rank_(\d+)")
+_NODE_RE = re.compile(r"node_(\d+)")
+#: What makes a folder a run directory (not through links).
+RUN_MARKERS = (MANIFEST, RANKS, NODES)
+#: Folders inside a run that never hold another run (discovery does not descend into them).
+RUN_SUBDIRS = frozenset({RANKS, NODES, VALIDATION, CHECKPOINTS, "qc", "__pycache__"})
+
+
+def steps_file_name(attempt: int) -> str:
+    """File name of one rank's step stream for one attempt."""
+    return f"steps-{int(attempt)}.jsonl"
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank_{int(rank)}"
+
+
+def node_dir_name(node_rank: int) -> str:
+    return f"node_{int(node_rank)}"
+
+
+def parse_steps_name(name: str) -> Optional[int]:
+    """The attempt number of a ``steps-<n>.jsonl`` file name, else None."""
+    m = _STEPS_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_rank_name(name: str) -> Optional[int]:
+    m = _RANK_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_node_name(name: str) -> Optional[int]:
+    m = _NODE_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+class StepFile(NamedTuple):
+    """One rank's step stream of one attempt."""
+
+    rank: int
+    attempt: int
+    path: Path
+
+
+class StreamFile(NamedTuple):
+    """A JSONL stream of a run, relative to the run directory."""
+
+    rel: str
+    stream: str  # "steps" (a rank file) or "system" (a node file)
+    rank: Optional[int]
+    attempt: Optional[int]
+    node: Optional[int]
+
+
+class SideFile(NamedTuple):
+    """A JSON side file of a run, relative to the run directory."""
+
+    rel: str
+    kind: str  # manifest | summary | outcome | request | claim | receipt | failure
+    key: Optional[str]  # checkpoint id (backlog) or node rank (outcome)
+    size: int
+    mtime_ns: int
+
+
+def _scandir(path: os.PathLike[str] | str) -> list[os.DirEntry]:
+    """Entries of a real folder; a link in its place (or anything else) lists nothing."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return []
+        with os.scandir(path) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _regular_stat(entry: os.DirEntry) -> Optional[os.stat_result]:
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _numbered_dirs(parent: Path, parse) -> list[tuple[int, os.DirEntry]]:
+    out = []
+    for entry in _scandir(parent):
+        n = parse(entry.name)
+        if n is not None and _is_dir(entry):
+            out.append((n, entry))
+    return sorted(out, key=lambda t: t[0])
+
+
+def is_run_dir(path: os.PathLike[str] | str) -> bool:
+    """A run directory holds a manifest or a ``ranks``/``nodes`` folder (not through links)."""
+    for name in RUN_MARKERS:
+        try:
+            st = os.lstat(os.path.join(path, name))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Every path of one run, and the listings of its ranks, nodes and backlog."""
+
+    path: Path
+
+    def __init__(self, path: os.PathLike[str] | str) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    # -- run-level files
+    @property
+    def manifest(self) -> Path:
+        return self.path / MANIFEST
+
+    @property
+    def summary_json(self) -> Path:
+        return self.path / SUMMARY_JSON
+
+    @property
+    def summary_txt(self) -> Path:
+        return self.path / SUMMARY_TXT
+
+    @property
+    def learning_curve(self) -> Path:
+        return self.path / LEARNING_CURVE
+
+    @property
+    def early_stopping(self) -> Path:
+        return self.path / EARLY_STOPPING
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def batch_grid(self) -> Path:
+        return self.path / BATCH_GRID
+
+    # -- nodes
+    @property
+    def nodes(self) -> Path:
+        return self.path / NODES
+
+    def node_dir(self, node_rank: int) -> Path:
+        return self.nodes / node_dir_name(node_rank)
+
+    def outcome(self, node_rank: int) -> Path:
+        return self.node_dir(node_rank) / OUTCOME
+
+    def system(self, node_rank: int) -> Path:
+        return self.node_dir(node_rank) / SYSTEM
+
+    def stdout_log(self, node_rank: int) -> Path:
+        return self.node_dir(node_rank) / STDOUT_LOG
+
+    def stderr_log(self, node_rank: int) -> Path:
+        return self.node_dir(node_rank) / STDERR_LOG
+
+    def node_ranks(self) -> list[int]:
+        """Node numbers that have a folder (sorted; links are not nodes)."""
+        return [n for n, _ in _numbered_dirs(self.nodes, parse_node_name)]
+
+    def system_files(self) -> list[tuple[int, Path]]:
+        """(node, ``system.jsonl``) for each node that has one (regular files only)."""
+        out = []
+        for node, entry in _numbered_dirs(self.nodes, parse_node_name):
+            path = Path(entry.path) / SYSTEM
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    out.append((node, path))
+            except OSError:
+                continue
+        return out
+
+    # -- ranks
+    @property
+    def ranks(self) -> Path:
+        return self.path / RANKS
+
+    def rank_dir(self, rank: int) -> Path:
+        return self.ranks / rank_dir_name(rank)
+
+    def steps_file(self, rank: int, attempt: int) -> Path:
+        return self.rank_dir(rank) / steps_file_name(attempt)
+
+    def step_files(self, rank: Optional[int] = None) -> list[StepFile]:
+        """Every rank's step streams (or one rank's), by rank then attempt; regular files only."""
+        out = []
+        for r, entry in _numbered_dirs(self.ranks, parse_rank_name):
+            if rank is not None and r != rank:
+                continue
+            for f in _scandir(entry.path):
+                attempt = parse_steps_name(f.name)
+                if attempt is not None and _regular_stat(f) is not None:
+                    out.append(StepFile(r, attempt, Path(f.path)))
+        out.sort(key=lambda s: (s.rank, s.attempt))
+        return out
+
+    def rank_numbers(self) -> list[int]:
+        return [r for r, _ in _numbered_dirs(self.ranks, parse_rank_name)]
+
+    # -- validation backlog
+    @property
+    def validation(self) -> Path:
+        return self.path / VALIDATION
+
+    def backlog_dir(self, folder: str) -> Path:
+        """One backlog folder: ``requests``, ``claims``, ``receipts`` or ``failures``."""
+        if folder not in BACKLOG_KINDS:
+            raise ValueError(f"unknown backlog folder {folder!r}")
+        return self.validation / folder
+
+    def request(self, checkpoint: str) -> Path:
+        return self.backlog_dir("requests") / f"{checkpoint}.json"
+
+    def claim(self, checkpoint: str) -> Path:
+        return self.backlog_dir("claims") / f"{checkpoint}.json"
+
+    def receipt(self, checkpoint: str) -> Path:
+        return self.backlog_dir("receipts") / f"{checkpoint}.json"
+
+    def failure(self, checkpoint: str, attempt: int) -> Path:
+        return self.backlog_dir("failures") / f"{checkpoint}-{int(attempt)}.json"
+
+    def backlog_files(self, folder: str) -> list[Path]:
+        """The JSON files of one backlog folder (regular files, no hidden temp files), by name."""
+        out = []
+        for entry in _scandir(self.backlog_dir(folder)):
+            if entry.name.endswith(".json") and not entry.name.startswith(".") and _regular_stat(entry) is not None:
+                out.append(Path(entry.path))
+        return sorted(out)
+
+    # -- one listing of everything the daemon ingests
+    def scan(self) -> tuple[list[StreamFile], list[SideFile]]:
+        """The run's JSONL streams and JSON side files, relative to it (regular files only, no links)."""
+        streams: list[StreamFile] = []
+        sides: list[SideFile] = []
+
+        def side(entry: os.DirEntry, rel: str, kind: str, key: Optional[str]) -> None:
+            st = _regular_stat(entry)
+            if st is not None:
+                sides.append(SideFile(rel, kind, key, st.st_size, st.st_mtime_ns))
+
+        for entry in _scandir(self.path):
+            if entry.name == MANIFEST:
+                side(entry, MANIFEST, "manifest", None)
+            elif entry.name == SUMMARY_JSON:
+                side(entry, SUMMARY_JSON, "summary", None)
+        for rank, rank_entry in _numbered_dirs(self.ranks, parse_rank_name):
+            for f in _scandir(rank_entry.path):
+                attempt = parse_steps_name(f.name)
+                if attempt is not None and _regular_stat(f) is not None:
+                    streams.append(StreamFile(f"{RANKS}/{rank_entry.name}/{f.name}", "steps", rank, attempt, None))
+        for node, node_entry in _numbered_dirs(self.nodes, parse_node_name):
+            for f in _scandir(node_entry.path):
+                rel = f"{NODES}/{node_entry.name}/{f.name}"
+                if f.name == SYSTEM and _regular_stat(f) is not None:
+                    streams.append(StreamFile(rel, "system", None, None, node))
+                elif f.name == OUTCOME:
+                    side(f, rel, "outcome", str(node))
+        for folder, kind in BACKLOG_KINDS.items():
+            for f in _scandir(self.validation / folder):
+                if f.name.endswith(".json") and not f.name.startswith("."):
+                    side(f, f"{VALIDATION}/{folder}/{f.name}", kind, f.name[: -len(".json")])
+        return streams, sides
+
+
+def discover_runs(root: os.PathLike[str] | str, max_depth: int = 4) -> Iterator[str]:
+    """Run directories at most ``max_depth`` levels below ``root`` (the root itself included); no links."""
+    stack = [(os.fspath(root), 0)]
+    while stack:
+        path, depth = stack.pop()
+        if is_run_dir(path):
+            yield path
+            continue  # runs do not nest
+        if depth >= max_depth:
+            continue
+        for entry in _scandir(path):
+            if entry.name.startswith(".") or entry.name in RUN_SUBDIRS:
+                continue
+            if _is_dir(entry):
+                stack.append((entry.path, depth + 1))
+
+
+def run_dir_of(path: str, run_dirs) -> Optional[str]:
+    """The known run directory (a key of ``run_dirs``) that holds ``path``, if any."""
+    probe = path
+    while probe and probe != os.path.dirname(probe):
+        if probe in run_dirs:
+            return probe
+        probe = os.path.dirname(probe)
+    return None

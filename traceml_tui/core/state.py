@@ -1,0 +1,277 @@
+"""The state words of traceml and the pure rules that decide them.
+
+Every surface — ``traceml status`` (table, ``--json``, ``--oneline``), the
+Runs and Run screens of ``traceml watch``, its alerts, ``traceml validate
+status``, the index and the summary — shows the words these functions return.
+No other module decides a run's, a rank's or a validation request's state.
+
+The rules (docs/contracts.md, "state rules"):
+
+* A rank whose ``rank_end`` says ``exited`` or ``completed`` with no non-zero
+  exit code ended cleanly (the SDK writes ``exited`` after a normal return: it
+  cannot see ``sys.exit(n)``; the launcher records the real code).
+* A rank that ended ``failed`` (an exception), with a non-zero exit code or a
+  signal, failed; ``interrupted`` (Ctrl-C) is its own word.
+* A rank with no end record is **lost** once nothing more can come from it:
+  the run is final (manifest or summary), its node's outcome is written, or
+  every other rank ended and it stayed silent for the stall limit after that.
+* A rank that has not ended is **stalled** when it has been silent for the
+  stall limit — ``max(STALL_FLOOR_S, STALL_INTERVALS × median step interval)`` —
+  measured by record time against the run's newest record (the others go on
+  without it), or against now when the ingester too has seen nothing new for
+  that long (a hung collective silences every rank at once; an ingest backlog
+  is not a stall).
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+
+if sys.version_info >= (3, 11):
+    StrEnum = enum.StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+class RunStatus(StrEnum):
+    """What a run is doing, or how it ended."""
+
+    RUNNING = "running"
+    STALLED = "stalled"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    LOST = "lost"
+    MISSING = "missing"  # its folder is gone from disk; the index keeps its rows
+
+
+class RankState(StrEnum):
+    """One rank (its newest attempt)."""
+
+    RUNNING = "running"
+    STALLED = "stalled"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    LOST = "lost"
+
+
+class BacklogState(StrEnum):
+    """One validation request of the backlog (one checkpoint)."""
+
+    PENDING = "pending"
+    CLAIMED = "claimed"
+    STALE_CLAIM = "stale-claim"
+    COMPLETED = "completed"
+    FAILED = "failed"  # an attempt failed; a retry is left
+    BLOCKED = "blocked"  # every allowed attempt failed
+
+
+#: Attention order: the states a user must look at first come first (Runs table sort).
+RUN_ATTENTION: tuple[RunStatus, ...] = (
+    RunStatus.FAILED, RunStatus.LOST, RunStatus.STALLED, RunStatus.INTERRUPTED, RunStatus.RUNNING,
+    RunStatus.COMPLETED, RunStatus.MISSING,
+)
+#: Run states an alert (bell, notification) announces when a run enters them.
+ALERT_STATES: frozenset[RunStatus] = frozenset({RunStatus.FAILED, RunStatus.LOST, RunStatus.STALLED})
+#: Run states that are over: nothing more will be written.
+FINAL_RUN_STATES: frozenset[RunStatus] = frozenset({
+    RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.INTERRUPTED, RunStatus.LOST})
+BACKLOG_ORDER: tuple[BacklogState, ...] = (
+    BacklogState.STALE_CLAIM, BacklogState.BLOCKED, BacklogState.FAILED, BacklogState.CLAIMED,
+    BacklogState.PENDING, BacklogState.COMPLETED,
+)
+
+#: A silent rank is stalled after at least this many seconds …
+STALL_FLOOR_S = 30.0
+#: … and this many of its run's median step intervals.
+STALL_INTERVALS = 10.0
+#: Validation attempts per checkpoint before a request is blocked (``hygiene.validation.max_attempts``).
+DEFAULT_MAX_ATTEMPTS = 3
+
+#: ``rank_end`` statuses the SDK writes after a normal end of the script.
+_CLEAN_ENDS = frozenset({"exited", "completed"})
+#: Manifest/summary run statuses that mean the launcher is done.
+_FINAL_WORDS = {"completed": RunStatus.COMPLETED, "failed": RunStatus.FAILED,
+                "interrupted": RunStatus.INTERRUPTED}
+
+
+def stall_limit_s(median_interval_s: Optional[float], floor_s: float = STALL_FLOOR_S) -> float:
+    """Seconds of silence after which a rank that has not ended is stalled."""
+    interval = median_interval_s if median_interval_s and median_interval_s > 0 else 0.0
+    return max(floor_s, STALL_INTERVALS * interval)
+
+
+def rank_end_state(status: Optional[str], exit_code: Optional[int]) -> RankState:
+    """The state a ``rank_end`` record (its status word and exit code) stands for."""
+    if status == "interrupted":
+        return RankState.INTERRUPTED
+    if status in _CLEAN_ENDS and (exit_code is None or exit_code == 0):
+        return RankState.COMPLETED
+    return RankState.FAILED
+
+
+def final_run_word(status: Optional[str]) -> Optional[RunStatus]:
+    """The run status a manifest's or summary's ``status`` word stands for, when it is final."""
+    return _FINAL_WORDS.get(status) if isinstance(status, str) else None
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """What is known about one rank's newest attempt (from its records and the files around it)."""
+
+    rank: int
+    last_ts: Optional[float]  # record time of its newest record
+    end_status: Optional[str] = None  # the rank_end record's status, when it ended
+    end_exit_code: Optional[int] = None
+    end_ts: Optional[float] = None
+    node_outcome_written: bool = False  # its node's guard outcome exists (the launcher of that node is done)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What is known about a run: the facts :func:`decide_run` turns into words."""
+
+    ranks: tuple[RankFacts, ...]
+    now: float
+    median_interval_s: Optional[float] = None
+    last_ingest: Optional[float] = None  # when the ingester last stored anything of this run (None: not known)
+    manifest_status: Optional[str] = None
+    summary_status: Optional[str] = None
+    guard_training_status: Optional[str] = None  # the collected guard outcome: completed | incomplete
+    outcome_exit_codes: tuple[Optional[int], ...] = ()  # exit codes of the node outcomes written
+    outcome_failed: int = 0  # node outcomes that report a failure
+    missing: bool = False
+    stall_floor_s: float = STALL_FLOOR_S
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """A run's status and the state of each of its ranks (same order as ``RunFacts.ranks``)."""
+
+    status: RunStatus
+    ranks: tuple[RankState, ...]
+
+    @property
+    def silent_ranks(self) -> tuple[int, ...]:
+        """Indexes into the facts' ranks that are stalled or lost (use :func:`decide_run`'s facts for rank ids)."""
+        return tuple(i for i, s in enumerate(self.ranks) if s in (RankState.STALLED, RankState.LOST))
+
+
+def decide_ranks(facts: RunFacts) -> tuple[RankState, ...]:
+    """The state of every rank of a run (pure; see the module docstring for the rules)."""
+    limit = stall_limit_s(facts.median_interval_s, facts.stall_floor_s)
+    final = (final_run_word(facts.manifest_status) or final_run_word(facts.summary_status)) is not None
+    stamps = [r.last_ts for r in facts.ranks if r.last_ts is not None]
+    newest = max(stamps) if stamps else None
+    ingest_idle = facts.last_ingest is None or facts.now - facts.last_ingest > limit
+    ended = [r for r in facts.ranks if r.end_status is not None]
+    out = []
+    for r in facts.ranks:
+        if r.end_status is not None:
+            out.append(rank_end_state(r.end_status, r.end_exit_code))
+            continue
+        if final or r.node_outcome_written:
+            out.append(RankState.LOST)
+            continue
+        others = [o for o in ended if o.rank != r.rank]
+        if others and len(others) == len(facts.ranks) - 1:
+            since = max([o.end_ts or o.last_ts or 0.0 for o in others] + [r.last_ts or 0.0])
+            if facts.now - since > limit and ingest_idle:
+                out.append(RankState.LOST)
+                continue
+        silent = False
+        if r.last_ts is not None and newest is not None:
+            silent = newest - r.last_ts > limit or (facts.now - r.last_ts > limit and ingest_idle)
+        out.append(RankState.STALLED if silent else RankState.RUNNING)
+    return tuple(out)
+
+
+def decide_run(facts: RunFacts) -> RunVerdict:
+    """A run's status from its facts, and its ranks' states (pure).
+
+    Order of the rules: a folder gone from disk is ``missing``; a final word of
+    the launcher (manifest, else summary) is kept, but a ``completed`` launch
+    whose guard outcomes are incomplete or failed, or with a failed rank, is
+    ``failed``; without a final word, a failed rank makes the run ``failed``
+    at once, a lost rank ``lost``, every rank ended cleanly ``completed``, a
+    silent rank ``stalled``; otherwise it is ``running``.
+    """
+    ranks = decide_ranks(facts)
+    if facts.missing:
+        return RunVerdict(RunStatus.MISSING, ranks)
+    word = final_run_word(facts.manifest_status) or final_run_word(facts.summary_status)
+    guard_bad = (facts.guard_training_status not in (None, "completed")) or facts.outcome_failed > 0
+    if word is not None:
+        if word is RunStatus.COMPLETED and (guard_bad or RankState.FAILED in ranks):
+            return RunVerdict(RunStatus.FAILED, ranks)
+        return RunVerdict(word, ranks)
+    if RankState.FAILED in ranks or facts.outcome_failed > 0:
+        return RunVerdict(RunStatus.FAILED, ranks)
+    if RankState.LOST in ranks:
+        return RunVerdict(RunStatus.LOST, ranks)
+    if RankState.INTERRUPTED in ranks and all(s in (RankState.INTERRUPTED, RankState.COMPLETED) for s in ranks):
+        return RunVerdict(RunStatus.INTERRUPTED, ranks)
+    if ranks and all(s is RankState.COMPLETED for s in ranks):
+        return RunVerdict(RunStatus.COMPLETED, ranks)
+    if RankState.STALLED in ranks:
+        return RunVerdict(RunStatus.STALLED, ranks)
+    return RunVerdict(RunStatus.RUNNING, ranks)
+
+
+def outcome_failed(status: Optional[str], exit_code: Optional[int]) -> bool:
+    """Whether one node's guard outcome reports a failure."""
+    return status == "failed" or (isinstance(exit_code, int) and not isinstance(exit_code, bool) and exit_code != 0)
+
+
+# --------------------------------------------------------------------------- validation backlog
+
+
+def claim_is_stale(*, heartbeat: Optional[float], lease_s: Optional[float], now: float,
+                   owner_alive: Optional[bool]) -> bool:
+    """Whether a claim was abandoned.
+
+    ``owner_alive`` is what a process probe on the owner's host said (True or
+    False), or None when the owner runs on another host; then only its
+    heartbeat tells, and a claim whose heartbeat is older than its lease is
+    stale (one without heartbeat or lease cannot prove it is alive).
+    """
+    if owner_alive is not None:
+        return not owner_alive
+    if heartbeat is None or lease_s is None:
+        return True
+    return now - heartbeat > lease_s
+
+
+def decide_backlog(*, has_receipt: bool, has_claim: bool, claim_stale: bool, failures: int,
+                   max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> BacklogState:
+    """The state of one validation request from the files around it (pure).
+
+    A receipt is final; a live claim is being worked on, an abandoned one is
+    ``stale-claim``; failures with a retry left are ``failed``, with every
+    allowed attempt spent ``blocked``; nothing yet is ``pending``.
+    """
+    if has_receipt:
+        return BacklogState.COMPLETED
+    if has_claim:
+        return BacklogState.STALE_CLAIM if claim_stale else BacklogState.CLAIMED
+    if failures >= max(1, max_attempts):
+        return BacklogState.BLOCKED
+    if failures:
+        return BacklogState.FAILED
+    return BacklogState.PENDING
+
+
+def count_states(states: Iterable[str], order: Sequence[str]) -> dict[str, int]:
+    """How many of each state word, in ``order`` (zero counts left out)."""
+    counts = {s: 0 for s in order}
+    for s in states:
+        counts[s] = counts.get(s, 0) + 1
+    return {str(k): v for k, v in counts.items() if v}
