@@ -1,14 +1,14 @@
-"""Read-only API over the index for the TUI and ``traceml status``.
+"""Read-only API over the index: the only code that reads it with SQL.
 
-Every method returns plain frozen dataclasses (no Textual, no SQLite rows),
-and costs what it returns: aggregates and downsampled series were computed at
-ingest time (:mod:`daemon.live`). :meth:`Reader.data_version` is one primary
-key lookup, cheap enough to poll several times a second; when it moved,
+Every method returns frozen dataclasses with states already decided by
+:mod:`traceml_tui.core.state` (no Textual, no SQLite rows), and costs what it
+returns: aggregates and downsampled series were computed at ingest time
+(:mod:`daemon.live`). :meth:`Reader.data_version` is one primary-key lookup,
+cheap enough to poll several times a second; when it moved,
 :meth:`Reader.changes_since` names the runs that changed.
 
-Run status is derived here because "stalled" depends on the clock: a run
-with no new record for ``stall_factor`` times its typical step interval (and
-at least ``stall_floor_s`` seconds) is stalled.
+``traceml status``, ``traceml watch`` and its alerts all read runs through
+:meth:`Reader.list_runs`, so they show the same word for the same run.
 """
 
 from __future__ import annotations
@@ -21,20 +21,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from . import index as idx
+from traceml_tui.core import artifacts
+from traceml_tui.core.owner import probe_owner
+from traceml_tui.core.state import (
+    DEFAULT_MAX_ATTEMPTS,
+    STALL_FLOOR_S,
+    BacklogState,
+    RankFacts,
+    RankState,
+    RunFacts,
+    RunStatus,
+    claim_is_stale,
+    decide_backlog,
+    decide_run,
+)
 
-STATUSES = ("running", "stalled", "failed", "completed", "missing")
+from . import index as idx
 
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One run as listed on the Runs screen."""
+    """One run as listed by ``traceml status`` and the Runs screen."""
 
     run_id: int
     name: str
     dir: str
     root: str
-    status: str  # running | stalled | failed | completed | missing
+    status: RunStatus
     missing: bool
     ranks: int
     ranks_ended: int
@@ -57,11 +70,22 @@ class RunSummary:
     started_at: Optional[str]
     ended_at: Optional[str]
     version: int
+    median_interval_s: Optional[float] = None
+    rank_states: tuple[tuple[int, RankState], ...] = ()  # (rank, state) of each rank's newest attempt
+
+    def ranks_in(self, *states: RankState) -> tuple[int, ...]:
+        """The ranks whose newest attempt is in one of ``states``."""
+        return tuple(r for r, s in self.rank_states if s in states)
+
+    @property
+    def silent_ranks(self) -> tuple[int, ...]:
+        """Ranks that stopped writing without an end: stalled or lost."""
+        return self.ranks_in(RankState.STALLED, RankState.LOST)
 
 
 @dataclass(frozen=True)
 class RankRow:
-    """One (rank, attempt) of a run with its rolling figures."""
+    """One (rank, attempt) of a run with its rolling figures; ``state`` is decided for the newest attempt."""
 
     rank: int
     attempt: int
@@ -80,7 +104,13 @@ class RankRow:
     ratios: tuple[tuple[str, float], ...]
     ended: Optional[str]
     exit_code: Optional[int]
-    stalled: bool
+    end_ts: Optional[float]
+    node: Optional[int]
+    state: Optional[RankState]  # None for an older attempt (superseded by a resume)
+
+    @property
+    def stalled(self) -> bool:
+        return self.state is RankState.STALLED
 
 
 @dataclass(frozen=True)
@@ -96,12 +126,12 @@ class Outcome:
 
 @dataclass(frozen=True)
 class RunDetail:
-    """Everything the Run detail screen shows above its charts."""
+    """Everything the Run screen shows above its charts."""
 
     run: RunSummary
     ranks: tuple[RankRow, ...]
     outcomes: tuple[Outcome, ...]
-    manifest: Optional[dict]
+    manifest: Optional[artifacts.Manifest]
     summary_status: Optional[str]
     nodes: tuple[int, ...]
     metrics: tuple[str, ...]
@@ -143,7 +173,7 @@ class BacklogItem:
     """One checkpoint of the validation backlog and where it stands."""
 
     checkpoint: str
-    state: str  # pending | claimed | stale-claim | completed | failed
+    state: BacklogState
     step: Optional[int]
     created: Optional[float]
     claimed: Optional[float]
@@ -153,6 +183,7 @@ class BacklogItem:
     failures: int
     last_error: Optional[str]
     metrics: tuple[tuple[str, Any], ...]
+    owner: Optional[str] = None  # "host:pid" of the claim's owner
 
 
 @dataclass(frozen=True)
@@ -184,57 +215,52 @@ class Changes:
     run_ids: tuple[int, ...]
 
 
-def derive_status(row: dict, now: float, stall_factor: float, stall_floor_s: float) -> str:
-    """Status of a run from its stored signals (pure; see module docstring for "stalled")."""
-    if row.get("missing"):
-        return "missing"
-    failed_words = {"failed", "interrupted", "incomplete"}
-    signals = [row.get("manifest_status"), row.get("training_status"), row.get("summary_status")]
-    total, ended, failed_ranks = row.get("ranks_total") or 0, row.get("ranks_ended") or 0, row.get("ranks_failed") or 0
-    if row.get("outcomes_failed") or any(s in failed_words for s in signals) or (total and ended == total and failed_ranks):
-        return "failed"
-    if any(s == "completed" for s in signals) or (total and ended == total):
-        return "completed"
-    if is_stalled(row.get("last_seen"), row.get("median_interval_s"), now, stall_factor, stall_floor_s):
-        return "stalled"
-    return "running"
-
-
-def is_stalled(last_seen: Optional[float], interval: Optional[float], now: float, factor: float, floor: float) -> bool:
-    """True when nothing arrived for ``factor`` typical intervals (and at least ``floor`` seconds)."""
-    if last_seen is None:
-        return False
-    limit = max(floor, factor * interval) if interval else floor
-    return now - last_seen > limit
-
-
-_RUN_COLS = ("run_id", "name", "dir", "root", "missing", "ranks_total", "ranks_ended", "ranks_failed", "last_step",
+_RUN_COLS = ("run_id", "name", "dir", "root", "missing", "ranks_total", "ranks_ended", "last_step",
              "last_ts", "last_seen", "steps_per_s", "examples_per_s", "slowest_rank", "straggler_score", "records",
              "errors", "manifest_status", "training_status", "summary_status", "outcomes_total", "outcomes_failed",
              "nnodes", "nproc_per_node", "world_size", "started_at", "ended_at", "updated_version",
-             "median_interval_s")
+             "median_interval_s", "outcome_nodes")
 _RANK_COLS = ("rank", "attempt", "records", "first_step", "last_step", "last_ts", "last_seen", "median_step_ms",
               "median_input_wait_ms", "median_interval_s", "steps_per_s", "examples_per_s", "loss", "ratios", "ended",
-              "exit_code")
+              "exit_code", "end_ts", "node")
+_LATEST = ("attempt = (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)")
 
 
 def _num(v) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def _loads(text: Optional[str]) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _nodes_of(text: Optional[str]) -> frozenset[int]:
+    if not text:
+        return frozenset()
+    return frozenset(int(p) for p in str(text).split(",") if p.strip().lstrip("-").isdigit())
+
+
 class Reader:
     """Read-only access to one index file.
 
+    ``stall_floor_s`` is the least silence (seconds) after which a rank that
+    has not ended counts as stalled (``traceml status --stall-after``); the
+    rest of the rule is :func:`traceml_tui.core.state.stall_limit_s`.
     Raises ``FileNotFoundError`` when the index does not exist yet.
     """
 
-    def __init__(self, index_path: str | os.PathLike[str], stall_factor: float = 5.0, stall_floor_s: float = 10.0):
+    def __init__(self, index_path: str | os.PathLike[str], stall_floor_s: float = STALL_FLOOR_S):
         self.index_path = str(index_path)
         if not Path(self.index_path).is_file():
             raise FileNotFoundError(self.index_path)
         self.conn = idx.connect_reader(self.index_path)
-        self.stall_factor = stall_factor
         self.stall_floor_s = stall_floor_s
+        self._manifests: dict[int, tuple[int, Optional[artifacts.Manifest]]] = {}
 
     def close(self) -> None:
         self.conn.close()
@@ -253,6 +279,10 @@ class Reader:
                 return []  # an index being created right now
             raise
 
+    def ready(self) -> bool:
+        """True once the writer has created the schema."""
+        return bool(self._rows("SELECT v FROM version WHERE id = 1"))
+
     # ------------------------------------------------------------------ versions
     def data_version(self) -> int:
         """Monotonic counter bumped by every committed ingest batch."""
@@ -266,64 +296,106 @@ class Reader:
         return Changes(current, tuple(ids))
 
     # ------------------------------------------------------------------ runs
-    def _summary(self, row: tuple, now: float) -> RunSummary:
+    def _rank_rows(self, where: str, params: tuple) -> dict[int, list[dict]]:
+        out: dict[int, list[dict]] = {}
+        for row in self._rows(f"SELECT run_id, {', '.join(_RANK_COLS)} FROM rank_live r WHERE {where}"
+                              " ORDER BY run_id, rank, attempt", params):
+            out.setdefault(row[0], []).append(dict(zip(_RANK_COLS, row[1:])))
+        return out
+
+    def _decide(self, d: dict, latest: list[dict], now: float) -> tuple[RunStatus, tuple[tuple[int, RankState], ...]]:
+        outcome_nodes = _nodes_of(d.get("outcome_nodes"))
+        ranks = tuple(
+            RankFacts(rank=r["rank"], last_ts=r["last_ts"], end_status=r["ended"], end_exit_code=r["exit_code"],
+                      end_ts=r["end_ts"], node_outcome_written=r["node"] is not None and r["node"] in outcome_nodes)
+            for r in latest)
+        verdict = decide_run(RunFacts(
+            ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],
+            manifest_status=d["manifest_status"], summary_status=d["summary_status"],
+            guard_training_status=d["training_status"], outcome_failed=d["outcomes_failed"] or 0,
+            missing=bool(d["missing"]), stall_floor_s=self.stall_floor_s))
+        return verdict.status, tuple((f.rank, s) for f, s in zip(ranks, verdict.ranks))
+
+    def _summary(self, row: tuple, latest: list[dict], now: float) -> RunSummary:
         d = dict(zip(_RUN_COLS, row))
+        status, rank_states = self._decide(d, latest, now)
         return RunSummary(
-            run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"],
-            status=derive_status(d, now, self.stall_factor, self.stall_floor_s), missing=bool(d["missing"]),
-            ranks=d["ranks_total"], ranks_ended=d["ranks_ended"], last_step=d["last_step"], last_ts=d["last_ts"],
-            last_seen=d["last_seen"], steps_per_s=d["steps_per_s"], examples_per_s=d["examples_per_s"],
-            slowest_rank=d["slowest_rank"], straggler_score=d["straggler_score"], records=d["records"],
-            errors=d["errors"], manifest_status=d["manifest_status"], training_status=d["training_status"],
+            run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"], status=status,
+            missing=bool(d["missing"]), ranks=d["ranks_total"], ranks_ended=d["ranks_ended"],
+            last_step=d["last_step"], last_ts=d["last_ts"], last_seen=d["last_seen"], steps_per_s=d["steps_per_s"],
+            examples_per_s=d["examples_per_s"], slowest_rank=d["slowest_rank"],
+            straggler_score=d["straggler_score"], records=d["records"], errors=d["errors"],
+            manifest_status=d["manifest_status"], training_status=d["training_status"],
             outcomes_total=d["outcomes_total"], outcomes_failed=d["outcomes_failed"], nnodes=d["nnodes"],
             nproc_per_node=d["nproc_per_node"], world_size=d["world_size"], started_at=d["started_at"],
-            ended_at=d["ended_at"], version=d["updated_version"],
+            ended_at=d["ended_at"], version=d["updated_version"], median_interval_s=d["median_interval_s"],
+            rank_states=rank_states,
         )
 
     def list_runs(self, roots: Optional[list[str]] = None, now: Optional[float] = None) -> tuple[RunSummary, ...]:
-        """All runs (optionally only those under ``roots``), newest first."""
+        """All runs (optionally only those under ``roots``), newest first, with states decided."""
         now = time.time() if now is None else now
         rows = self._rows(f"SELECT {', '.join(_RUN_COLS)} FROM runs ORDER BY first_seen DESC, run_id DESC")
-        runs = [self._summary(r, now) for r in rows]
         if roots:
             real = [os.path.realpath(r).rstrip("/") for r in roots]
-            runs = [r for r in runs if any(r.dir == p or r.dir.startswith(p + "/") for p in real)]
-        return tuple(runs)
+            rows = [r for r in rows if any(r[2] == p or r[2].startswith(p + "/") for p in real)]
+        latest = self._rank_rows(_LATEST, ())
+        return tuple(self._summary(r, latest.get(r[0], []), now) for r in rows)
 
     def run(self, run_id: int, now: Optional[float] = None) -> Optional[RunSummary]:
         """One run's summary, or None."""
         rows = self._rows(f"SELECT {', '.join(_RUN_COLS)} FROM runs WHERE run_id = ?", (run_id,))
-        return self._summary(rows[0], time.time() if now is None else now) if rows else None
+        if not rows:
+            return None
+        latest = self._rank_rows(f"run_id = ? AND {_LATEST}", (run_id,))
+        return self._summary(rows[0], latest.get(run_id, []), time.time() if now is None else now)
 
     def find_run(self, name_or_dir: str) -> Optional[RunSummary]:
         """A run by directory or by name (the newest with that name)."""
         real = os.path.realpath(name_or_dir)
-        for run in self.list_runs():
+        runs = self.list_runs()
+        for run in runs:
             if run.dir == real:
                 return run
-        for run in self.list_runs():
+        for run in runs:
             if run.name == name_or_dir:
                 return run
         return None
 
     def rank_rows(self, run_id: int, now: Optional[float] = None) -> tuple[RankRow, ...]:
-        """Per (rank, attempt) rows, ordered by rank then attempt."""
-        now = time.time() if now is None else now
-        rows = self._rows(f"SELECT {', '.join(_RANK_COLS)} FROM rank_live WHERE run_id = ? ORDER BY rank, attempt",
-                          (run_id,))
+        """Per (rank, attempt) rows, ordered by rank then attempt; the newest attempt carries the state."""
+        run = self.run(run_id, now)
+        states = dict(run.rank_states) if run is not None else {}
+        rows = self._rank_rows("run_id = ?", (run_id,)).get(run_id, [])
         latest: dict[int, int] = {}
-        for r in rows:
-            latest[r[0]] = max(latest.get(r[0], r[1]), r[1])
+        for d in rows:
+            latest[d["rank"]] = max(latest.get(d["rank"], d["attempt"]), d["attempt"])
         out = []
-        for r in rows:
-            d = dict(zip(_RANK_COLS, r))
-            ratios = tuple(sorted(json.loads(d["ratios"]).items())) if d["ratios"] else ()
+        for d in rows:
             is_latest = latest[d["rank"]] == d["attempt"]
-            stalled = bool(is_latest and not d["ended"] and is_stalled(
-                d["last_seen"], d["median_interval_s"], now, self.stall_factor, self.stall_floor_s))
-            out.append(RankRow(latest=is_latest, stalled=stalled, ratios=ratios,
+            ratios = _loads(d["ratios"]) or {}
+            out.append(RankRow(latest=is_latest, state=states.get(d["rank"]) if is_latest else None,
+                               ratios=tuple(sorted(ratios.items())),
                                **{k: v for k, v in d.items() if k != "ratios"}))
         return tuple(out)
+
+    def manifest(self, run_id: int, version: Optional[int] = None) -> Optional[artifacts.Manifest]:
+        """The run's manifest, typed (None when absent or unreadable); cached per run data version."""
+        cached = self._manifests.get(run_id)
+        if cached is not None and version is not None and cached[0] == version:
+            return cached[1]
+        rows = self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'manifest'"
+                          " AND content IS NOT NULL", (run_id,))
+        manifest = artifacts.decode_manifest(rows[0][0]) if rows else None
+        if version is not None:
+            self._manifests[run_id] = (version, manifest)
+        return manifest
+
+    def summary_bytes(self, run_id: int) -> Optional[bytes]:
+        """The run's ``final_summary.json`` as ingested, or None."""
+        rows = self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'summary'"
+                          " AND content IS NOT NULL", (run_id,))
+        return rows[0][0].encode("utf-8") if rows else None
 
     def run_detail(self, run_id: int, now: Optional[float] = None) -> Optional[RunDetail]:
         """Summary, rank rows, outcomes, manifest and the metric names with series."""
@@ -332,30 +404,26 @@ class Reader:
         if run is None:
             return None
         outcomes = []
-        manifest = summary_status = None
-        for path, kind, key, content, error in self._rows(
-            "SELECT path, kind, key, content, error FROM side_files WHERE run_id = ? AND kind IN"
-            " ('manifest', 'outcome', 'summary')", (run_id,)
+        for kind, key, content, error in self._rows(
+            "SELECT kind, key, content, error FROM side_files WHERE run_id = ? AND kind = 'outcome'", (run_id,)
         ):
-            body = json.loads(content) if content else {}
-            if kind == "manifest":
-                manifest = body or None
-            elif kind == "summary":
-                ctx = body.get("run_context") if isinstance(body.get("run_context"), dict) else {}
-                r = ctx.get("run") if isinstance(ctx.get("run"), dict) else {}
-                summary_status = r.get("status") if isinstance(r.get("status"), str) else None
+            o = artifacts.decode_outcome(content) if content else None
+            node = o.node_rank if o is not None and o.node_rank is not None else (
+                int(key) if key and key.isdigit() else None)
+            if o is None:
+                outcomes.append(Outcome(node, None, None, None, error or "not a node outcome"))
             else:
-                t = body.get("training") if isinstance(body.get("training"), dict) else {}
-                node = body.get("node_rank") if isinstance(body.get("node_rank"), int) else (
-                    int(key) if key and key.isdigit() else None)
-                outcomes.append(Outcome(node, t.get("status") if isinstance(t.get("status"), str) else None,
-                                        t.get("exit_code") if isinstance(t.get("exit_code"), int) else None,
-                                        body.get("completed_at") if isinstance(body.get("completed_at"), str) else None,
-                                        error))
+                outcomes.append(Outcome(node, o.training.status, o.training.exit_code, o.completed_at, error))
         nodes = tuple(r[0] for r in self._rows("SELECT DISTINCT node FROM files WHERE run_id = ? AND node IS NOT NULL"
                                                " ORDER BY node", (run_id,)))
-        return RunDetail(run, self.rank_rows(run_id, now), tuple(sorted(outcomes, key=lambda o: (o.node is None, o.node or 0))),
-                         manifest, summary_status, nodes, self.series_metrics(run_id))
+        return RunDetail(run, self.rank_rows(run_id, now),
+                         tuple(sorted(outcomes, key=lambda o: (o.node is None, o.node or 0))),
+                         self.manifest(run_id, run.version), self._summary_status(run_id), nodes,
+                         self.series_metrics(run_id))
+
+    def _summary_status(self, run_id: int) -> Optional[str]:
+        rows = self._rows("SELECT summary_status FROM runs WHERE run_id = ?", (run_id,))
+        return rows[0][0] if rows else None
 
     # ------------------------------------------------------------------ series
     def series_metrics(self, run_id: int) -> tuple[str, ...]:
@@ -392,7 +460,15 @@ class Reader:
             width *= factor
         return Series(run_id, rank, metric, width, tuple(points))
 
-    # ------------------------------------------------------------------ nodes, backlog, errors
+    def series_tail(self, run_id: int, rank: int, metric: str, buckets: int) -> tuple[float, ...]:
+        """Means of the newest ``buckets`` buckets of a wide-table metric, oldest first (sparklines)."""
+        if metric not in idx.SERIES_METRICS:
+            raise ValueError(f"no wide series for {metric!r}")
+        rows = self._rows(f"SELECT {metric}_sum, {metric}_n FROM series WHERE run_id = ? AND rank = ?"
+                          " ORDER BY bucket DESC LIMIT ?", (run_id, rank, buckets))
+        return tuple(s / n for s, n in reversed(rows) if n)
+
+    # ------------------------------------------------------------------ nodes, backlog, evals, errors
     def node_samples(self, run_id: int, node: Optional[int] = None, limit: int = 300) -> tuple[NodeSample, ...]:
         """The newest ``limit`` system samples (per node when ``node`` is None), oldest first."""
         nodes = [node] if node is not None else [r[0] for r in self._rows(
@@ -406,14 +482,18 @@ class Reader:
         return tuple(out)
 
     def backlog(self, run_id: int, now: Optional[float] = None) -> tuple[BacklogItem, ...]:
-        """Validation backlog items of a run, by step (newest last)."""
+        """Validation backlog items of a run, by step (newest last), each with its decided state."""
         now = time.time() if now is None else now
+        max_rows = self._rows("SELECT max_attempts FROM runs WHERE run_id = ?", (run_id,))
+        max_attempts = (max_rows[0][0] if max_rows and max_rows[0][0] else None) or DEFAULT_MAX_ATTEMPTS
         items: dict[str, dict] = {}
         for kind, key, content in self._rows(
             "SELECT kind, key, content FROM side_files WHERE run_id = ? AND kind IN"
             " ('request', 'claim', 'receipt', 'failure') AND content IS NOT NULL", (run_id,)
         ):
-            body = json.loads(content)
+            body = _loads(content)
+            if not isinstance(body, dict):
+                continue
             item = items.setdefault(key, {"failures": []})
             if kind == "failure":
                 item["failures"].append(body)
@@ -424,14 +504,11 @@ class Reader:
             req, claim, receipt = item.get("request") or {}, item.get("claim") or {}, item.get("receipt") or {}
             failures = sorted(item["failures"], key=lambda f: _num(f.get("failed")) or 0)
             heartbeat, lease = _num(claim.get("heartbeat")), _num(claim.get("lease_s"))
-            if receipt:
-                state = "completed"
-            elif claim:
-                state = "stale-claim" if heartbeat is not None and lease is not None and now > heartbeat + lease else "claimed"
-            elif failures:
-                state = "failed"
-            else:
-                state = "pending"
+            owner = claim.get("owner")
+            stale = bool(claim) and claim_is_stale(heartbeat=heartbeat, lease_s=lease, now=now,
+                                                   owner_alive=probe_owner(owner))
+            state = decide_backlog(has_receipt=bool(receipt), has_claim=bool(claim), claim_stale=stale,
+                                   failures=len(failures), max_attempts=max_attempts)
             step = req.get("step") if isinstance(req.get("step"), int) else (
                 receipt.get("step") if isinstance(receipt.get("step"), int) else None)
             metrics = receipt.get("metrics") if isinstance(receipt.get("metrics"), dict) else {}
@@ -441,9 +518,33 @@ class Reader:
                 completed=_num(receipt.get("completed")), failures=len(failures),
                 last_error=str(failures[-1].get("error")) if failures else None,
                 metrics=tuple(sorted(metrics.items())),
+                owner=f"{owner.get('host', '?')}:{owner.get('pid', '?')}" if isinstance(owner, dict) else None,
             ))
         out.sort(key=lambda b: (b.step is None, b.step or 0, b.checkpoint))
         return tuple(out)
+
+    def backlog_outstanding(self) -> dict[int, int]:
+        """Per run: validation requests without a receipt (the Runs table's backlog column)."""
+        out: dict[int, int] = {}
+        for run_id, n in self._rows(
+            "SELECT q.run_id, count(*) FROM side_files q WHERE q.kind = 'request' AND NOT EXISTS"
+            " (SELECT 1 FROM side_files c WHERE c.run_id = q.run_id AND c.kind = 'receipt' AND c.key = q.key)"
+            " GROUP BY q.run_id"
+        ):
+            out[run_id] = n
+        return out
+
+    def newest_evaluated_step(self, run_id: int) -> Optional[int]:
+        """Step of the newest completed evaluation: an ``eval`` record or a validation receipt."""
+        steps = [r[0] for r in self._rows(
+            "SELECT max(step) FROM events WHERE run_id = ? AND kind = 'eval'"
+            " AND json_extract(body, '$.status') = 'completed'", (run_id,)) if r[0] is not None]
+        for (content,) in self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'receipt'"
+                                     " AND content IS NOT NULL", (run_id,)):
+            step = (_loads(content) or {}).get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                steps.append(step)
+        return max(steps, default=None)
 
     def errors(self, run_id: Optional[int] = None, limit: int = 100, after_id: int = 0) -> tuple[IngestError, ...]:
         """Ingest errors (newest ``limit`` after ``after_id``), oldest first."""

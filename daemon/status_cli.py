@@ -10,8 +10,13 @@ import sys
 import time
 from dataclasses import asdict
 
+from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RankState, RunStatus, count_states
+
 from . import locations
 from .reader import Reader
+
+#: Words a status bar shows while anything is going on (finished runs would clutter it).
+_ONELINE_ACTIVE = (RunStatus.FAILED, RunStatus.LOST, RunStatus.STALLED, RunStatus.RUNNING)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,8 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="machine-readable output")
     out.add_argument("--oneline", action="store_true", help="one short line (tmux status bars)")
-    p.add_argument("--stall-after", type=float, default=10.0, metavar="S",
-                   help="a running run is stalled after max(S, 5 typical step intervals) without records (default 10)")
+    p.add_argument("--stall-after", type=float, default=STALL_FLOOR_S, metavar="S",
+                   help="a silent rank is stalled after max(S, 10 typical step intervals) without records"
+                        f" (default {STALL_FLOOR_S:g})")
     return p
 
 
@@ -32,6 +38,28 @@ def _fmt(v, spec: str = "") -> str:
     return format(v, spec) if spec else str(v)
 
 
+def _status_cell(run) -> str:
+    """The run's word, with the ranks that explain it (``stalled r1``, ``failed r0,r1``)."""
+    explain = {RunStatus.STALLED: (RankState.STALLED,), RunStatus.LOST: (RankState.LOST,),
+               RunStatus.FAILED: (RankState.FAILED, RankState.LOST)}.get(run.status)
+    ranks = run.ranks_in(*explain) if explain else ()
+    return f"{run.status} " + ",".join(f"r{r}" for r in ranks) if ranks else str(run.status)
+
+
+def _oneline(runs) -> str:
+    """``traceml: 1 failed · 2 running`` — the active states first; finished runs only when idle."""
+    counts = count_states((r.status for r in runs), RUN_ATTENTION)
+    active = [f"{counts[s]} {s}" for s in _ONELINE_ACTIVE if counts.get(s)]
+    silent = [f"r{rank}" for r in runs if r.status in (RunStatus.RUNNING, RunStatus.STALLED, RunStatus.LOST)
+              for rank in r.silent_ranks]
+    if silent:
+        active.append("silent " + ",".join(silent[:8]) + ("…" if len(silent) > 8 else ""))
+    if active:
+        return "traceml: " + " · ".join(active)
+    done = [f"{n} {s}" for s, n in counts.items()]
+    return "traceml: " + (" · ".join(done) if done else "no runs")
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``traceml status``."""
     args = _parser().parse_args(argv)
@@ -39,29 +67,30 @@ def main(argv: list[str]) -> int:
     try:
         reader = Reader(index_path, stall_floor_s=args.stall_after)
     except FileNotFoundError:
+        if args.oneline:  # a status bar segment is never blank
+            print("traceml: no index")
+            return 0
         print(f"traceml status: no index at {index_path} (start `traceml daemon ROOT` first)", file=sys.stderr)
         return 1
     try:
         now = time.time()
         runs = reader.list_runs(args.roots or None, now=now)
         if args.oneline:
-            counts = {s: sum(1 for r in runs if r.status == s) for s in ("running", "failed", "stalled")}
-            parts = [f"{n} {s}" for s, n in counts.items() if n]
-            if not parts:  # old finished runs would clutter a status bar; mention them only when idle
-                done = sum(1 for r in runs if r.status == "completed")
-                parts = [f"{done} completed"] if done else []
-            print("traceml: " + (" · ".join(parts) if parts else "no runs"))
+            print(_oneline(runs))
             return 0
         if args.json:
             out = {"index": index_path, "data_version": reader.data_version(), "runs": []}
             for r in runs:
                 ranks = [
-                    {"rank": k.rank, "attempt": k.attempt, "records": k.records, "last_step": k.last_step,
-                     "last_record_ts": k.last_ts, "median_step_ms": k.median_step_ms, "steps_per_s": k.steps_per_s,
-                     "stalled": k.stalled, "ended": k.ended}
+                    {"rank": k.rank, "attempt": k.attempt, "state": None if k.state is None else str(k.state),
+                     "latest": k.latest, "records": k.records, "last_step": k.last_step, "last_record_ts": k.last_ts,
+                     "median_step_ms": k.median_step_ms, "steps_per_s": k.steps_per_s, "ended": k.ended,
+                     "exit_code": k.exit_code}
                     for k in reader.rank_rows(r.run_id, now)
                 ]
                 d = asdict(r)
+                d["status"] = str(r.status)
+                d["rank_states"] = {str(rank): str(state) for rank, state in r.rank_states}
                 d["rank_count"] = d.pop("ranks")
                 d["ranks"] = ranks
                 d["error_count"] = r.errors
@@ -73,7 +102,7 @@ def main(argv: list[str]) -> int:
             return 0
         print(f"{'RUN':<24} {'STATUS':<10} {'RANKS':>5} {'STEP':>8} {'STEPS/S':>8} {'ERRORS':>6}  DIR")
         for r in runs:
-            print(f"{r.name[:24]:<24} {r.status:<10} {r.ranks:>5} {_fmt(r.last_step):>8} "
+            print(f"{r.name[:24]:<24} {_status_cell(r):<10} {r.ranks:>5} {_fmt(r.last_step):>8} "
                   f"{_fmt(r.steps_per_s, '.2f'):>8} {r.errors:>6}  {r.dir}")
         return 0
     except sqlite3.DatabaseError as exc:

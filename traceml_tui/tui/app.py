@@ -26,7 +26,7 @@ from traceml_tui.tui.screens.backlog import BacklogScreen
 from traceml_tui.tui.screens.compare import CompareScreen
 from traceml_tui.tui.screens.run_detail import RunScreen
 from traceml_tui.tui.screens.runs import RunsScreen
-from traceml_tui.tui.snapshots import CompareSnapshot, RunsSnapshot
+from traceml_tui.tui.snapshots import ATTENTION_WORDS, CompareSnapshot, RunsSnapshot
 from traceml_tui.tui.source import Source, compare_snapshot
 
 #: Ages (silent for N s) move even when no data arrives: rebuild at least this often.
@@ -193,10 +193,10 @@ class WatchApp(App):
         before = {r.run_id: r for r in previous.rows}
         for row in snap.rows:
             old = before.get(row.run_id)
-            if row.status == "failed" and (old is None or old.status != "failed"):
-                self._alert(f"run {row.name} failed")
+            if row.status in ATTENTION_WORDS and (old is None or old.status != row.status):
+                self._alert(f"run {row.name} {row.status}")
             new_silent = set(row.silent_ranks) - set(old.silent_ranks if old else ())
-            if new_silent:
+            if new_silent and row.status not in ATTENTION_WORDS:
                 self._alert(f"run {row.name}: rank {', '.join(map(str, sorted(new_silent)))} went silent")
 
     def _alert(self, text: str) -> None:

@@ -11,11 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-#: Run states shown in the Runs table, in the order used to sort by status.
-RUN_STATES: tuple[str, ...] = ("failed", "stalled", "running", "completed", "missing")
+from traceml_tui.core.state import ALERT_STATES, BACKLOG_ORDER, RUN_ATTENTION
 
-#: Backlog states, in display order (a stuck claim is a claimed item whose heartbeat outlived its lease).
-BACKLOG_STATES: tuple[str, ...] = ("pending", "claimed", "completed", "failed")
+#: Run states shown in the Runs table, in the order used to sort by status (the core's attention order).
+RUN_STATES: tuple[str, ...] = tuple(str(s) for s in RUN_ATTENTION)
+
+#: Run states that need the user's attention: counted in the Runs header, announced by the bell.
+ATTENTION_WORDS: frozenset[str] = frozenset(str(s) for s in ALERT_STATES)
+
+#: Backlog states, in display order (the core's words).
+BACKLOG_STATES: tuple[str, ...] = tuple(str(s) for s in BACKLOG_ORDER)
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,9 @@ class RankRow:
     compute_ms: Optional[float]  # step time minus input wait
     delta_pct: Optional[float]  # vs the median rank's step time
     silent_s: Optional[float]  # seconds since its newest record
-    silent: bool = False
-    ended: Optional[str] = None
+    silent: bool = False  # stalled or lost
+    ended: Optional[str] = None  # the rank_end record's status word, as written
+    state: Optional[str] = None  # the core's RankState word
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,7 @@ class BacklogItem:
     heartbeat_age_s: Optional[float] = None
     lease_s: Optional[float] = None
     retries: int = 0
-    stuck: bool = False
+    stuck: bool = False  # a stale claim: its owner is gone
     last_error: Optional[str] = None
 
 

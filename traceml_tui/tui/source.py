@@ -17,16 +17,14 @@ The clock is injected (``clock``) so that snapshot tests are deterministic.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import sqlite3
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from traceml_tui.core.state import BacklogState, RankState, count_states
 from traceml_tui.tui.snapshots import (
     FieldVerdict,
     BacklogItem,
@@ -43,10 +41,6 @@ from traceml_tui.tui.snapshots import (
     Series,
 )
 
-#: A rank is silent when its newest record is older than this many seconds …
-SILENT_MIN_S = 30.0
-#: … and older than this many of the run's median step intervals.
-SILENT_INTERVALS = 20.0
 TREND_BUCKETS = 16
 HEAT_COLUMNS = 64
 MAX_EVALS = 500
@@ -84,77 +78,10 @@ class Source(Protocol):
 # --------------------------------------------------------------------------- pure helpers
 
 
-def _loads(text: Optional[str]) -> Any:
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
 def _num(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
-
-
-def silent_after(median_interval_s: Optional[float]) -> float:
-    """Seconds without a record after which a rank counts as silent."""
-    interval = median_interval_s if median_interval_s and median_interval_s > 0 else 0.0
-    return max(SILENT_MIN_S, SILENT_INTERVALS * interval)
-
-
-def find_silent(ranks: list[dict], now: float, median_interval_s: Optional[float]) -> tuple[int, ...]:
-    """Ranks (latest attempt, not ended) that have gone silent.
-
-    A rank is silent when its newest record is ``silent_after`` seconds older
-    than the newest record of any rank of the run (the others go on without
-    it), or when the whole run has written nothing for that long by the
-    record clock *and* the ingester has seen nothing new for that long (a
-    hung collective silences every rank at once). The threshold adapts to the
-    run's pace, so a slow model is not called stalled.
-    """
-    limit = silent_after(median_interval_s)
-    stamps = [float(r["last_ts"]) for r in ranks if r.get("last_ts") is not None]
-    if not stamps:
-        return ()
-    newest = max(stamps)
-    seen = [float(r["last_seen"]) for r in ranks if r.get("last_seen") is not None]
-    idle = (now - max(seen) > limit) if seen else True
-    out = []
-    for r in ranks:
-        if r.get("ended") or r.get("last_ts") is None:
-            continue
-        ts = float(r["last_ts"])
-        if newest - ts > limit or (now - ts > limit and idle):
-            out.append(int(r["rank"]))
-    return tuple(sorted(out))
-
-
-def run_status(
-    *,
-    missing: bool,
-    manifest_status: Optional[str],
-    summary_status: Optional[str],
-    training_status: Optional[str],
-    ranks_total: int,
-    ranks_ended: int,
-    ranks_failed: int,
-    outcomes_failed: int,
-    silent: tuple[int, ...],
-) -> str:
-    """One of running, completed, failed, stalled, missing (see snapshots.RUN_STATES)."""
-    if missing:
-        return "missing"
-    statuses = {s for s in (manifest_status, summary_status, training_status) if isinstance(s, str)}
-    if ranks_failed or outcomes_failed or statuses & {"failed", "error", "crashed", "incomplete"}:
-        return "failed"
-    if statuses & {"completed", "finished", "succeeded"} or (ranks_total and ranks_ended >= ranks_total):
-        return "completed"
-    if silent:
-        return "stalled"
-    return "running"
 
 
 def worst_ratio(ratios: Any) -> tuple[Optional[str], Optional[float]]:
@@ -192,24 +119,6 @@ def _heatmap(step_series: list[Series], columns: int) -> tuple[tuple[tuple[Optio
             cells.append(None if v is None or not med else v / med)
         out.append(tuple(cells))
     return tuple(out), (int(lo), int(hi))
-
-
-def manifest_facts(manifest: Any) -> tuple[Optional[str], Optional[int]]:
-    """(workload name, declared last step) from a manifest: the guard contract, else --trace-max-steps."""
-    if not isinstance(manifest, dict):
-        return None, None
-    workload = declared = None
-    guard = manifest.get("guard") if isinstance(manifest.get("guard"), dict) else {}
-    contract = guard.get("contract") if isinstance(guard.get("contract"), dict) else {}
-    wl = contract.get("workload") if isinstance(contract.get("workload"), dict) else {}
-    if isinstance(wl.get("name"), str):
-        workload = wl["name"]
-    meas = contract.get("measurement") if isinstance(contract.get("measurement"), dict) else {}
-    if isinstance(meas.get("start_step"), int) and isinstance(meas.get("completed_steps"), int):
-        declared = meas["start_step"] + meas["completed_steps"] - 1
-    elif isinstance(manifest.get("trace_max_steps"), int):
-        declared = manifest["trace_max_steps"]
-    return workload, declared
 
 
 def compare_snapshot(reference: dict, candidate: dict, threshold_pct: Optional[float],
@@ -278,19 +187,11 @@ def compare_snapshot(reference: dict, candidate: dict, threshold_pct: Optional[f
 
 
 def _training_ratio(summary: dict) -> Optional[float]:
-    """Worst scale-free loss ratio from our own ``training`` section of a summary, when present."""
-    training = summary.get("training") if isinstance(summary.get("training"), dict) else {}
-    for key in ("loss_ratio", "latest_ratio", "ratio"):
-        v = _num(training.get(key))
-        if v is not None:
-            return v
-    ratios = training.get("ratios") or training.get("loss_ratios") or training.get("components")
-    if isinstance(ratios, dict):
-        flat = {}
-        for k, v in ratios.items():
-            flat[k] = v.get("ratio") if isinstance(v, dict) else v
-        return worst_ratio(flat)[1]
-    return None
+    """Worst recent scale-free loss ratio from our own ``training`` section (None for other summaries)."""
+    from traceml_tui.core.artifacts import decode_summary
+
+    typed = decode_summary(summary)
+    return typed.training.worst_ratio[1] if typed is not None and typed.training is not None else None
 
 
 # --------------------------------------------------------------------------- the index adapter
@@ -299,9 +200,8 @@ def _training_ratio(summary: dict) -> Optional[float]:
 class IndexSource:
     """:class:`Source` over the daemon's index through :class:`daemon.reader.Reader` (read-only, opened lazily).
 
-    The few things the reader does not offer yet (eval events, the tail of a
-    series, a rank's node, per-run backlog counts in the listing) are read
-    with small queries over the reader's own read-only connection.
+    The reader holds every SQL statement and decides every state word; this
+    class only lays its results out as screen snapshots.
     """
 
     def __init__(self, index_path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
@@ -310,7 +210,7 @@ class IndexSource:
         self.clock = clock
         self.ingester = ingester  # an embedded daemon.service.Ingester we own (stopped on close)
         self._reader: Any = None
-        self._row_cache: dict[int, tuple[int, Any]] = {}  # run_id -> (updated_version, cached parts)
+        self._row_cache: dict[int, tuple[int, dict]] = {}  # run_id -> (updated_version, cached parts)
 
     # -- plumbing
     def _db(self) -> Any:
@@ -322,19 +222,13 @@ class IndexSource:
 
             try:
                 reader = Reader(self.index_path)
-                reader.conn.execute("SELECT v FROM version WHERE id = 1").fetchone()
-            except (OSError, sqlite3.Error):
-                return None  # created but not initialised yet: try again next poll
+                if not reader.ready():
+                    reader.close()
+                    return None  # created but not initialised yet: try again next poll
+            except Exception:  # noqa: BLE001 - an index being created: try again next poll
+                return None
             self._reader = reader
         return self._reader
-
-    def _sql(self, sql: str, params: tuple = ()) -> list:
-        try:
-            return self._reader.conn.execute(sql, params).fetchall()
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                return []
-            raise
 
     def now(self) -> float:
         return self.clock()
@@ -355,7 +249,7 @@ class IndexSource:
             return -1
         try:
             return reader.data_version()
-        except sqlite3.Error:
+        except Exception:  # noqa: BLE001 - a busy or half-written index: report "nothing new"
             return -1
 
     # -- runs
@@ -366,86 +260,43 @@ class IndexSource:
             return RunsSnapshot((), now, -1, index_ready=False, note=f"waiting for the index {self.index_path.name}")
         version = reader.data_version()
         summaries = reader.list_runs(now=now)
-        live_rows: dict[int, list[dict]] = {}
-        lcols = ("run_id", "rank", "last_step", "last_ts", "last_seen", "median_step_ms", "ratios", "ended")
-        for r in self._sql(
-            f"SELECT {', '.join(lcols)} FROM rank_live r WHERE attempt ="
-            " (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)"
-        ):
-            d = dict(zip(lcols, r))
-            live_rows.setdefault(d["run_id"], []).append(d)
-        intervals = dict(self._sql("SELECT run_id, median_interval_s FROM runs"))
-        summary_status = dict(self._sql("SELECT run_id, summary_status FROM runs"))
+        backlog = reader.backlog_outstanding()
         rows = []
         for run in summaries:
             rid = run.run_id
-            ranks = live_rows.get(rid, [])
             cached = self._row_cache.get(rid)
             if cached is None or cached[0] != run.version:
-                parts = self._run_parts(rid, ranks)
+                parts = self._run_parts(reader, run)
                 self._row_cache[rid] = (run.version, parts)
             else:
                 parts = cached[1]
-            silent = find_silent(ranks, now, intervals.get(rid))
-            status = run_status(
-                missing=run.missing, manifest_status=run.manifest_status, summary_status=summary_status.get(rid),
-                training_status=run.training_status, ranks_total=run.ranks, ranks_ended=run.ranks_ended,
-                ranks_failed=sum(1 for r in ranks if r["ended"] and r["ended"] != "completed"),
-                outcomes_failed=run.outcomes_failed, silent=silent)
-            eval_step = max([s for s in (parts["eval_step"], parts["receipt_step"]) if s is not None], default=None)
+            eval_step = parts["eval_step"]
             step = run.last_step
             rows.append(RunRow(
-                run_id=rid, name=run.name, status=status, silent_ranks=silent if status == "stalled" else (),
+                run_id=rid, name=run.name, status=str(run.status), silent_ranks=run.silent_ranks,
                 workload=parts["workload"], nodes=run.nnodes,
-                procs_per_node=run.nproc_per_node or (len(ranks) if ranks else None),
+                procs_per_node=run.nproc_per_node or (run.ranks or None),
                 step=step, declared_steps=parts["declared"], median_step_ms=parts["median_step_ms"],
                 trend=parts["trend"], steps_per_s=run.steps_per_s, examples_per_s=run.examples_per_s,
                 loss_ratio=worst_ratio(parts["ratios"])[1], eval_step=eval_step,
                 eval_lag=None if eval_step is None or step is None else max(0, step - eval_step),
-                backlog=parts["backlog"], errors=run.errors or 0, last_ts=run.last_ts,
+                backlog=backlog.get(rid, 0), errors=run.errors or 0, last_ts=run.last_ts,
             ))
         rows.sort(key=lambda r: (-(r.last_ts or 0.0), r.name))
         return RunsSnapshot(tuple(rows), now, version,
                             note=None if rows else "nothing under the watched roots; start a run with `traceml run`")
 
-    def _run_parts(self, run_id: int, ranks: list[dict]) -> dict[str, Any]:
-        """Per-run facts that only change when the run's data changes (cached on its updated_version)."""
-        manifest = receipt_step = None
-        requests = receipts = 0
-        for kind, content in self._sql(
-            "SELECT kind, content FROM side_files WHERE run_id = ? AND kind IN ('manifest', 'request', 'receipt')",
-            (run_id,)
-        ):
-            if kind == "manifest":
-                manifest = _loads(content)
-            elif kind == "request":
-                requests += 1
-            else:
-                receipts += 1
-                step = (_loads(content) or {}).get("step")
-                if isinstance(step, int):
-                    receipt_step = max(step, receipt_step or 0)
-        workload, declared = manifest_facts(manifest)
-        timed = sorted(r["median_step_ms"] for r in ranks if r["median_step_ms"] is not None)
-        trend: tuple[float, ...] = ()
-        if ranks:
-            rank0 = min(r["rank"] for r in ranks)
-            tail = self._sql(
-                "SELECT step_ms_sum, step_ms_n FROM series WHERE run_id = ? AND rank = ? ORDER BY bucket DESC LIMIT ?",
-                (run_id, rank0, TREND_BUCKETS))
-            trend = tuple(s / n for s, n in reversed(tail) if n)
-        ratios = None
-        for r in sorted(ranks, key=lambda r: r["rank"]):
-            ratios = _loads(r["ratios"])
-            if ratios:
-                break
-        erow = self._sql(
-            "SELECT max(step) FROM events WHERE run_id = ? AND kind = 'eval' AND body LIKE '%\"status\":\"completed\"%'",
-            (run_id,))
-        return {"workload": workload, "declared": declared,
+    def _run_parts(self, reader: Any, run: Any) -> dict[str, Any]:
+        """Per-run facts that only change when the run's data changes (cached on its version)."""
+        manifest = reader.manifest(run.run_id, run.version)
+        latest = [r for r in reader.rank_rows(run.run_id) if r.latest]
+        timed = sorted(r.median_step_ms for r in latest if r.median_step_ms is not None)
+        trend = reader.series_tail(run.run_id, latest[0].rank, "step_ms", TREND_BUCKETS) if latest else ()
+        ratios = next((dict(r.ratios) for r in latest if r.ratios), None)
+        return {"workload": manifest.workload if manifest else None,
+                "declared": manifest.declared_last_step if manifest else None,
                 "median_step_ms": statistics.median(timed) if timed else None, "trend": trend, "ratios": ratios,
-                "eval_step": erow[0][0] if erow else None, "receipt_step": receipt_step,
-                "backlog": max(0, requests - receipts)}
+                "eval_step": reader.newest_evaluated_step(run.run_id)}
 
     # -- one run
     def run_detail(self, run_id: int, runs: Optional[RunsSnapshot] = None) -> Optional[RunDetail]:
@@ -460,21 +311,18 @@ class IndexSource:
         if base is None:
             return None
         latest = [r for r in base.ranks if r.latest]
-        interval = dict(self._sql("SELECT run_id, median_interval_s FROM runs WHERE run_id = ?", (run_id,))).get(run_id)
-        silent = set(find_silent([{"rank": r.rank, "last_ts": r.last_ts, "last_seen": r.last_seen, "ended": r.ended}
-                                  for r in latest], now, interval))
-        nodes_of = self._rank_nodes(run_id)
         timed = [r.median_step_ms for r in latest if r.median_step_ms is not None]
         median = statistics.median(timed) if timed else None
         rank_rows = []
         for r in latest:
             ms, wait = r.median_step_ms, r.median_input_wait_ms
             rank_rows.append(RankRow(
-                rank=r.rank, attempt=r.attempt, node=nodes_of.get(r.rank), step=r.last_step, step_ms=ms,
+                rank=r.rank, attempt=r.attempt, node=r.node, step=r.last_step, step_ms=ms,
                 input_wait_ms=wait, compute_ms=None if ms is None else ms - (wait or 0.0),
                 delta_pct=None if ms is None or not median else (ms / median - 1.0) * 100.0,
-                silent_s=None if r.last_ts is None else max(0.0, now - r.last_ts), silent=r.rank in silent,
-                ended=r.ended))
+                silent_s=None if r.last_ts is None else max(0.0, now - r.last_ts),
+                silent=r.state in (RankState.STALLED, RankState.LOST), ended=r.ended,
+                state=None if r.state is None else str(r.state)))
         step_series = [_points_series(f"rank {r.rank}", reader.series(run_id, r.rank, "step_ms")) for r in latest]
         ratio_name, _ = worst_ratio(dict(next((r.ratios for r in latest if r.ratios), ())))
         loss_ratio = train = None
@@ -483,56 +331,17 @@ class IndexSource:
             if ratio_name is not None:
                 loss_ratio = _points_series(ratio_name, reader.series(run_id, rank0, "ratio/" + ratio_name))
             train = _points_series("train loss", reader.series(run_id, rank0, "loss"))
-        evals, eval_name = self._evals(run_id)
+        evals, eval_name = _eval_points(reader.events(run_id, kind="eval", limit=MAX_EVALS))
         heat, heat_steps = _heatmap(step_series, HEAT_COLUMNS)
         return RunDetail(
             run=row, ranks=tuple(rank_rows), step_time=tuple(step_series), loss_ratio=loss_ratio,
             ratio_name=ratio_name, train_metric=train if train is not None and train.x else None,
             eval_metric_name=eval_name, evals=evals, heatmap=heat, heat_steps=heat_steps,
-            nodes=self._nodes(reader, run_id), outcomes=_outcomes(base.outcomes),
+            nodes=_nodes(reader.node_samples(run_id, limit=1)), outcomes=_outcomes(base.outcomes),
             errors=tuple(IngestError(e.path, e.offset, e.message)
                          for e in reversed(reader.errors(run_id, limit=MAX_ERRORS))),
             fields=field_verdicts(reader.events(run_id, kind="field_stats", limit=MAX_FIELD_EVENTS)),
             now=now)
-
-    def _rank_nodes(self, run_id: int) -> dict[int, int]:
-        """rank → node from the stream headers (node_rank) the ingester stored."""
-        out = {}
-        for rank, header in self._sql(
-            "SELECT rank, header FROM files WHERE run_id = ? AND stream = 'steps' AND header IS NOT NULL", (run_id,)
-        ):
-            node = (_loads(header) or {}).get("node_rank")
-            if isinstance(rank, int) and isinstance(node, int):
-                out[rank] = node
-        return out
-
-    def _evals(self, run_id: int) -> tuple[tuple[EvalPoint, ...], Optional[str]]:
-        bodies = [_loads(b) or {} for (b,) in self._sql(
-            "SELECT body FROM events WHERE run_id = ? AND kind = 'eval' ORDER BY step DESC LIMIT ?",
-            (run_id, MAX_EVALS))]
-        names: dict[str, int] = {}
-        for b in bodies:
-            for k in (b.get("metrics") or {}):
-                names[k] = names.get(k, 0) + 1
-        name = "loss" if "loss" in names else (max(names, key=names.get) if names else None)
-        points = []
-        for b in reversed(bodies):
-            value = _num((b.get("metrics") or {}).get(name)) if name else None
-            points.append(EvalPoint(step=int(b.get("step") or 0), value=value, status=str(b.get("status")),
-                                    checkpoint=b.get("checkpoint")))
-        return tuple(points), name
-
-    def _nodes(self, reader: Any, run_id: int) -> tuple[NodeMetrics, ...]:
-        latest: dict[int, Any] = {}
-        for sample in reader.node_samples(run_id, limit=1):
-            latest[sample.node] = sample
-        out = []
-        for node in sorted(latest):
-            s = latest[node]
-            gpus = tuple((int(g.get("index", 0)), _num(g.get("util_pct")), g.get("mem_used"), g.get("mem_total"))
-                         for g in s.gpus if isinstance(g, dict))
-            out.append(NodeMetrics(node, s.ts, s.cpu_pct, s.ram_used, s.ram_total, gpus))
-        return tuple(out)
 
     # -- backlog
     def backlog(self, run_id: Optional[int] = None) -> BacklogSnapshot:
@@ -546,12 +355,10 @@ class IndexSource:
         items: list[BacklogItem] = []
         newest = None
         lag = train_step = None
-        owners = self._claim_owners(run_id)
         for run in sorted(runs, key=lambda r: r.name):
-            run_items = [_backlog_item(run.name, b, owners.get((run.run_id, b.checkpoint)), now)
-                         for b in reader.backlog(run.run_id, now=now)]
+            run_items = [_backlog_item(run.name, b, now) for b in reader.backlog(run.run_id, now=now)]
             items += run_items
-            done = [i for i in run_items if i.state == "completed" and i.step is not None]
+            done = [i for i in run_items if i.state == BacklogState.COMPLETED and i.step is not None]
             if done:
                 best = max(done, key=lambda i: i.step)
                 if newest is None or (best.step or 0) > (newest[2] or 0):
@@ -560,44 +367,55 @@ class IndexSource:
                         train_step, lag = run.last_step, max(0, run.last_step - best.step)
             elif run.last_step is not None and run_id is not None:
                 train_step = run.last_step
-        counts = {s: 0 for s in ("pending", "claimed", "completed", "failed")}
-        for i in items:
-            counts[i.state] = counts.get(i.state, 0) + 1
-        stuck = sum(1 for i in items if i.stuck)
-        count_list = list(counts.items()) + ([("stuck", stuck)] if stuck else [])
+        counts = tuple(count_states((i.state for i in items), BACKLOG_STATES).items())
         label = runs[0].name if run_id is not None and runs else None
-        return BacklogSnapshot(tuple(items), tuple(count_list), newest, lag, train_step, now, run=label)
-
-    def _claim_owners(self, run_id: Optional[int]) -> dict[tuple[int, str], str]:
-        """(run, checkpoint) → "host:pid" of its claim's owner (the reader's backlog item has no owner)."""
-        where = "AND run_id = ?" if run_id is not None else ""
-        out = {}
-        for rid, key, content in self._sql(
-            f"SELECT run_id, key, content FROM side_files WHERE kind = 'claim' AND content IS NOT NULL {where}",
-            (run_id,) if run_id is not None else ()
-        ):
-            owner = (_loads(content) or {}).get("owner")
-            if isinstance(owner, dict):
-                out[(rid, str(key))] = f"{owner.get('host', '?')}:{owner.get('pid', '?')}"
-        return out
+        return BacklogSnapshot(tuple(items), counts, newest, lag, train_step, now, run=label)
 
     # -- compare
     def summary(self, spec: str) -> tuple[dict, str]:
         from traceml_tui.compare.load import parse_summary_bytes, read_summary
+        from traceml_tui.core.rundir import SUMMARY_JSON, RunDir
 
         path = Path(spec)
         if path.is_dir():
-            path = path / "final_summary.json"
+            path = RunDir(path).summary_json
         if path.is_file():
-            return read_summary(path), path.parent.name if path.name == "final_summary.json" else path.name
+            return read_summary(path), path.parent.name if path.name == SUMMARY_JSON else path.name
         reader = self._db()
         run = reader.find_run(spec) if reader is not None else None
         if run is not None:
-            rows = self._sql("SELECT content FROM side_files WHERE run_id = ? AND kind = 'summary'"
-                             " AND content IS NOT NULL", (run.run_id,))
-            if rows:
-                return parse_summary_bytes(rows[0][0].encode("utf-8")), run.name
+            content = reader.summary_bytes(run.run_id)
+            if content is not None:
+                return parse_summary_bytes(content), run.name
         raise FileNotFoundError(f"no final summary for {spec!r} (not a file, a run directory, or a run in the index)")
+
+
+def _eval_points(events: Any) -> tuple[tuple[EvalPoint, ...], Optional[str]]:
+    """Eval records as chart points, and the metric charted (``loss`` when present, else the commonest)."""
+    names: dict[str, int] = {}
+    for e in events:
+        for k in (e.body.get("metrics") or {}):
+            names[k] = names.get(k, 0) + 1
+    name = "loss" if "loss" in names else (max(names, key=names.get) if names else None)
+    points = []
+    for e in events:
+        value = _num((e.body.get("metrics") or {}).get(name)) if name else None
+        points.append(EvalPoint(step=int(e.step or 0), value=value, status=str(e.body.get("status")),
+                                checkpoint=e.body.get("checkpoint")))
+    return tuple(points), name
+
+
+def _nodes(samples: Any) -> tuple[NodeMetrics, ...]:
+    latest: dict[int, Any] = {}
+    for sample in samples:
+        latest[sample.node] = sample
+    out = []
+    for node in sorted(latest):
+        s = latest[node]
+        gpus = tuple((int(g.get("index", 0)), _num(g.get("util_pct")), g.get("mem_used"), g.get("mem_total"))
+                     for g in s.gpus if isinstance(g, dict))
+        out.append(NodeMetrics(node, s.ts, s.cpu_pct, s.ram_used, s.ram_total, gpus))
+    return tuple(out)
 
 
 def _points_series(name: str, series: Any) -> Series:
@@ -616,16 +434,15 @@ def _outcomes(items: Any) -> tuple[Outcome, ...]:
     return tuple(out)
 
 
-def _backlog_item(run: str, b: Any, owner: Optional[str], now: float) -> BacklogItem:
-    """A reader backlog item in the screen's terms (a stale claim is a claimed item that is stuck)."""
-    stuck = b.state == "stale-claim"
-    state = "claimed" if stuck else b.state
+def _backlog_item(run: str, b: Any, now: float) -> BacklogItem:
+    """A reader backlog item in the screen's terms (the state word is the reader's, decided in the core)."""
+    claimed = b.state in (BacklogState.CLAIMED, BacklogState.STALE_CLAIM)
     return BacklogItem(
-        run=run, checkpoint=b.checkpoint, step=b.step, state=state,
-        age_s=None if b.created is None else now - b.created, owner=owner if state == "claimed" else None,
-        heartbeat_age_s=None if b.heartbeat is None or state != "claimed" else now - b.heartbeat,
-        lease_s=b.lease_s if state == "claimed" else None, retries=b.failures, stuck=stuck,
-        last_error=None if b.last_error is None else b.last_error[:120])
+        run=run, checkpoint=b.checkpoint, step=b.step, state=str(b.state),
+        age_s=None if b.created is None else now - b.created, owner=b.owner if claimed else None,
+        heartbeat_age_s=None if b.heartbeat is None or not claimed else now - b.heartbeat,
+        lease_s=b.lease_s if claimed else None, retries=b.failures,
+        stuck=b.state is BacklogState.STALE_CLAIM, last_error=b.last_error)
 
 
 MAX_FIELD_EVENTS = 5000

@@ -10,11 +10,11 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from traceml_tui.tui.snapshots import BacklogSnapshot
+from traceml_tui.tui.snapshots import BACKLOG_STATES, BacklogSnapshot
 from traceml_tui.tui.widgets.backlog_table import BacklogTable, backlog_cells
 from traceml_tui.tui.widgets.info_panel import InfoPanel
 
-_ORDER = {"claimed": 0, "pending": 1, "failed": 2, "completed": 3}
+_ORDER = {state: n for n, state in enumerate(BACKLOG_STATES)}
 
 
 def backlog_summary(snap: BacklogSnapshot) -> list:
@@ -28,7 +28,7 @@ def backlog_summary(snap: BacklogSnapshot) -> list:
         lines.append(("no checkpoint evaluated yet", "yellow"))
     stuck = [i for i in snap.items if i.stuck]
     if stuck:
-        lines.append((f"STUCK: {len(stuck)} claim(s) outlived their lease: " +
+        lines.append((f"stale-claim: {len(stuck)} claim(s) whose owner is gone: " +
                       ", ".join(f"{i.checkpoint} ({i.owner})" for i in stuck), "bold red"))
     return lines
 

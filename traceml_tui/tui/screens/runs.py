@@ -10,7 +10,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from traceml_tui.tui.snapshots import RunsSnapshot
+from traceml_tui.tui.snapshots import ATTENTION_WORDS, RunsSnapshot
 from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable, run_cells
 
 
@@ -91,7 +91,7 @@ class RunsScreen(Screen):
             empty.update("No run matches the filter.")
         else:
             n = len(snap.rows)
-            failing = sum(1 for r in snap.rows if r.status in ("failed", "stalled"))
+            failing = sum(1 for r in snap.rows if r.status in ATTENTION_WORDS)
             order = COLUMNS[self.sort_column][0] if self.sort_column >= 0 else "latest activity"
             empty.update(f"{len(rows)}/{n} runs · {failing} need attention · sorted by {order}"
                          f"{' ↓' if self.sort_reverse else ''}")

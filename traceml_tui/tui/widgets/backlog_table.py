@@ -8,12 +8,12 @@ from traceml_tui.tui import textplot
 from traceml_tui.tui.snapshots import BacklogItem
 from traceml_tui.tui.widgets.table_base import FedTable
 
-STATE_STYLE = {"pending": "yellow", "claimed": "green", "completed": "cyan", "failed": "red"}
+STATE_STYLE = {"pending": "yellow", "claimed": "green", "completed": "cyan", "failed": "red",
+               "blocked": "bold red", "stale-claim": "bold white on red"}
 
 
 def backlog_cells(i: BacklogItem) -> tuple:
-    state = Text("STUCK claim" if i.stuck else i.state, style="bold white on red" if i.stuck else
-                 STATE_STYLE.get(i.state, ""))
+    state = Text(i.state, style=STATE_STYLE.get(i.state, ""))
     beat = "–" if i.heartbeat_age_s is None else textplot.duration(i.heartbeat_age_s)
     if i.lease_s is not None and i.heartbeat_age_s is not None:
         beat += f"/{textplot.duration(i.lease_s)}"

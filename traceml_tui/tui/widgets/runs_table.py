@@ -5,15 +5,16 @@ from __future__ import annotations
 from rich.text import Text
 
 from traceml_tui.tui import textplot
-from traceml_tui.tui.snapshots import RunRow
+from traceml_tui.tui.snapshots import RUN_STATES, RunRow
 from traceml_tui.tui.widgets.table_base import FedTable
 
-STATUS_STYLE = {"failed": "bold red", "stalled": "bold yellow", "running": "green", "completed": "cyan",
-                "missing": "dim"}
+STATUS_STYLE = {"failed": "bold red", "lost": "bold red", "stalled": "bold yellow", "interrupted": "yellow",
+                "running": "green", "completed": "cyan", "missing": "dim"}
+_ATTENTION = {state: n for n, state in enumerate(RUN_STATES)}
 
 #: (column label, sort key) in display order.
 COLUMNS: tuple[tuple[str, object], ...] = (
-    ("Status", lambda r: (r.status, r.silent_ranks)),
+    ("Status", lambda r: (_ATTENTION.get(r.status, len(_ATTENTION)), r.silent_ranks)),
     ("Run", lambda r: r.name),
     ("Workload", lambda r: r.workload or ""),
     ("Topo", lambda r: ((r.nodes or 0) * (r.procs_per_node or 0))),
