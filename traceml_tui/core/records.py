@@ -10,7 +10,10 @@ file unique, followed by one JSON object per line:
 * ``checkpoint``  — a published checkpoint (``id``, ``path`` relative to the run dir, ``step``)
 * ``field_stats`` — latent-field distribution QC (``name``, ``space``, ``median``, ``p_low``, ``p_high``,
   ``occupancy``, percentile levels ``q_low``/``q_high``, bounds ``lower``/``upper``, ``count``, ``factor``)
-* ``rank_end``    — the rank finished (``status``: ``completed``/``failed``, ``exit_code``)
+* ``rank_end``    — the rank finished: ``status`` ``exited`` (the script returned; the SDK
+  cannot see ``sys.exit(n)``, so ``exit_code`` is null), ``completed`` (``traceml.finish()``),
+  ``failed`` (an uncaught exception) or ``interrupted`` (Ctrl-C); the word each stands for is
+  decided by :func:`traceml_tui.core.state.rank_end_state`
 * ``system``      — one node sample in ``system.jsonl`` (see :class:`SystemSample`)
 
 Conventions: ``step`` counts completed steps from 1; ``ts`` is wall-clock
