@@ -24,6 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-step-time-regression-pct", dest="threshold", default="5", metavar="PCT",
                    help="Compare screen threshold in percent (default 5; 'none' = exploratory)")
     p.add_argument("--poll", type=float, default=0.25, metavar="S", help="seconds between index checks (default 0.25)")
+    p.add_argument("--stall-after", type=float, default=None, metavar="S",
+                   help="a silent rank is stalled after max(S, 10 typical step intervals) without records"
+                        " (default 30, as `traceml status`)")
     p.add_argument("--no-alerts", action="store_true", help="start with the bell/notifications off (toggle: a)")
     return p
 
@@ -79,7 +82,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from traceml_tui.tui.app import create_app
     from traceml_tui.tui.source import IndexSource
 
-    source = IndexSource(index, ingester=ingester)
+    source = IndexSource(index, ingester=ingester, **({} if args.stall_after is None else
+                                                      {"stall_floor_s": args.stall_after}))
     app = create_app(source, poll_interval=args.poll, alerts=not args.no_alerts,
                      compare=tuple(args.compare) if args.compare else None, threshold_pct=threshold)
     try:

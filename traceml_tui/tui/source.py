@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from traceml_tui.core.state import BacklogState, RankState, count_states
+from traceml_tui.core.state import STALL_FLOOR_S, BacklogState, RankState, count_states
 from traceml_tui.tui.snapshots import (
     FieldVerdict,
     BacklogItem,
@@ -205,9 +205,10 @@ class IndexSource:
     """
 
     def __init__(self, index_path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time,
-                 ingester: Any = None) -> None:
+                 ingester: Any = None, stall_floor_s: float = STALL_FLOOR_S) -> None:
         self.index_path = Path(index_path)
         self.clock = clock
+        self.stall_floor_s = stall_floor_s
         self.ingester = ingester  # an embedded daemon.service.Ingester we own (stopped on close)
         self._reader: Any = None
         self._row_cache: dict[int, tuple[int, dict]] = {}  # run_id -> (updated_version, cached parts)
@@ -221,7 +222,7 @@ class IndexSource:
             from daemon.reader import Reader
 
             try:
-                reader = Reader(self.index_path)
+                reader = Reader(self.index_path, stall_floor_s=self.stall_floor_s)
                 if not reader.ready():
                     reader.close()
                     return None  # created but not initialised yet: try again next poll
