@@ -10,43 +10,17 @@ import argparse
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from traceml_tui.run.options import LaunchError, LaunchOptions
 
 EXIT_USAGE = 2
 EXIT_REFUSED = 1
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
-
-class LaunchError(Exception):
-    """A refusal before launch; ``str()`` is the one line shown to the user."""
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    """Validated command line of `traceml run`."""
-
-    script: Path
-    script_args: tuple[str, ...]
-    run_name: str
-    logs_dir: Path
-    nproc_per_node: int
-    nnodes: int
-    node_rank: int
-    master_addr: str
-    master_port: Optional[int]
-    trace_max_steps: Optional[int]
-    finalize_timeout: float
-    resume: bool = False
-
-    @property
-    def run_dir(self) -> Path:
-        return self.logs_dir / self.run_name
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
+__all__ = ["EXIT_REFUSED", "EXIT_USAGE", "LaunchError", "LaunchOptions", "build_parser", "main", "parse_options",
+           "split_script_args"]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from traceml_tui.core import atomic, records
-from traceml_tui.run.cli import LaunchError, LaunchOptions
-from traceml_tui.sdk import env as sdk_env
+import msgspec
 
-MANIFEST = "manifest.json"
-MANIFEST_SCHEMA_VERSION = 1
+from traceml_tui.core import artifacts, atomic
+from traceml_tui.core.rundir import RunDir
+from traceml_tui.run.options import LaunchError, LaunchOptions
+from traceml_tui.sdk import env as sdk_env
 
 
 def _warn(message: str) -> None:
@@ -73,10 +73,11 @@ class Launcher:
         self.config = config
         self.hygiene = hygiene
         self.run_dir = options.run_dir
-        self.node_dir = self.run_dir / "nodes" / records.node_dir_name(options.node_rank)
+        self.layout = RunDir(self.run_dir)
+        self.node_dir = self.layout.node_dir(options.node_rank)
         self.guarded = config.guard is not None
         self.digest: Optional[str] = None
-        self.manifest: dict = {}
+        self.manifest: Optional[artifacts.Manifest] = None  # node 0 only, once prepared
         self.interrupted = False
         self.child: Optional[subprocess.Popen] = None
 
@@ -84,7 +85,7 @@ class Launcher:
     def prepare(self) -> None:
         """Create the run directory and (node 0) write the manifest; refuse without side effects."""
         opts = self.options
-        manifest_path = self.run_dir / MANIFEST
+        manifest_path = self.layout.manifest
         if opts.node_rank == 0 and manifest_path.exists() and not opts.resume:
             raise LaunchError(
                 f"run {opts.run_name!r} already exists ({manifest_path}); choose a fresh --run-name"
@@ -106,30 +107,29 @@ class Launcher:
         if opts.node_rank != 0:
             return
         if opts.resume:
-            import json
-
             try:
-                self.manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
+                previous = artifacts.decode_manifest(manifest_path.read_bytes())
+            except OSError as exc:
                 raise LaunchError(f"--resume: cannot read {manifest_path}: {exc}") from None
-            if "guard" in self.manifest:
+            if previous is None:
+                raise LaunchError(f"--resume: cannot read {manifest_path}: not a traceml manifest")
+            if previous.guarded:
                 raise LaunchError(
                     f"--resume: run {opts.run_name!r} is guarded; a guarded run is never resumed (choose a fresh --run-name)"
                 )
-            topology = self.manifest.get("topology") or {}
-            wanted = {"nnodes": opts.nnodes, "nproc_per_node": opts.nproc_per_node, "world_size": opts.world_size}
-            if topology and topology != wanted:
+            topology = previous.topology
+            recorded = (topology.nnodes, topology.nproc_per_node, topology.world_size)
+            if recorded != (None, None, None) and recorded != (opts.nnodes, opts.nproc_per_node, opts.world_size):
                 raise LaunchError(
-                    f"--resume: run {opts.run_name!r} ran with {topology.get('nnodes')} node(s) x "
-                    f"{topology.get('nproc_per_node')} process(es); resume it with the same topology"
+                    f"--resume: run {opts.run_name!r} ran with {topology.nnodes} node(s) x "
+                    f"{topology.nproc_per_node} process(es); resume it with the same topology"
                 )
-            self.manifest["attempts"] = int(self.manifest.get("attempts", 1)) + 1
-            self.manifest["status"] = "running"
-            atomic.atomic_write_json(manifest_path, self.manifest)
+            self.manifest = msgspec.structs.replace(previous, attempts=previous.attempts + 1, status="running")
+            atomic.atomic_write_json(manifest_path, artifacts.to_builtins(self.manifest))
             return
         self.manifest = self._initial_manifest()
         try:
-            atomic.atomic_write_json(manifest_path, self.manifest, exclusive=True)
+            atomic.atomic_write_json(manifest_path, artifacts.to_builtins(self.manifest), exclusive=True)
         except FileExistsError:
             raise LaunchError(
                 f"run {opts.run_name!r} already exists ({manifest_path}); choose a fresh --run-name"
@@ -151,46 +151,41 @@ class Launcher:
 
     def _refuse_finished_run(self, manifest_path: Path) -> None:
         """A node k > 0 never writes into a run that already finished or already holds its outcome."""
-        import json
-
-        if (self.node_dir / "guard_outcome.json").exists():
+        if self.layout.outcome(self.options.node_rank).exists():
             raise LaunchError(
                 f"run {self.options.run_name!r} already holds an outcome of node {self.options.node_rank}; "
                 "choose a fresh --run-name"
             )
         try:
-            status = json.loads(manifest_path.read_text(encoding="utf-8")).get("status")
-        except (OSError, ValueError, AttributeError):
+            manifest = artifacts.decode_manifest(manifest_path.read_bytes())
+        except OSError:
             return  # node 0 has not written it yet: the normal multi-node start
+        if manifest is None:
+            return  # not (yet) a readable manifest: nothing says the run finished
+        status = manifest.status
         if status in ("completed", "failed", "interrupted") and not self.options.resume:
             raise LaunchError(f"run {self.options.run_name!r} already finished ({status}); choose a fresh --run-name")
 
-    def _initial_manifest(self) -> dict:
+    def _initial_manifest(self) -> artifacts.Manifest:
         opts = self.options
-        manifest: dict = {
-            "schema_version": MANIFEST_SCHEMA_VERSION,
-            "run_name": opts.run_name,
-            "status": "running",
-            "started_at": time.time(),
-            "ended_at": None,
-            "exit_code": None,
-            "mode": self.config.mode,
-            "history_enabled": self.config.history_enabled,
-            "history_retention_s": self.config.history_retention,
-            "topology": {
-                "nnodes": opts.nnodes,
-                "nproc_per_node": opts.nproc_per_node,
-                "world_size": opts.world_size,
-            },
-            "launch": {"kind": "process" if opts.world_size == 1 else "torch.distributed.run"},
-            "trace_max_steps": opts.trace_max_steps,
-            "attempts": 1,
-        }
-        if self.guarded:
-            manifest["guard"] = {"contract": self.config.guard, "contract_digest": self.digest}
-        if self.hygiene is not None:
-            manifest["hygiene"] = self.hygiene
-        return manifest
+        return artifacts.Manifest(
+            run_name=opts.run_name,
+            status="running",
+            started_at=time.time(),
+            ended_at=None,
+            exit_code=None,
+            mode=self.config.mode,
+            history_enabled=self.config.history_enabled,
+            history_retention_s=self.config.history_retention,
+            topology=artifacts.Topology(
+                nnodes=opts.nnodes, nproc_per_node=opts.nproc_per_node, world_size=opts.world_size
+            ),
+            launch=artifacts.Launch(kind="process" if opts.world_size == 1 else "torch.distributed.run"),
+            trace_max_steps=opts.trace_max_steps,
+            attempts=1,
+            guard=artifacts.Guard(contract=self.config.guard, contract_digest=self.digest) if self.guarded else msgspec.UNSET,
+            hygiene=self.hygiene if self.hygiene is not None else msgspec.UNSET,
+        )
 
     # -- training ---------------------------------------------------------------------------
     def command(self) -> list[str]:
@@ -258,7 +253,7 @@ class Launcher:
         from traceml_tui.run.sampler import SystemSampler
 
         opts = self.options
-        sampler = SystemSampler(self.node_dir / "system.jsonl", opts.run_name, opts.node_rank)
+        sampler = SystemSampler(self.layout.system(opts.node_rank), opts.run_name, opts.node_rank)
         sampler.start()
         curve = self._start_curve_refresher()
         previous = {sig: signal.signal(sig, self._forward_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -277,8 +272,8 @@ class Launcher:
                 exit_code = 127
             else:
                 tees = [
-                    _Tee(self.child.stdout, sys.stdout.buffer, self.node_dir / "training.stdout.log"),
-                    _Tee(self.child.stderr, sys.stderr.buffer, self.node_dir / "training.stderr.log"),
+                    _Tee(self.child.stdout, sys.stdout.buffer, self.layout.stdout_log(opts.node_rank)),
+                    _Tee(self.child.stderr, sys.stderr.buffer, self.layout.stderr_log(opts.node_rank)),
                 ]
                 for tee in tees:
                     tee.start()
@@ -368,16 +363,19 @@ class Launcher:
             self._render_curve()
 
     def _finish_manifest(self, exit_code: int, training: Optional[dict]) -> None:
-        manifest = dict(self.manifest)
-        manifest["status"] = self.status_for(exit_code)
-        manifest["exit_code"] = exit_code
-        manifest["ended_at"] = time.time()
-        if training is not None:
-            manifest.setdefault("guard", {})["training"] = training
         try:
-            atomic.atomic_write_json(self.run_dir / MANIFEST, manifest)
+            current = self.manifest if self.manifest is not None else self._initial_manifest()
+            manifest = msgspec.structs.replace(
+                current, status=self.status_for(exit_code), exit_code=exit_code, ended_at=time.time()
+            )
+            if training is not None:
+                guard = manifest.guard if isinstance(manifest.guard, artifacts.Guard) else artifacts.Guard()
+                manifest.guard = msgspec.structs.replace(
+                    guard, training=msgspec.convert(training, artifacts.GuardTraining)
+                )
+            atomic.atomic_write_json(self.layout.manifest, artifacts.to_builtins(manifest))
             self.manifest = manifest
-        except OSError as exc:
+        except (OSError, msgspec.ValidationError) as exc:
             _warn(f"could not update the manifest: {exc}")
 
     def _write_summary(self) -> None:
@@ -385,15 +383,17 @@ class Launcher:
             from traceml_tui.summary.build import build_summary
             from traceml_tui.summary.text import render_text
 
-            summary = build_summary(self.run_dir, self.manifest)
+            manifest = artifacts.to_builtins(self.manifest) if self.manifest is not None else None
+            summary = build_summary(self.run_dir, manifest)
             summary["text"] = render_text(summary)
-            atomic.atomic_write_json(self.run_dir / "final_summary.json", summary)
-            atomic.atomic_write_bytes(self.run_dir / "final_summary.txt", summary["text"].encode("utf-8") + b"\n")
+            artifacts.check_summary(summary)  # a payload readers could not decode is not published
+            atomic.atomic_write_json(self.layout.summary_json, summary)
+            atomic.atomic_write_bytes(self.layout.summary_txt, summary["text"].encode("utf-8") + b"\n")
         except Exception as exc:  # noqa: BLE001 - a summary problem must not change the exit code
             _warn(f"could not write final_summary.json: {type(exc).__name__}: {exc}")
             return
         print(summary["text"], file=sys.stderr, flush=True)
-        print(f"[traceml] summary: {self.run_dir / 'final_summary.json'}", file=sys.stderr, flush=True)
+        print(f"[traceml] summary: {self.layout.summary_json}", file=sys.stderr, flush=True)
 
     # -- learning curve (hygiene) -------------------------------------------------------------
     def _curve_cmd(self) -> list[str]:
@@ -418,13 +418,12 @@ class Launcher:
             return None
         from traceml_tui.sdk.session import last_recorded_step
 
-        rank_dir = self.run_dir / "ranks" / records.rank_dir_name(0)
         stop = threading.Event()
 
         def loop() -> None:
             rendered_bucket = -1
             while not stop.wait(2.0):
-                _, step = last_recorded_step(rank_dir)
+                _, step = last_recorded_step(self.run_dir, 0)
                 bucket = step // cadence
                 if step >= 1 and bucket != rendered_bucket:
                     rendered_bucket = bucket

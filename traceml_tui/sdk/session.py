@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from traceml_tui.core import atomic, records
+from traceml_tui.core.rundir import RunDir
 from traceml_tui.sdk import env
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -74,21 +75,15 @@ def detect_rank() -> tuple[int, int]:
     return rank, world
 
 
-def last_recorded_step(rank_dir: Path) -> tuple[int, int]:
-    """(highest attempt number, highest completed step) among a rank's existing step files.
+def last_recorded_step(run_dir: Path, rank: int) -> tuple[int, int]:
+    """(highest attempt number, highest completed step) among one rank's existing step files.
 
     Returns (-1, 0) when the rank has no files yet. Only complete lines count.
     """
     best_attempt, best_step = -1, 0
-    if not rank_dir.is_dir():
-        return best_attempt, best_step
-    for path in rank_dir.glob("steps-*.jsonl"):
-        try:
-            attempt = int(path.stem.split("-", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        best_attempt = max(best_attempt, attempt)
-        best_step = max(best_step, _last_step_in_file(path))
+    for stream in RunDir(run_dir).step_files(rank):
+        best_attempt = max(best_attempt, stream.attempt)
+        best_step = max(best_step, _last_step_in_file(stream.path))
     return best_attempt, best_step
 
 
@@ -154,8 +149,7 @@ class Session:
         self.rank = rank
         self.world_size = world_size
         self.max_steps = max_steps
-        rank_dir = run_dir / "ranks" / records.rank_dir_name(rank)
-        last_attempt, last_step = last_recorded_step(rank_dir)
+        last_attempt, last_step = last_recorded_step(run_dir, rank)
         self.attempt = last_attempt + 1
         if start_step is None:
             start_step = last_step + 1
@@ -166,7 +160,7 @@ class Session:
         if start_step < 1:
             raise ValueError("start_step must be at least 1")
         self.next_step = start_step
-        self.path = rank_dir / records.steps_file_name(self.attempt)
+        self.path = RunDir(run_dir).steps_file(rank, self.attempt)
         self.fd = atomic.open_append(self.path)
         node_rank = os.environ.get(env.NODE_RANK)
         header = records.Header(

@@ -1,0 +1,42 @@
+"""The validated options of `traceml run` and its refusal type.
+
+Shared by the command line (:mod:`traceml_tui.run.cli`) and the launcher
+(:mod:`traceml_tui.run.launch`), which otherwise do not import each other's
+internals: the launcher never imports the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+class LaunchError(Exception):
+    """A refusal before launch; ``str()`` is the one line shown to the user."""
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Validated command line of `traceml run`."""
+
+    script: Path
+    script_args: tuple[str, ...]
+    run_name: str
+    logs_dir: Path
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: Optional[int]
+    trace_max_steps: Optional[int]
+    finalize_timeout: float
+    resume: bool = False
+
+    @property
+    def run_dir(self) -> Path:
+        return self.logs_dir / self.run_name
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
