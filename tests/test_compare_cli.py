@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from traceml_tui.core import records
+from traceml_tui.core.rundir import RunDir
 from traceml_tui.compare.load import MAX_SUMMARY_BYTES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "summaries"
@@ -340,7 +341,7 @@ def test_compare_imports_neither_textual_nor_torch(tmp_path, cli_env, pair):
 
 def _write_steps(run_dir: Path, name: str, values: list[float], ranks: int = 2) -> None:
     for rank in range(ranks):
-        path = run_dir / "ranks" / records.rank_dir_name(rank) / records.steps_file_name(0)
+        path = RunDir(run_dir).steps_file(rank, 0)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as handle:
             handle.write(records.encode(records.Header(v=1, run=name, rank=rank, attempt=0, uuid=f"{name}-{rank}", ts=0.0)))

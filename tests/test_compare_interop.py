@@ -240,11 +240,12 @@ CONTRACT = {
 def _built_run(root: Path, name: str, step_ms: float, gpu: bool = False) -> Path:
     """A run directory with real v1 step records, summarized by traceml_tui.summary.build."""
     from traceml_tui.core import records
+    from traceml_tui.core.rundir import RunDir
 
     build = pytest.importorskip("traceml_tui.summary.build")
     run_dir = root / name
     for rank in range(2):
-        path = run_dir / "ranks" / records.rank_dir_name(rank) / records.steps_file_name(0)
+        path = RunDir(run_dir).steps_file(rank, 0)
         path.parent.mkdir(parents=True)
         lines = [records.encode(records.Header(v=1, run=name, rank=rank, attempt=0, uuid=f"{name}{rank}", ts=0.0))]
         ts = 1000.0

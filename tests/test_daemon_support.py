@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from traceml_tui.core import records  # noqa: E402
 from traceml_tui.core.atomic import append_line, open_append  # noqa: E402
+from traceml_tui.core.rundir import RunDir  # noqa: E402
 
 
 def header_line(run: str, rank: int, attempt: int = 0, uuid: str | None = None) -> bytes:
@@ -33,7 +34,7 @@ def step_line(run: str, rank: int, step: int, attempt: int = 0, step_ms: float =
 
 
 def steps_path(run_dir: Path, rank: int, attempt: int = 0) -> Path:
-    return run_dir / "ranks" / records.rank_dir_name(rank) / records.steps_file_name(attempt)
+    return RunDir(run_dir).steps_file(rank, attempt)
 
 
 def write_steps(run_dir: Path, rank: int, steps, attempt: int = 0, header: bool = True, **kw) -> Path:

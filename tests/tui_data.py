@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from traceml_tui.core import atomic, records
+from traceml_tui.core.rundir import RunDir
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z: every record time is an offset from here
 V = records.RECORD_VERSION
@@ -72,7 +73,7 @@ def write_run(
     status = "failed" if failed_rank is not None else ("completed" if finished else "running")
     atomic.atomic_write_json(run / "manifest.json", _manifest(name, 1, ranks, declared or steps, status))
     for r in range(ranks):
-        path = run / "ranks" / records.rank_dir_name(r) / records.steps_file_name(0)
+        path = RunDir(run).steps_file(r, 0)
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = [records.encode(records.Header(v=V, run=name, rank=r, attempt=0, uuid=f"{name}-{r}", ts=t0,
                                                node_rank=0, world_size=ranks))]
@@ -116,7 +117,7 @@ def write_run(
 
 def append_steps(run: Path, name: str, rank: int, first: int, last: int, t0: float = T0) -> None:
     """Append steps first..last to a rank's stream, as a live training rank would."""
-    path = run / "ranks" / records.rank_dir_name(rank) / records.steps_file_name(0)
+    path = RunDir(run).steps_file(rank, 0)
     fd = atomic.open_append(path)
     try:
         for s in range(first, last + 1):

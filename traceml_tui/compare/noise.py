@@ -1,7 +1,7 @@
 """Noise evidence from per-step records beside the two summaries.
 
 When both run directories still hold their rank streams
-(``<run_dir>/ranks/rank_*/steps-*.jsonl``), a bootstrap over steps gives a
+(:meth:`traceml_tui.core.rundir.RunDir.step_files`), a bootstrap over steps gives a
 95% interval for the ratio of mean Step Time candidate/reference. It adds
 evidence next to the CI result; it never changes it (the seed's rule
 decides). Steps within one run are autocorrelated, so the interval is a
@@ -18,6 +18,8 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from traceml_tui.core.rundir import RunDir  # cheap (no msgspec): the record decoder stays lazy
+
 SEED = 20240917
 RESAMPLES = 2000
 #: Steps kept per run (the latest ones in the analyzed window); bounds time and memory.
@@ -27,27 +29,8 @@ MAX_STREAM_BYTES = 512 * 1024 * 1024
 
 
 def step_files(run_dir: Path) -> list[Path]:
-    """The rank step streams of one run directory (regular files only)."""
-    ranks = run_dir / "ranks"
-    if not ranks.is_dir():
-        return []
-    from traceml_tui.core import records  # only now: msgspec costs start-up time
-
-    files = []
-    for rank_dir in sorted(ranks.glob(records.rank_dir_name(0).replace("0", "*"))):
-        if rank_dir.is_symlink() or not rank_dir.is_dir():
-            continue
-        for path in sorted(rank_dir.glob("steps-*.jsonl")):
-            if path.is_file() and not path.is_symlink():
-                files.append(path)
-    return files
-
-
-def _attempt_of(path: Path) -> int:
-    try:
-        return int(path.stem.split("-", 1)[1])
-    except (IndexError, ValueError):
-        return 0
+    """The rank step streams of one run directory (regular files only, no links)."""
+    return [stream.path for stream in RunDir(run_dir).step_files()]
 
 
 def read_step_times(run_dir: Path, clock: str, window: tuple[Optional[int], Optional[int]]) -> list[float]:
@@ -62,7 +45,8 @@ def read_step_times(run_dir: Path, clock: str, window: tuple[Optional[int], Opti
     start, end = window
     per_rank_step: dict[tuple[int, int], float] = {}
     budget = MAX_STREAM_BYTES
-    for path in sorted(step_files(run_dir), key=_attempt_of):
+    # oldest attempt first, so a later attempt's record of a (rank, step) replaces an earlier one
+    for path in [s.path for s in sorted(RunDir(run_dir).step_files(), key=lambda s: s.attempt)]:
         try:
             with open(path, "rb") as handle:
                 for line in handle:

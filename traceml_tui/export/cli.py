@@ -63,9 +63,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.interval <= 0:
         _err("--interval must be positive")
         return 2
+    from traceml_tui.core.rundir import RunDir
+
     run_dirs = [Path(d) for d in args.run_dirs]
     for d in run_dirs:
-        if not d.is_dir() or not (d / "ranks").is_dir():
+        if not d.is_dir() or not RunDir(d).ranks.is_dir():
             _err(f"{d}: not a run directory (no ranks/ folder)")
             return 2
 
@@ -107,7 +109,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"{run_dir.name}: nothing new", flush=True)
         if not args.follow:
             return EXIT_UNAVAILABLE if unavailable else 0
-        finished = all((d / "final_summary.json").is_file() for d in run_dirs)
+        finished = all(RunDir(d).summary_json.is_file() for d in run_dirs)
         if finished and not unavailable:
             return 0  # a finished run has nothing more to grow
         deadline = time.monotonic() + args.interval

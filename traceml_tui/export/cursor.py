@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from traceml_tui.core import atomic
+from traceml_tui.core.rundir import RunDir
 
 CURSOR_VERSION = 1
 
@@ -108,16 +109,5 @@ def read_new_lines(path: Path, state: Optional[dict]) -> tuple[list[bytes], Opti
 
 def iter_step_files(run_dir: Path) -> Iterator[tuple[int, Path]]:
     """(rank, path) of every rank step file, ranks and attempts in order."""
-    def attempt(path: Path) -> int:
-        try:
-            return int(path.stem.split("-", 1)[1])
-        except (IndexError, ValueError):
-            return -1
-
-    for rank_dir in sorted((Path(run_dir) / "ranks").glob("rank_*")):
-        try:
-            rank = int(rank_dir.name.split("_", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        for path in sorted(rank_dir.glob("steps-*.jsonl"), key=attempt):
-            yield rank, path
+    for stream in RunDir(run_dir).step_files():
+        yield stream.rank, stream.path

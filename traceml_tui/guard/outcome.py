@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from traceml_tui.core.atomic import atomic_write_json
+from traceml_tui.core.rundir import OUTCOME, RunDir
 
 OUTCOME_SCHEMA_VERSION = 1
 MAX_OUTCOME_BYTES = 16 * 1024
-OUTCOME_FILENAME = "guard_outcome.json"
+OUTCOME_FILENAME = OUTCOME
 
 REASON_MISSING = "node_outcome_missing"
 REASON_INVALID = "node_outcome_invalid"
@@ -48,7 +49,7 @@ _STATUS_TO_REASON = {"missing": REASON_MISSING, "invalid": REASON_INVALID, "conf
 
 def outcome_path(run_dir: Path, node_rank: int) -> Path:
     """Where node ``node_rank`` of the run in ``run_dir`` reports its outcome."""
-    return Path(run_dir) / "nodes" / f"node_{int(node_rank)}" / OUTCOME_FILENAME
+    return RunDir(run_dir).outcome(node_rank)
 
 
 def _exit_code(value: int) -> int:

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from traceml_tui.core import atomic
+from traceml_tui.core.rundir import BATCH_GRID, RunDir
 
 RENDERER = "traceml.batch_grid/1"
-GRID_DIR = "qc/batch_grid"
+GRID_DIR = BATCH_GRID  # relative to the run directory
 ROWS_PER_PAGE = 16
 MIN_CELL, MAX_CELL = 48, 160
 PAD = 4
@@ -322,7 +323,7 @@ def save_batch_grid(run_dir: Path, batch: Any, *, step: int, name: str = "inputs
                        min_width=PAD + 6 * (len(title) + 14))  # ~6 px per character at 7 pt, + " page n/m"
     digest = batch_digest(inputs)
     pngs = render_pages(layout, inputs, title=title)
-    folder = Path(run_dir) / GRID_DIR / name
+    folder = RunDir(run_dir).batch_grid / name
     folder.mkdir(parents=True, exist_ok=True)
     stem = _free_stem(folder, step)
     files = []
@@ -351,7 +352,7 @@ def list_grids(run_dir: Path) -> list[dict]:
     import json
 
     out = []
-    for path in sorted((Path(run_dir) / GRID_DIR).glob("*/step-*.json")):
+    for path in sorted(RunDir(run_dir).batch_grid.glob("*/step-*.json")):
         try:
             meta = json.loads(path.read_text())
         except (OSError, ValueError):

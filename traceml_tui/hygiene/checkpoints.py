@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from traceml_tui.core.atomic import atomic_write_json, fsync_dir
+from traceml_tui.core.rundir import CHECKPOINTS, RunDir
 from traceml_tui.hygiene import backlog
 
-CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_DIR = CHECKPOINTS  # relative to the run directory
 
 
 def checkpoint_id(step: int, serial: int = 1) -> str:
@@ -29,7 +30,8 @@ def _free_id(run_dir: Path, step: int) -> str:
     serial = 1
     while True:
         ckpt = checkpoint_id(step, serial)
-        taken = backlog.request_path(run_dir, ckpt).exists() or (run_dir / CHECKPOINT_DIR / f"{ckpt}.pt").exists()
+        layout = RunDir(run_dir)
+        taken = layout.request(ckpt).exists() or (layout.checkpoints / f"{ckpt}.pt").exists()
         if not taken:
             return ckpt
         serial += 1
@@ -91,7 +93,7 @@ def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_dige
                 raise FileNotFoundError(f"checkpoint file not found: {source}")
             rel = _relative(run_dir, source)
         else:
-            target = run_dir / CHECKPOINT_DIR / f"{ckpt}.pt"
+            target = RunDir(run_dir).checkpoints / f"{ckpt}.pt"
             try:
                 _save_state(path_or_state, target)
             except FileExistsError:
@@ -105,7 +107,7 @@ def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_dige
             "created": time.time(),
         }
         try:
-            atomic_write_json(backlog.request_path(run_dir, ckpt), request, exclusive=True)
+            atomic_write_json(RunDir(run_dir).request(ckpt), request, exclusive=True)
         except FileExistsError:
             continue
         return request

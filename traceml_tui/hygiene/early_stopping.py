@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from traceml_tui.core.atomic import atomic_write_json
+from traceml_tui.core.rundir import EARLY_STOPPING, RunDir
 from traceml_tui.hygiene import backlog
 
-STATE_FILE = "early_stopping.json"
+STATE_FILE = EARLY_STOPPING  # relative to the run directory
 STATE_VERSION = 1
 #: Fields of the policy frozen into the state on first use; a resume must match them.
 _POLICY = ("metric", "direction", "min_delta", "patience", "warmup", "max_budget")
@@ -74,7 +75,7 @@ class EarlyStopping:
         elif not reason:
             raise ValueError("disabling early stopping requires a reason")
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / STATE_FILE
+        self.path = RunDir(self.run_dir).early_stopping
         self.config_digest = config_digest
         self.policy = {
             "enabled": enabled,

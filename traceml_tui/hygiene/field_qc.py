@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from traceml_tui.core import records
+from traceml_tui.core.rundir import RunDir
 
 SPACES = ("linear", "log")
 DEFAULT_FACTOR = 0.1
@@ -186,9 +187,10 @@ def summarize_records(field_records: Iterable[records.FieldStats]) -> dict[str, 
 
 
 def load_field_records(run_dir: Path) -> list[records.FieldStats]:
-    """Every field_stats record under ``run_dir/ranks`` (complete lines only)."""
+    """Every field_stats record of every rank's step streams (complete lines only)."""
     out: list[records.FieldStats] = []
-    for path in sorted((Path(run_dir) / "ranks").glob("rank_*/steps-*.jsonl")):
+    for stream in RunDir(run_dir).step_files():
+        path = stream.path
         try:
             data = path.read_bytes()
         except OSError:

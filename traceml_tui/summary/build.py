@@ -448,11 +448,13 @@ def training_section(ranks: dict[int, RankSteps], run_dir: Path) -> dict:
         "newest_step": newest.step if newest else None,
         "lag_steps": (steps[-1].step - newest.step) if newest else None,
     }
-    requests = run_dir / "validation" / "requests"
-    receipts = run_dir / "validation" / "receipts"
-    if requests.is_dir():
-        done = {p.stem for p in receipts.glob("*.json")} if receipts.is_dir() else set()
-        out["eval"]["backlog"] = sum(1 for p in requests.glob("*.json") if p.stem not in done)
+    from traceml_tui.core.rundir import RunDir
+
+    layout = RunDir(run_dir)
+    if layout.backlog_dir("requests").is_dir():
+        # outstanding = every request without a receipt (core.state.decide_backlog: only a receipt completes one)
+        done = {p.stem for p in layout.backlog_files("receipts")}
+        out["eval"]["backlog"] = sum(1 for p in layout.backlog_files("requests") if p.stem not in done)
     return out
 
 

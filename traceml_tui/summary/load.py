@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from traceml_tui.core import records
+from traceml_tui.core.rundir import RunDir
 
 
 @dataclass
@@ -40,26 +41,15 @@ def iter_complete_lines(path: Path) -> Iterator[bytes]:
             yield line
 
 
-def _attempt_of(path: Path) -> int:
-    try:
-        return int(path.stem.split("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1
-
-
 def load_ranks(run_dir: Path) -> dict[int, RankSteps]:
-    """Load every rank's step records under ``run_dir/ranks``."""
+    """Load every rank's step records (attempts in order: a newer attempt's record of a step supersedes)."""
     out: dict[int, RankSteps] = {}
-    ranks_dir = run_dir / "ranks"
-    if not ranks_dir.is_dir():
-        return out
-    for rank_dir in sorted(ranks_dir.glob("rank_*")):
-        try:
-            rank = int(rank_dir.name.split("_", 1)[1])
-        except (IndexError, ValueError):
-            continue
+    by_rank: dict[int, list[Path]] = {}
+    for stream in RunDir(run_dir).step_files():  # by rank, then attempt
+        by_rank.setdefault(stream.rank, []).append(stream.path)
+    for rank, paths in by_rank.items():
         series = RankSteps(rank)
-        for path in sorted(rank_dir.glob("steps-*.jsonl"), key=_attempt_of):
+        for path in paths:
             for line in iter_complete_lines(path):
                 try:
                     record = records.decode(line)
@@ -82,7 +72,7 @@ def load_ranks(run_dir: Path) -> dict[int, RankSteps]:
 def load_system(run_dir: Path) -> dict[int, list[records.SystemSample]]:
     """Load node samples: node_rank → samples in time order."""
     out: dict[int, list[records.SystemSample]] = {}
-    for path in sorted((run_dir / "nodes").glob("node_*/system.jsonl")):
+    for _node, path in RunDir(run_dir).system_files():
         for line in iter_complete_lines(path):
             try:
                 record = records.decode(line)
