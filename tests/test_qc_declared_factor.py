@@ -30,10 +30,20 @@ def test_declared_factor_is_validated_and_kept() -> None:
         assert str(err.value).startswith("hygiene.qc.collapse_factor:")
 
 
-def test_sdk_uses_the_declared_factor(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "manifest,declared",
+    [
+        ({"run_name": "run"}, 0.5),
+        # a manifest with a wrong-typed field is no manifest at all (core.artifacts.decode_manifest): the default applies
+        ({"run_name": "run", "attempts": "two"}, 0.1),
+        ({}, 0.1),  # no run_name: not a manifest
+    ],
+)
+def test_sdk_uses_the_declared_factor(tmp_path: Path, manifest: dict, declared: float) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "manifest.json").write_text(json.dumps({"hygiene": {"qc": {"cadence": 1, "collapse_factor": 0.5}}}))
+    manifest = {**manifest, "hygiene": {"qc": {"cadence": 1, "collapse_factor": 0.5}}}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
     script = tmp_path / "qc.py"
     script.write_text(
         "import numpy as np\nimport traceml_tui as traceml\ntraceml.init()\n"
@@ -45,4 +55,4 @@ def test_sdk_uses_the_declared_factor(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = (run_dir / "ranks/rank_0/steps-0.jsonl").read_bytes().splitlines()
     factors = {r.name: r.factor for r in map(records.decode, lines) if isinstance(r, records.FieldStats)}
-    assert factors == {"z": 0.5, "w": 0.2}
+    assert factors == {"z": declared, "w": 0.2}

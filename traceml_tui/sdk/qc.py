@@ -9,7 +9,6 @@ training loop may call them every step.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -34,13 +33,17 @@ def _manifest_qc(session: Any) -> dict:
     """The run's declared ``hygiene.qc`` block from its manifest (``{}`` outside ``traceml run``)."""
     key = id(session)
     if key not in _qc_cache:
+        from traceml_tui.core import artifacts
+        from traceml_tui.core.rundir import RunDir
+
         block: dict = {}
         try:
-            manifest = json.loads((Path(session.run_dir) / "manifest.json").read_text())
-            raw = (manifest.get("hygiene") or {}).get("qc") or {}
+            manifest = artifacts.decode_manifest(RunDir(session.run_dir).manifest.read_bytes())
+        except (OSError, TypeError):
+            manifest = None
+        if manifest is not None:
+            raw = manifest.hygiene_block.get("qc")
             block = raw if isinstance(raw, dict) else {}
-        except (OSError, ValueError, AttributeError):
-            pass
         _qc_cache[key] = block
     return _qc_cache[key]
 
