@@ -125,10 +125,11 @@ def test_export_is_incremental_idempotent_and_equals_the_records(tmp_path: Path,
     # the run grows (a resume continues at step 6) and a validation result arrives late for checkpoint step 2
     _train(logs, 6, 7, env)
     from traceml_tui.core.atomic import atomic_write_json
+    from traceml_tui.core.rundir import RunDir
     from traceml_tui.hygiene import backlog
 
     request = {"checkpoint": "step-00000002", "step": 2, "path": "checkpoints/step-00000002.pt", "config_digest": "d"}
-    atomic_write_json(backlog.request_path(run_dir, "step-00000002"), request)
+    atomic_write_json(RunDir(run_dir).request("step-00000002"), request)
     backlog.write_receipt(run_dir, request, {"r2": 0.25, "mae": None})
 
     third = _export(traceml_cmd, run_dir, env)

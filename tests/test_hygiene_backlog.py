@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from traceml_tui.core.atomic import atomic_write_json
+from traceml_tui.core.rundir import RunDir
+from traceml_tui.core.state import BacklogState
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import publish_checkpoint
 
@@ -68,7 +70,7 @@ def test_two_drainers_race_over_50_requests_each_processed_exactly_once(tmp_path
     assert sorted(receipts) == sorted(ckpts)
     assert receipts["step-00000120"]["metrics"] == {"loss": 120.0}
     assert receipts["step-00000120"]["config_digest"] == DIGEST
-    assert list(backlog.kind_dir(run_dir, "claims").glob("*.json")) == []
+    assert RunDir(run_dir).backlog_files("claims") == []
     status = backlog.backlog_status(run_dir)
     assert status["outstanding"] == [] and status["newest_completed"]["checkpoint"] == "step-00000500"
 
@@ -109,7 +111,7 @@ def test_sigkilled_drainer_claim_is_recovered_only_after_its_owner_is_gone(tmp_p
         holder.wait(timeout=10)
         assert backlog.read_claim(run_dir, ckpt) is not None  # the dead owner's claim is still on disk
         status = backlog.backlog_status(run_dir)
-        assert status["outstanding"][0]["state"] == "stale_claim"
+        assert status["outstanding"][0]["state"] == "stale-claim"
 
         third = subprocess.run(_drain_cmd(traceml_cmd, run_dir, _worker(log)), env=cli_env,
                                capture_output=True, text=True, timeout=60)
@@ -121,7 +123,7 @@ def test_sigkilled_drainer_claim_is_recovered_only_after_its_owner_is_gone(tmp_p
             holder.wait()
     receipt = backlog.read_receipt(run_dir, ckpt)
     assert receipt is not None and receipt["metrics"] == {"loss": 100.0}
-    assert len(list(backlog.kind_dir(run_dir, "receipts").glob("*.json"))) == 1
+    assert len(RunDir(run_dir).backlog_files("receipts")) == 1
     assert backlog.read_claim(run_dir, ckpt) is None
     assert backlog.list_failures(run_dir) == {}
 
@@ -131,18 +133,21 @@ def test_claims_of_other_hosts_are_judged_by_heartbeat_age(tmp_path):
     fresh, old = _publish(run_dir, [1, 2])
     foreign = {"host": "not-" + socket.gethostname(), "pid": 1, "start_time": 0.0}
     now = time.time()
-    atomic_write_json(backlog.claim_path(run_dir, fresh), {"checkpoint": fresh, "owner": foreign, "claimed": now,
-                                                           "heartbeat": now, "lease_s": 60.0})
-    atomic_write_json(backlog.claim_path(run_dir, old), {"checkpoint": old, "owner": foreign, "claimed": now - 600,
-                                                         "heartbeat": now - 120, "lease_s": 60.0})
+    layout = RunDir(run_dir)
+    atomic_write_json(layout.claim(fresh), {"checkpoint": fresh, "owner": foreign, "claimed": now,
+                                            "heartbeat": now, "lease_s": 60.0})
+    atomic_write_json(layout.claim(old), {"checkpoint": old, "owner": foreign, "claimed": now - 600,
+                                          "heartbeat": now - 120, "lease_s": 60.0})
+    assert [r["state"] for r in backlog.backlog_status(run_dir)["requests"]] == ["claimed", "stale-claim"]
     me = backlog.current_owner()
     assert backlog.try_claim(run_dir, fresh, me, 60.0) is None
     taken = backlog.try_claim(run_dir, old, me, 60.0)
     assert taken is not None and backlog.read_claim(run_dir, old)["owner"] == me
     # A reused pid on this host (same pid, different start time) is not the owner.
     ghost = dict(me, start_time=me["start_time"] - 1000)
-    atomic_write_json(backlog.claim_path(run_dir, fresh), {"checkpoint": fresh, "owner": ghost, "claimed": now,
-                                                           "heartbeat": now, "lease_s": 60.0})
+    atomic_write_json(layout.claim(fresh), {"checkpoint": fresh, "owner": ghost, "claimed": now,
+                                            "heartbeat": now, "lease_s": 60.0})
+    assert backlog.claim_is_stale(backlog.read_claim(run_dir, fresh))
     assert backlog.try_claim(run_dir, fresh, me, 60.0) is not None
 
 
@@ -222,7 +227,7 @@ def test_publish_checkpoint_saves_state_immutably_and_requests_once(tmp_path):
     first = publish_checkpoint(run_dir, {"w": torch.ones(2)}, step=120, config_digest=DIGEST)
     again = publish_checkpoint(run_dir, {"w": torch.zeros(2)}, step=120, config_digest=DIGEST)
     assert (first, again) == ("step-00000120", "step-00000120-2")
-    request = backlog.read_json(backlog.request_path(run_dir, first))
+    request = backlog.read_json(RunDir(run_dir).request(first))
     assert request["path"] == "checkpoints/step-00000120.pt" and request["step"] == 120
     assert set(request) == {"checkpoint", "step", "path", "config_digest", "created"}
     assert torch.load(run_dir / request["path"])["w"].tolist() == [1.0, 1.0]  # not overwritten by the second
@@ -230,5 +235,39 @@ def test_publish_checkpoint_saves_state_immutably_and_requests_once(tmp_path):
     outside.write_bytes(b"x")
     inside = run_dir / "mine.pt"
     inside.write_bytes(b"y")
-    assert backlog.read_json(backlog.request_path(run_dir, publish_checkpoint(run_dir, inside, step=5, config_digest=DIGEST)))["path"] == "mine.pt"
-    assert backlog.read_json(backlog.request_path(run_dir, publish_checkpoint(run_dir, outside, step=6, config_digest=DIGEST)))["path"] == str(outside)
+    layout = RunDir(run_dir)
+    assert backlog.read_json(layout.request(publish_checkpoint(run_dir, inside, step=5, config_digest=DIGEST)))["path"] == "mine.pt"
+    assert backlog.read_json(layout.request(publish_checkpoint(run_dir, outside, step=6, config_digest=DIGEST)))["path"] == str(outside)
+
+
+def test_status_words_are_the_backlog_states_of_core(tmp_path):
+    """Every request state comes from core.state.decide_backlog, in its words, in JSON and text alike."""
+    from traceml_tui.hygiene.validate_cli import format_status
+
+    run_dir = tmp_path / "run"
+    done, live, stale, failed, blocked, waiting = _publish(run_dir, [1, 2, 3, 4, 5, 6])
+    backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(done)), {"loss": 1.0})
+    me = backlog.current_owner()
+    gone = dict(me, start_time=me["start_time"] - 1000)  # this host, a pid reused by another process
+    now = time.time()
+    for ckpt, owner in ((live, me), (stale, gone)):
+        atomic_write_json(RunDir(run_dir).claim(ckpt), {"checkpoint": ckpt, "owner": owner, "claimed": now,
+                                                        "heartbeat": now, "lease_s": 60.0})
+    backlog.write_failure(run_dir, failed, "exit code 1")
+    for _ in range(3):
+        backlog.write_failure(run_dir, blocked, "exit code 2")
+    status = backlog.backlog_status(run_dir)
+    states = {r["checkpoint"]: r["state"] for r in status["requests"]}
+    assert states == {done: "completed", live: "claimed", stale: "stale-claim", failed: "failed",
+                      blocked: "blocked", waiting: "pending"}
+    assert set(states.values()) == {s.value for s in BacklogState}
+    assert list(status["counts"]) == ["stale-claim", "blocked", "failed", "claimed", "pending", "completed"]
+    json.dumps(status)  # plain words, JSON-ready
+    text = format_status(status)
+    assert "requests: 1 stale-claim, 1 blocked, 1 failed, 1 claimed, 1 pending, 1 completed" in text
+    assert f"{blocked:<20} step 5        blocked (3 failed: exit code 2)" in text
+    # a run that declares more attempts is not blocked after three
+    (run_dir / "manifest.json").write_text(json.dumps({"run_name": "run", "hygiene": {"validation": {"max_attempts": 5}}}))
+    assert backlog.declared_max_attempts(run_dir) == 5
+    assert {r["checkpoint"]: r["state"] for r in backlog.backlog_status(run_dir)["requests"]}[blocked] == "failed"
+    assert backlog.backlog_status(run_dir, max_attempts=2)["counts"]["blocked"] == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from traceml_tui.core import records
+from traceml_tui.core.rundir import RunDir
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import publish_checkpoint
 from traceml_tui.hygiene.curve import load_curve_data, render_learning_curve
@@ -19,7 +20,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _write_steps(run_dir: Path, steps, *, attempt: int = 0, partial_tail: bool = False) -> None:
-    path = run_dir / "ranks" / "rank_0" / records.steps_file_name(attempt)
+    path = RunDir(run_dir).steps_file(0, attempt)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [records.encode(records.Header(v=1, run="curve-test", rank=0, attempt=attempt, uuid=f"u{attempt}", ts=0.0))]
     for step in steps:
@@ -73,7 +74,7 @@ def test_curve_changes_when_a_validation_completes_and_is_replaced_atomically(tm
     weights = run_dir / "w.bin"
     weights.write_bytes(b"w")
     ckpts = [publish_checkpoint(run_dir, weights, step=s, config_digest="d") for s in (100, 200, 300)]
-    backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, ckpts[0])), {"r2": 0.3})
+    backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(ckpts[0])), {"r2": 0.3})
     path = render_learning_curve(run_dir)
     before = path.read_bytes()
     data = load_curve_data(run_dir)
@@ -90,7 +91,7 @@ def test_curve_changes_when_a_validation_completes_and_is_replaced_atomically(tm
     reader = threading.Thread(target=poll)
     reader.start()
     try:
-        backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, ckpts[1])), {"r2": 0.6})
+        backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(ckpts[1])), {"r2": 0.6})
         for _ in range(3):
             render_learning_curve(run_dir)
     finally:
@@ -108,7 +109,7 @@ def test_resumed_attempts_stay_separate_series_and_eval_records_count(tmp_path):
     run_dir = tmp_path / "run"
     _write_steps(run_dir, range(1, 151), attempt=0)
     _write_steps(run_dir, range(101, 201), attempt=1)  # resumed from update 100: overlaps, not joined
-    path = run_dir / "ranks" / "rank_0" / records.steps_file_name(1)
+    path = RunDir(run_dir).steps_file(0, 1)
     with open(path, "ab") as handle:
         handle.write(records.encode(records.Eval(v=1, run="curve-test", rank=0, attempt=1, step=150, ts=1.0,
                                                  checkpoint="inline-150", metrics={"r2": 0.4})))

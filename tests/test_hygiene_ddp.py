@@ -16,6 +16,7 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     import torch.distributed as dist
     import torch.multiprocessing as mp
+    from traceml_tui.core.rundir import RunDir
     from traceml_tui.hygiene import EarlyStopping, backlog
     from traceml_tui.hygiene.checkpoints import publish_checkpoint
 
@@ -29,7 +30,7 @@ SCRIPT = textwrap.dedent(
             if rank == 0 and step == 3:  # results land on rank 0's filesystem view only
                 for s, v in ((1, 1.0), (2, 2.0)):
                     ck = publish_checkpoint(run, run / "w", step=s, config_digest="d")
-                    backlog.write_receipt(run, backlog.read_json(backlog.request_path(run, ck)), {"m": v})
+                    backlog.write_receipt(run, backlog.read_json(RunDir(run).request(ck)), {"m": v})
             if es.should_stop(step):
                 stopped = step
                 break

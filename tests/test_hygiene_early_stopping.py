@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from traceml_tui.core.rundir import RunDir
 from traceml_tui.hygiene import EarlyStopping, backlog
 from traceml_tui.hygiene.checkpoints import publish_checkpoint
 
@@ -25,7 +26,7 @@ def _request(run_dir: Path, step: int) -> str:
 
 
 def _complete(run_dir: Path, ckpt: str, value: float) -> None:
-    backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, ckpt)), {"val_loss": value})
+    backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(ckpt)), {"val_loss": value})
 
 
 def _decisions(run_dir: Path, *, resume_each_time: bool) -> tuple[list[bool], dict]:
@@ -94,10 +95,10 @@ def test_pending_evaluations_never_count_and_order_holds(tmp_path):
     run_dir = tmp_path / "run"
     es = EarlyStopping(run_dir, metric="acc", direction="max", min_delta=0.0, patience=1)
     c1, c2, c3 = (_request(run_dir, s) for s in (1, 2, 3))
-    backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, c1)), {"acc": 0.5})
-    backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, c3)), {"acc": 0.1})
+    backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(c1)), {"acc": 0.5})
+    backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(c3)), {"acc": 0.1})
     assert es.update(3) is False and es.state["consumed"] == [c1]
-    backlog.write_receipt(run_dir, backlog.read_json(backlog.request_path(run_dir, c2)), {"acc": 0.9})
+    backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(c2)), {"acc": 0.9})
     assert es.update(3) is True
     assert (es.state["best_checkpoint"], es.state["trigger_checkpoint"]) == (c2, c3)
 

@@ -20,8 +20,14 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from traceml_tui.core import records
+from traceml_tui.core.rundir import RunDir
+from traceml_tui.core.state import BacklogState
 from traceml_tui.export import cursor as cursor_mod
 from traceml_tui.export import mapping
+
+#: Readout statuses counted as pending or failed: eval records' ``pending``/``failed`` and the backlog's words.
+_PENDING = frozenset({BacklogState.PENDING.value, BacklogState.CLAIMED.value, BacklogState.STALE_CLAIM.value})
+_FAILED = frozenset({BacklogState.FAILED.value, BacklogState.BLOCKED.value})
 
 
 class SinkUnavailable(RuntimeError):
@@ -95,6 +101,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
     from traceml_tui.hygiene import batch_grid, field_qc
 
     run_dir = Path(run_dir)
+    layout = RunDir(run_dir)
     new = cur.copy()
     out = Delivery()
     files = list(cursor_mod.iter_step_files(run_dir))
@@ -143,33 +150,29 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
     new.counters = {"updates": last_step, "examples": examples, "batch_sizes": sorted(batch_sizes)}
     readouts: dict[str, list[Any]] = dict(new.readouts)
 
-    # validation backlog: receipts are results, requests without one are pending, failures failed
+    # validation backlog: each request's state is core.state.decide_backlog's word (hygiene.backlog.backlog_status);
+    # only a receipt is a result
     from traceml_tui.hygiene import backlog
 
-    receipts = backlog.list_receipts(run_dir)
-    failures = backlog.list_failures(run_dir)
-    for request in backlog.list_requests(run_dir):
-        ckpt = request.get("checkpoint")
-        step = request.get("step") if isinstance(request.get("step"), int) else 0
-        receipt = receipts.get(ckpt)
-        if receipt is not None:
-            metrics = receipt.get("metrics") if isinstance(receipt.get("metrics"), dict) else {}
+    for row in backlog.backlog_status(run_dir)["requests"]:
+        ckpt = row["checkpoint"]
+        step = row["step"] if isinstance(row["step"], int) else 0
+        status = row["state"]
+        if status == BacklogState.COMPLETED:
+            metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
             for key, value in mapping.eval_points(metrics, "eval").items():
                 if f"{key}@{step}" not in new.delivered:
                     out.add(step, {key: value})
                     new.delivered.add(f"{key}@{step}")
-            status = "completed"
             detail = ", ".join(f"{k}={'unavailable' if v is None else v}" for k, v in sorted(metrics.items()))
-        elif failures.get(ckpt):
-            status, detail = "failed", str(failures[ckpt][-1].get("error", ""))[:200]
         else:
-            status, detail = "pending", ""
+            detail = str(row.get("last_error") or "")[:200]
         readouts[f"{ckpt}@{step}/backlog"] = [ckpt, step, "eval", "validation", status, detail]
 
     # counters and readouts: information tables, re-sent only when their content changes
-    pending = sum(1 for row in readouts.values() if row[4] == "pending")
-    failed = sum(1 for row in readouts.values() if row[4] == "failed")
-    stopping = _read_json(run_dir / "early_stopping.json") or {}
+    pending = sum(1 for row in readouts.values() if row[4] in _PENDING)
+    failed = sum(1 for row in readouts.values() if row[4] in _FAILED)
+    stopping = _read_json(layout.early_stopping) or {}
     qc = field_qc.summarize_records(field_qc.load_field_records(run_dir)) if any(
         k.startswith("qc/field/") for k in new.delivered) else {"failed_fields": []}
     info_rows = [
@@ -195,7 +198,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
             out.tables.append((key, columns, [[str(c) for c in r] for r in rows], last_step))
             new.tables[key] = digest
 
-    curve = run_dir / "learning_curve.png"
+    curve = layout.learning_curve
     if curve.is_file():
         digest = hashlib.sha256(curve.read_bytes()).hexdigest()[:16]
         if digest != cur.curve:

@@ -12,6 +12,10 @@ Times are unix seconds. A claim is published by hard-linking a fully written
 temp file into place, so it is created exclusively and never seen half
 written. A claim is broken only after its owner is confirmed gone, under a
 per-checkpoint ``flock`` so two recoverers cannot both remove a fresh claim.
+
+Paths come from :class:`traceml_tui.core.rundir.RunDir`; the state of a
+request (and its words) from :func:`traceml_tui.core.state.decide_backlog`;
+whether a claim's owner lives from :func:`traceml_tui.core.owner.probe_owner`.
 """
 
 from __future__ import annotations
@@ -19,42 +23,22 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
+from traceml_tui.core import artifacts, state
+from traceml_tui.core import owner as core_owner
 from traceml_tui.core.atomic import atomic_write_json, dumps_json, fsync_dir
-
-KINDS = ("requests", "claims", "receipts", "failures")
-#: Tolerance when comparing process start times (psutil rounds them).
-_START_TIME_SLACK_S = 1.0
-
-
-def validation_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "validation"
-
-
-def kind_dir(run_dir: Path, kind: str) -> Path:
-    return validation_dir(run_dir) / kind
-
-
-def request_path(run_dir: Path, checkpoint: str) -> Path:
-    return kind_dir(run_dir, "requests") / f"{checkpoint}.json"
-
-
-def claim_path(run_dir: Path, checkpoint: str) -> Path:
-    return kind_dir(run_dir, "claims") / f"{checkpoint}.json"
-
-
-def receipt_path(run_dir: Path, checkpoint: str) -> Path:
-    return kind_dir(run_dir, "receipts") / f"{checkpoint}.json"
+from traceml_tui.core.rundir import BACKLOG_KINDS, RunDir
+from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS, BacklogState
 
 
 def ensure_dirs(run_dir: Path) -> None:
-    for kind in KINDS:
-        kind_dir(run_dir, kind).mkdir(parents=True, exist_ok=True)
+    layout = RunDir(run_dir)
+    for folder in BACKLOG_KINDS:
+        layout.backlog_dir(folder).mkdir(parents=True, exist_ok=True)
 
 
 def read_json(path: Path) -> Optional[dict]:
@@ -67,16 +51,6 @@ def read_json(path: Path) -> Optional[dict]:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def _json_files(folder: Path) -> Iterator[Path]:
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if entry.name.endswith(".json") and not entry.name.startswith(".") and entry.is_file(follow_symlinks=False):
-            yield Path(entry.path)
 
 
 def order_key(request: dict) -> tuple:
@@ -93,7 +67,7 @@ def order_key(request: dict) -> tuple:
 def list_requests(run_dir: Path) -> list[dict]:
     """All readable requests, in checkpoint order."""
     requests = []
-    for path in _json_files(kind_dir(run_dir, "requests")):
+    for path in RunDir(run_dir).backlog_files("requests"):
         request = read_json(path)
         if request is not None and request.get("checkpoint") == path.stem:
             requests.append(request)
@@ -102,7 +76,7 @@ def list_requests(run_dir: Path) -> list[dict]:
 
 
 def read_receipt(run_dir: Path, checkpoint: str) -> Optional[dict]:
-    receipt = read_json(receipt_path(run_dir, checkpoint))
+    receipt = read_json(RunDir(run_dir).receipt(checkpoint))
     if receipt is None or receipt.get("checkpoint") != checkpoint:
         return None
     return receipt
@@ -110,7 +84,7 @@ def read_receipt(run_dir: Path, checkpoint: str) -> Optional[dict]:
 
 def list_receipts(run_dir: Path) -> dict[str, dict]:
     receipts = {}
-    for path in _json_files(kind_dir(run_dir, "receipts")):
+    for path in RunDir(run_dir).backlog_files("receipts"):
         receipt = read_json(path)
         if receipt is not None and receipt.get("checkpoint") == path.stem:
             receipts[path.stem] = receipt
@@ -120,7 +94,7 @@ def list_receipts(run_dir: Path) -> dict[str, dict]:
 def list_failures(run_dir: Path) -> dict[str, list[dict]]:
     """Failure records grouped by checkpoint, oldest attempt first."""
     grouped: dict[str, list[dict]] = {}
-    for path in _json_files(kind_dir(run_dir, "failures")):
+    for path in RunDir(run_dir).backlog_files("failures"):
         record = read_json(path)
         if record is None or not isinstance(record.get("checkpoint"), str):
             continue
@@ -133,64 +107,43 @@ def list_failures(run_dir: Path) -> dict[str, list[dict]]:
 def failure_count(run_dir: Path, checkpoint: str) -> int:
     prefix = f"{checkpoint}-"
     count = 0
-    for path in _json_files(kind_dir(run_dir, "failures")):
+    for path in RunDir(run_dir).backlog_files("failures"):
         if path.stem.startswith(prefix) and path.stem[len(prefix):].isdigit():
             count += 1
     return count
 
 
 def read_claim(run_dir: Path, checkpoint: str) -> Optional[dict]:
-    return read_json(claim_path(run_dir, checkpoint))
+    return read_json(RunDir(run_dir).claim(checkpoint))
 
 
 # --------------------------------------------------------------------------- owners
 
-
-def current_owner() -> dict:
-    """Identity of this process as a claim owner: host, pid and process start time."""
-    import psutil
-
-    pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "start_time": psutil.Process(pid).create_time()}
+#: Identity of this process as a claim owner: host, pid and process start time.
+current_owner = core_owner.current_owner
 
 
-def owner_alive(owner: Any, claim: dict, *, now: Optional[float] = None) -> bool:
-    """Whether a claim's owner may still be working on it.
-
-    Same host: alive iff the pid exists, is not a zombie and started at the
-    recorded time (a reused pid is a different process). Another host cannot be
-    inspected, so its owner counts as alive while its heartbeat is younger
-    than the lease.
-    """
-    import psutil
-
-    if not isinstance(owner, dict):
-        return False
-    now = time.time() if now is None else now
-    if owner.get("host") == socket.gethostname():
-        pid = owner.get("pid")
-        if not isinstance(pid, int) or pid <= 0:
-            return False
-        try:
-            process = psutil.Process(pid)
-            if process.status() == psutil.STATUS_ZOMBIE:
-                return False
-            started = process.create_time()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            return False
-        recorded = owner.get("start_time")
-        if not isinstance(recorded, (int, float)):
-            return True  # cannot tell a reused pid apart: assume alive rather than steal
-        return abs(started - float(recorded)) <= _START_TIME_SLACK_S
-    heartbeat = claim.get("heartbeat")
-    lease = claim.get("lease_s")
-    if not isinstance(heartbeat, (int, float)) or not isinstance(lease, (int, float)):
-        return False
-    return now - float(heartbeat) <= float(lease)
+def _seconds(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def claim_is_stale(claim: dict, *, now: Optional[float] = None) -> bool:
-    return not owner_alive(claim.get("owner"), claim, now=now)
+    """Whether a claim was abandoned (:func:`traceml_tui.core.state.claim_is_stale`).
+
+    Same host: stale iff its owner process is gone (or the pid was reused).
+    Another host cannot be inspected: stale once its heartbeat is older than its lease.
+    """
+    return state.claim_is_stale(
+        heartbeat=_seconds(claim.get("heartbeat")),
+        lease_s=_seconds(claim.get("lease_s")),
+        now=time.time() if now is None else now,
+        owner_alive=core_owner.probe_owner(claim.get("owner")),
+    )
+
+
+def owner_alive(owner: Any, claim: dict, *, now: Optional[float] = None) -> bool:
+    """Whether a claim's owner may still be working on it (the negation of :func:`claim_is_stale`)."""
+    return not claim_is_stale({**claim, "owner": owner}, now=now)
 
 
 # --------------------------------------------------------------------------- claims
@@ -229,7 +182,7 @@ def try_claim(run_dir: Path, checkpoint: str, owner: dict, lease_s: float) -> Op
     afresh with the same exclusive link, so a concurrent plain claimer wins
     cleanly instead of being overwritten).
     """
-    path = claim_path(run_dir, checkpoint)
+    path = RunDir(run_dir).claim(checkpoint)
     path.parent.mkdir(parents=True, exist_ok=True)
     claim = make_claim(checkpoint, owner, lease_s)
     if _link_exclusive(path, claim):
@@ -250,7 +203,7 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
     recoverer never wedges recovery. Under the lock the claim is re-read: if
     it changed (another recoverer replaced it) it is left alone.
     """
-    path = claim_path(run_dir, checkpoint)
+    path = RunDir(run_dir).claim(checkpoint)
     lock_path = path.parent / f".{checkpoint}.break"
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -286,7 +239,7 @@ def heartbeat(run_dir: Path, claim: dict) -> bool:
     if current is None or current.get("owner") != claim.get("owner") or current.get("claimed") != claim.get("claimed"):
         return False
     claim["heartbeat"] = time.time()
-    atomic_write_json(claim_path(run_dir, claim["checkpoint"]), claim)
+    atomic_write_json(RunDir(run_dir).claim(claim["checkpoint"]), claim)
     return True
 
 
@@ -295,7 +248,7 @@ def release_claim(run_dir: Path, claim: dict) -> None:
     current = read_claim(run_dir, claim["checkpoint"])
     if current is not None and current.get("owner") == claim.get("owner") and current.get("claimed") == claim.get("claimed"):
         try:
-            os.unlink(claim_path(run_dir, claim["checkpoint"]))
+            os.unlink(RunDir(run_dir).claim(claim["checkpoint"]))
         except FileNotFoundError:
             pass
 
@@ -312,19 +265,19 @@ def write_receipt(run_dir: Path, request: dict, metrics: dict) -> dict:
         "metrics": metrics,
         "completed": time.time(),
     }
-    atomic_write_json(receipt_path(run_dir, request["checkpoint"]), receipt, exclusive=True)
+    atomic_write_json(RunDir(run_dir).receipt(request["checkpoint"]), receipt, exclusive=True)
     return receipt
 
 
 def write_failure(run_dir: Path, checkpoint: str, error: str) -> dict:
     """Record one failed attempt as ``failures/<ckpt>-<n>.json`` (n = next free attempt number)."""
-    folder = kind_dir(run_dir, "failures")
-    folder.mkdir(parents=True, exist_ok=True)
+    layout = RunDir(run_dir)
+    layout.backlog_dir("failures").mkdir(parents=True, exist_ok=True)
     attempt = failure_count(run_dir, checkpoint) + 1
     while True:
         record = {"checkpoint": checkpoint, "attempt": attempt, "error": error[:500], "failed": time.time()}
         try:
-            atomic_write_json(folder / f"{checkpoint}-{attempt}.json", record, exclusive=True)
+            atomic_write_json(layout.failure(checkpoint, attempt), record, exclusive=True)
             return record
         except FileExistsError:
             attempt += 1
@@ -333,14 +286,40 @@ def write_failure(run_dir: Path, checkpoint: str, error: str) -> dict:
 # --------------------------------------------------------------------------- status
 
 
-def backlog_status(run_dir: Path, *, max_attempts: int = 3, now: Optional[float] = None) -> dict:
-    """Derive the state of every request: completed, running, stale claim, failed/blocked or pending.
+def claimable(run_dir: Path, checkpoint: str, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> bool:
+    """Whether a drainer may take this request: it has no receipt and is not blocked (claims aside)."""
+    word = state.decide_backlog(
+        has_receipt=RunDir(run_dir).receipt(checkpoint).exists(), has_claim=False, claim_stale=False,
+        failures=failure_count(run_dir, checkpoint), max_attempts=max_attempts,
+    )
+    return word not in (BacklogState.COMPLETED, BacklogState.BLOCKED)
+
+
+def declared_max_attempts(run_dir: Path) -> int:
+    """``hygiene.validation.max_attempts`` from the run's manifest, else :data:`DEFAULT_MAX_ATTEMPTS`."""
+    try:
+        manifest = artifacts.decode_manifest(RunDir(run_dir).manifest.read_bytes())
+    except OSError:
+        manifest = None
+    declared = manifest.max_validation_attempts if manifest is not None else None
+    return declared if declared is not None else DEFAULT_MAX_ATTEMPTS
+
+
+def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Optional[float] = None) -> dict:
+    """The state of every request, in the :class:`~traceml_tui.core.state.BacklogState` words.
+
+    ``pending``, ``claimed``, ``stale-claim``, ``failed`` (a retry is left),
+    ``blocked`` (every allowed attempt failed) or ``completed``, decided by
+    :func:`traceml_tui.core.state.decide_backlog`.
 
     Returns ``{requests: [...], newest_completed, latest_requested, counts, outstanding}``;
-    ``outstanding`` lists every request that has no receipt (a pending or
-    failed request is never a result).
+    ``counts`` follows :data:`~traceml_tui.core.state.BACKLOG_ORDER`; ``outstanding``
+    lists every request that has no receipt (a pending or failed request is never a result).
+    ``max_attempts`` defaults to the run's declared value (:func:`declared_max_attempts`).
     """
     now = time.time() if now is None else now
+    if max_attempts is None:
+        max_attempts = declared_max_attempts(run_dir)
     requests = list_requests(run_dir)
     receipts = list_receipts(run_dir)
     failures = list_failures(run_dir)
@@ -357,26 +336,22 @@ def backlog_status(run_dir: Path, *, max_attempts: int = 3, now: Optional[float]
             "last_error": fails[-1].get("error") if fails else None,
         }
         receipt = receipts.get(ckpt)
+        claim = read_claim(run_dir, ckpt) if receipt is None else None
+        word = state.decide_backlog(
+            has_receipt=receipt is not None,
+            has_claim=claim is not None,
+            claim_stale=claim is not None and claim_is_stale(claim, now=now),
+            failures=len(fails),
+            max_attempts=max_attempts,
+        )
+        row["state"] = word.value
         if receipt is not None:
-            row["state"] = "completed"
             row["metrics"] = receipt.get("metrics", {})
             row["completed"] = receipt.get("completed")
             newest = row
-        else:
-            claim = read_claim(run_dir, ckpt)
-            if claim is not None:
-                row["state"] = "stale_claim" if claim_is_stale(claim, now=now) else "running"
-            elif len(fails) >= max_attempts:
-                row["state"] = "blocked"
-            elif fails:
-                row["state"] = "failed"
-            else:
-                row["state"] = "pending"
         rows.append(row)
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["state"]] = counts.get(row["state"], 0) + 1
-    outstanding = [row for row in rows if row["state"] != "completed"]
+    counts = state.count_states((row["state"] for row in rows), state.BACKLOG_ORDER)
+    outstanding = [row for row in rows if row["state"] != BacklogState.COMPLETED]
     latest = rows[-1] if rows else None
     return {
         "requests": rows,

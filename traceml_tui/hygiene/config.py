@@ -42,10 +42,12 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from traceml_tui.core.records import RECORD_VERSION
+from traceml_tui.core.rundir import LEARNING_CURVE
+from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
 
 DIRECTIONS = ("min", "max")
 SECTIONS = ("history", "curve", "validation", "early_stopping", "qc")
-CURVE_FILE = "learning_curve.png"
+CURVE_FILE = LEARNING_CURVE  # relative to the run directory
 WORKER_PLACEHOLDERS = ("{checkpoint}", "{step}", "{run_dir}")
 
 
@@ -162,7 +164,7 @@ def _validation(raw: Any) -> dict:
     first = _int(_required(block, "first_evaluation", path), f"{path}.first_evaluation", minimum=0)
     worker = _worker(_required(block, "worker", path), f"{path}.worker")
     lease = _number(block.get("lease_s", 60), f"{path}.lease_s", minimum=1)
-    attempts = _int(block.get("max_attempts", 3), f"{path}.max_attempts", minimum=1)
+    attempts = _int(block.get("max_attempts", DEFAULT_MAX_ATTEMPTS), f"{path}.max_attempts", minimum=1)
     return {
         "recipe": recipe,
         "cadence": cadence,

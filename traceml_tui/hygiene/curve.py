@@ -21,20 +21,20 @@ stays cheap.
 from __future__ import annotations
 
 import io
-import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from traceml_tui.core import records
 from traceml_tui.core.atomic import atomic_write_bytes
+from traceml_tui.core.rundir import RunDir
+from traceml_tui.core.state import BacklogState
 from traceml_tui.hygiene import backlog
-from traceml_tui.hygiene.config import CURVE_FILE
 
 #: Points drawn per series at most; longer series are averaged per bucket.
 MAX_POINTS = 1500
-_STEPS_FILE = re.compile(r"^steps-(\d+)\.jsonl$")
+#: Evaluations drawn as failed: an eval record's ``failed``, a backlog request ``failed`` or ``blocked``.
+_FAILED = frozenset({BacklogState.FAILED.value, BacklogState.BLOCKED.value})
 
 
 @dataclass
@@ -54,7 +54,7 @@ class CurveData:
     run: str
     attempts: list[AttemptSeries]
     evals: list[dict]  # {checkpoint, step, metrics} completed evaluations
-    unfinished: list[dict]  # {checkpoint, step, state} pending/running/failed evaluations
+    unfinished: list[dict]  # {checkpoint, step, state} evaluations without a result (eval status or BacklogState word)
     early_stopping: Optional[dict] = None  # persisted early_stopping.json, when present
 
     @property
@@ -78,14 +78,8 @@ def load_curve_data(run_dir: Path) -> CurveData:
     attempts: list[AttemptSeries] = []
     eval_records: dict[str, dict] = {}
     unfinished_records: dict[str, dict] = {}
-    rank_dir = run_dir / "ranks" / records.rank_dir_name(0)
-    files = []
-    if rank_dir.is_dir():
-        for entry in os.scandir(rank_dir):
-            match = _STEPS_FILE.match(entry.name)
-            if match and entry.is_file(follow_symlinks=False):
-                files.append((int(match.group(1)), Path(entry.path)))
-    for attempt, path in sorted(files):
+    layout = RunDir(run_dir)
+    for attempt, path in [(s.attempt, s.path) for s in layout.step_files(rank=0)]:
         series = AttemptSeries(attempt=attempt)
         for line in _complete_lines(path):
             try:
@@ -112,7 +106,7 @@ def load_curve_data(run_dir: Path) -> CurveData:
     evals = dict(eval_records)
     unfinished = dict(unfinished_records)
     for row in status["requests"]:
-        if row["state"] == "completed":
+        if row["state"] == BacklogState.COMPLETED:
             evals[row["checkpoint"]] = {"checkpoint": row["checkpoint"], "step": row["step"], "metrics": row.get("metrics", {})}
             unfinished.pop(row["checkpoint"], None)
         elif row["checkpoint"] not in evals:
@@ -120,7 +114,7 @@ def load_curve_data(run_dir: Path) -> CurveData:
     key = lambda item: (item["step"] if isinstance(item["step"], int) else -1, item["checkpoint"])  # noqa: E731
     return CurveData(run=run_name, attempts=attempts, evals=sorted(evals.values(), key=key),
                      unfinished=sorted(unfinished.values(), key=key),
-                     early_stopping=backlog.read_json(run_dir / "early_stopping.json"))
+                     early_stopping=backlog.read_json(layout.early_stopping))
 
 
 def _add_step(series: AttemptSeries, rec: records.Step) -> None:
@@ -196,7 +190,7 @@ def render_learning_curve(run_dir: Path, out: Optional[Path] = None) -> Path:
     from matplotlib.figure import Figure
 
     run_dir = Path(run_dir)
-    out = Path(out) if out is not None else run_dir / CURVE_FILE
+    out = Path(out) if out is not None else RunDir(run_dir).learning_curve
     data = load_curve_data(run_dir)
     fig = Figure(figsize=(10, 8), dpi=100)
     ax_loss, ax_task = fig.subplots(2, 1, sharex=True)
@@ -207,8 +201,8 @@ def render_learning_curve(run_dir: Path, out: Optional[Path] = None) -> Path:
     title = f"{data.run} · learning curve · {data.updates} optimizer updates"
     if newest is not None:
         title += f" · newest eval {newest['checkpoint']}"
-    pending = sum(1 for u in data.unfinished if u["state"] != "blocked" and u["state"] != "failed")
-    failed = sum(1 for u in data.unfinished if u["state"] in ("failed", "blocked"))
+    pending = sum(1 for u in data.unfinished if u["state"] not in _FAILED)
+    failed = sum(1 for u in data.unfinished if u["state"] in _FAILED)
     if pending or failed:
         title += f" · {pending} pending, {failed} failed"
     fig.suptitle(title, fontsize=11)
@@ -353,8 +347,8 @@ def _draw_task(ax, data: CurveData) -> None:
                     markeredgecolor="black", zorder=5, label=f"{name} eval")
             drew = True
     marker_tf = blended_transform_factory(ax.transData, ax.transAxes)
-    pending = [u for u in data.unfinished if isinstance(u["step"], int) and u["state"] not in ("failed", "blocked")]
-    failed = [u for u in data.unfinished if isinstance(u["step"], int) and u["state"] in ("failed", "blocked")]
+    pending = [u for u in data.unfinished if isinstance(u["step"], int) and u["state"] not in _FAILED]
+    failed = [u for u in data.unfinished if isinstance(u["step"], int) and u["state"] in _FAILED]
     if pending:
         ax.plot([u["step"] for u in pending], [0.04] * len(pending), transform=marker_tf, linestyle="none",
                 marker="^", markersize=8, markerfacecolor="none", color="tab:orange", label=f"eval pending ({len(pending)})")

@@ -12,31 +12,32 @@ nodes are safe.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from traceml_tui.core import artifacts
+from traceml_tui.core.rundir import RunDir
+from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
 from traceml_tui.hygiene import backlog
 
 
 def load_effective_hygiene(run_dir: Path) -> Optional[dict]:
     """The effective ``hygiene`` config recorded by ``traceml run`` in ``manifest.json`` (None if absent)."""
     try:
-        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
-    except (OSError, ValueError):
+        manifest = artifacts.decode_manifest(RunDir(run_dir).manifest.read_bytes())
+    except OSError:
         return None
-    hygiene = manifest.get("hygiene") if isinstance(manifest, dict) else None
-    return hygiene if isinstance(hygiene, dict) else None
+    if manifest is None or not isinstance(manifest.hygiene, dict):
+        return None
+    return manifest.hygiene
 
 
 def has_unreceipted(run_dir: Path, max_attempts: int) -> bool:
-    for request in backlog.list_requests(run_dir):
-        ckpt = request["checkpoint"]
-        if not backlog.receipt_path(run_dir, ckpt).exists() and backlog.failure_count(run_dir, ckpt) < max_attempts:
-            return True
-    return False
+    """Whether a request waits that a drainer may take (no receipt, not blocked)."""
+    return any(backlog.claimable(run_dir, request["checkpoint"], max_attempts=max_attempts)
+               for request in backlog.list_requests(run_dir))
 
 
 class Dispatcher:
@@ -48,7 +49,7 @@ class Dispatcher:
         worker: Sequence[str],
         *,
         lease_s: float = 60.0,
-        max_attempts: int = 3,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         max_runtime: Optional[float] = None,
         cwd: Optional[Path] = None,
         log_path: Optional[Path] = None,
@@ -59,14 +60,14 @@ class Dispatcher:
         self.max_attempts = max_attempts
         self.max_runtime = max_runtime
         self.cwd = cwd
-        self.log_path = log_path or self.run_dir / "validation" / "drainer.log"
+        self.log_path = log_path or RunDir(self.run_dir).validation / "drainer.log"
         self.proc: Optional[subprocess.Popen] = None
 
     @classmethod
     def from_config(cls, run_dir: Path, hygiene_cfg: dict, **kwargs) -> "Dispatcher":
         validation = hygiene_cfg["validation"]
         return cls(run_dir, validation["worker"], lease_s=validation.get("lease_s", 60.0),
-                   max_attempts=validation.get("max_attempts", 3), **kwargs)
+                   max_attempts=validation.get("max_attempts", DEFAULT_MAX_ATTEMPTS), **kwargs)
 
     def _command(self) -> list[str]:
         cmd = [sys.executable, "-m", "traceml_tui", "validate", "drain", str(self.run_dir),

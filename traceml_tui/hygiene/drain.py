@@ -116,7 +116,7 @@ def drain(
     *,
     max_runtime: Optional[float] = None,
     lease_s: float = 60.0,
-    max_attempts: int = 3,
+    max_attempts: int = backlog.DEFAULT_MAX_ATTEMPTS,
     on_receipt: Optional[Callable[[dict], None]] = None,
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
 ) -> DrainResult:
@@ -145,15 +145,13 @@ def drain(
         took = None
         for request in backlog.list_requests(run_dir):
             ckpt = request["checkpoint"]
-            if ckpt in tried or backlog.receipt_path(run_dir, ckpt).exists():
-                continue
-            if backlog.failure_count(run_dir, ckpt) >= max_attempts:
+            if ckpt in tried or not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts):
                 continue
             claim = backlog.try_claim(run_dir, ckpt, owner, lease_s)
             if claim is None:
                 continue
             # Someone may have finished it between our scan and our claim.
-            if backlog.receipt_path(run_dir, ckpt).exists() or backlog.failure_count(run_dir, ckpt) >= max_attempts:
+            if not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts):
                 backlog.release_claim(run_dir, claim)
                 continue
             took = (request, claim)

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
+
 USAGE = "usage: traceml validate drain RUN_DIR [options] -- CMD ... | traceml validate status RUN_DIR [--json]"
 
 
@@ -52,7 +54,8 @@ def _drain(argv: list[str]) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--max-runtime", type=_positive, default=None, help="seconds this worker may run")
     parser.add_argument("--lease", type=_positive, default=60.0, help="claim lease in seconds (heartbeat every lease/3)")
-    parser.add_argument("--max-attempts", type=int, default=3, help="failures after which a request is blocked")
+    parser.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
+                        help="failures after which a request is blocked")
     parser.add_argument("--no-curve", action="store_true", help="do not refresh learning_curve.png after receipts")
     args = parser.parse_args(opts)
     if not command:
@@ -106,7 +109,9 @@ def _status(argv: list[str]) -> int:
     parser = _Parser(prog="traceml validate status")
     parser.add_argument("run_dir")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--max-attempts", type=int, default=3)
+    parser.add_argument("--max-attempts", type=int, default=None,
+                        help="failures after which a request is blocked (default: the run's declared value, else "
+                             f"{DEFAULT_MAX_ATTEMPTS})")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -136,8 +141,8 @@ def format_status(status: dict) -> str:
         if newest is not None and isinstance(latest["step"], int) and isinstance(newest["step"], int):
             lag = latest["step"] - newest["step"]
         lines.append(f"latest requested: {latest['checkpoint']} (step {latest['step']})" + (f", eval lag {lag} updates" if lag is not None else ""))
-    counts = status["counts"]
-    summary = ", ".join(f"{counts[k]} {k}" for k in ("completed", "running", "pending", "failed", "blocked", "stale_claim") if counts.get(k))
+    counts = status["counts"]  # BacklogState words in attention order (core.state.BACKLOG_ORDER)
+    summary = ", ".join(f"{n} {word}" for word, n in counts.items() if n)
     lines.append(f"requests: {summary or 'none'}")
     outstanding = status["outstanding"]
     lines.append(f"outstanding: {len(outstanding)}")
