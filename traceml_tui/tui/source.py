@@ -26,11 +26,12 @@ from typing import Any, Callable, Optional, Protocol
 
 from traceml_tui.core.state import STALL_FLOOR_S, BacklogState, RankState, count_states
 from traceml_tui.tui.snapshots import (
-    FieldVerdict,
+    BACKLOG_STATES,
     BacklogItem,
     BacklogSnapshot,
     CompareSnapshot,
     EvalPoint,
+    FieldVerdict,
     IngestError,
     NodeMetrics,
     Outcome,
