@@ -404,8 +404,8 @@ class Reader:
         if run is None:
             return None
         outcomes = []
-        for kind, key, content, error in self._rows(
-            "SELECT kind, key, content, error FROM side_files WHERE run_id = ? AND kind = 'outcome'", (run_id,)
+        for key, content, error in self._rows(
+            "SELECT key, content, error FROM side_files WHERE run_id = ? AND kind = 'outcome'", (run_id,)
         ):
             o = artifacts.decode_outcome(content) if content else None
             node = o.node_rank if o is not None and o.node_rank is not None else (

@@ -30,7 +30,6 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-
 if sys.version_info >= (3, 11):
     StrEnum = enum.StrEnum
 else:  # pragma: no cover - Python 3.10

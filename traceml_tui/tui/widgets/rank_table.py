@@ -9,7 +9,6 @@ from traceml_tui.tui import textplot
 from traceml_tui.tui.snapshots import RankRow
 from traceml_tui.tui.widgets.table_base import FedTable
 
-
 STATE_STYLE = {RankState.COMPLETED: "cyan", RankState.FAILED: "bold red", RankState.INTERRUPTED: "yellow"}
 
 
