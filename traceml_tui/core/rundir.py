@@ -201,6 +201,25 @@ class RunDir:
     def batch_grid(self) -> Path:
         return self.path / BATCH_GRID
 
+    def checkpoint_file(self, checkpoint: str, suffix: str = ".pt") -> Path:
+        """A published checkpoint's file (immutable once published)."""
+        return self.checkpoints / f"{checkpoint}{suffix}"
+
+    def grid_files(self) -> list[Path]:
+        """Every batch-grid page description (``qc/batch_grid/<name>/step-<n>.json``), by path; no links."""
+        out = []
+        for name in _scandir(self.batch_grid):
+            if not _is_dir(name):
+                continue
+            for f in _scandir(name.path):
+                if f.name.startswith("step-") and f.name.endswith(".json") and _regular_stat(f) is not None:
+                    out.append(Path(f.path))
+        return sorted(out)
+
+    def export_cursor(self, destination: str, project: str) -> Path:
+        """Where an export to ``destination`` (e.g. ``trackio``) keeps its cursor for ``project``."""
+        return self.path / "export" / f"{destination}-{project}.json"
+
     # -- nodes
     @property
     def nodes(self) -> Path:
@@ -286,6 +305,15 @@ class RunDir:
 
     def failure(self, checkpoint: str, attempt: int) -> Path:
         return self.backlog_dir("failures") / f"{checkpoint}-{int(attempt)}.json"
+
+    @property
+    def drainer_log(self) -> Path:
+        """The log of the drainer the launcher or training dispatches."""
+        return self.validation / "drainer.log"
+
+    def claim_lock(self, checkpoint: str) -> Path:
+        """The lock taken while a stale claim of ``checkpoint`` is broken (hidden: never a backlog file)."""
+        return self.backlog_dir("claims") / f".{checkpoint}.break"
 
     def backlog_files(self, folder: str) -> list[Path]:
         """The JSON files of one backlog folder (regular files, no hidden temp files), by name."""

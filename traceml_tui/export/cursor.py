@@ -55,7 +55,7 @@ def cursor_path(run_dir: Path, project: str, cursor_dir: Optional[Path] = None) 
     """Where the cursor of (run, project) lives: ``<run_dir>/export/trackio-<project>.json`` by default."""
     if cursor_dir is not None:
         return Path(cursor_dir) / f"{Path(run_dir).resolve().name}-trackio-{project}.json"
-    return Path(run_dir) / "export" / f"trackio-{project}.json"
+    return RunDir(run_dir).export_cursor("trackio", project)
 
 
 def load(path: Path) -> Cursor:

@@ -203,8 +203,9 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
     recoverer never wedges recovery. Under the lock the claim is re-read: if
     it changed (another recoverer replaced it) it is left alone.
     """
-    path = RunDir(run_dir).claim(checkpoint)
-    lock_path = path.parent / f".{checkpoint}.break"
+    layout = RunDir(run_dir)
+    path = layout.claim(checkpoint)
+    lock_path = layout.claim_lock(checkpoint)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -352,7 +352,7 @@ def list_grids(run_dir: Path) -> list[dict]:
     import json
 
     out = []
-    for path in sorted(RunDir(run_dir).batch_grid.glob("*/step-*.json")):
+    for path in RunDir(run_dir).grid_files():
         try:
             meta = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -31,7 +31,7 @@ def _free_id(run_dir: Path, step: int) -> str:
     while True:
         ckpt = checkpoint_id(step, serial)
         layout = RunDir(run_dir)
-        taken = layout.request(ckpt).exists() or (layout.checkpoints / f"{ckpt}.pt").exists()
+        taken = layout.request(ckpt).exists() or layout.checkpoint_file(ckpt).exists()
         if not taken:
             return ckpt
         serial += 1
@@ -93,12 +93,12 @@ def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_dige
                 raise FileNotFoundError(f"checkpoint file not found: {source}")
             rel = _relative(run_dir, source)
         else:
-            target = RunDir(run_dir).checkpoints / f"{ckpt}.pt"
+            target = RunDir(run_dir).checkpoint_file(ckpt)
             try:
                 _save_state(path_or_state, target)
             except FileExistsError:
                 continue  # a concurrent publisher took this id; pick the next one
-            rel = f"{CHECKPOINT_DIR}/{ckpt}.pt"
+            rel = target.relative_to(run_dir).as_posix()
         request = {
             "checkpoint": ckpt,
             "step": step,

@@ -60,7 +60,7 @@ class Dispatcher:
         self.max_attempts = max_attempts
         self.max_runtime = max_runtime
         self.cwd = cwd
-        self.log_path = log_path or RunDir(self.run_dir).validation / "drainer.log"
+        self.log_path = log_path or RunDir(self.run_dir).drainer_log
         self.proc: Optional[subprocess.Popen] = None
 
     @classmethod
