@@ -32,12 +32,22 @@ import msgspec
 RECORD_VERSION = 1
 MAX_LINE_BYTES = 1 << 20  # readers refuse longer lines (DESIGN.md daemon rule 4)
 
-#: Phases timed on each clock, in the order they happen within a step.
-PHASES: tuple[str, ...] = ("step", "input_wait", "h2d", "forward", "backward", "optimizer")
+#: Phases timed on each clock, in the order they happen within a step; then the loader
+#: waits measured inside them (``data_wait`` within ``input_wait``, ``data_in_step`` within ``step``).
+PHASES: tuple[str, ...] = ("step", "input_wait", "h2d", "forward", "backward", "optimizer", "data_wait", "data_in_step")
 
 
 class Phases(msgspec.Struct, omit_defaults=False, gc=False):
-    """Per-phase timings on one clock, in milliseconds; ``None`` = not measured."""
+    """Per-phase timings on one clock, in milliseconds; ``None`` = not measured.
+
+    ``step`` is the traced envelope and ``input_wait`` the whole gap since the
+    previous step's end (null for an attempt's first step). ``data_wait`` is the
+    part of that gap spent in ``next()`` of an instrumented loader and
+    ``data_in_step`` the loader time inside the traced envelope; both are null
+    when no instrumented loader fed the step, and both are CPU measurements (the
+    GPU record repeats them). How a step splits into parts is
+    :mod:`traceml_tui.core.steptime`'s, nobody else's.
+    """
 
     step: Optional[float] = None
     input_wait: Optional[float] = None
@@ -45,6 +55,8 @@ class Phases(msgspec.Struct, omit_defaults=False, gc=False):
     forward: Optional[float] = None
     backward: Optional[float] = None
     optimizer: Optional[float] = None
+    data_wait: Optional[float] = None
+    data_in_step: Optional[float] = None
 
 
 class Memory(msgspec.Struct, gc=False):
