@@ -21,6 +21,8 @@ __version__ = "0.1.0"
 _SDK_NAMES = (
     "init",
     "trace_step",
+    "wrap_loader",
+    "trace_loader",
     "log",
     "log_eval",
     "publish_checkpoint",

@@ -2,6 +2,8 @@
 
 * :func:`init` — optional under ``traceml run``; elsewhere records go to ``./logs/<run-name>``.
 * :func:`trace_step` — ``with traceml.trace_step(model): …`` around one optimizer step.
+* :func:`wrap_loader`, :func:`trace_loader` — time the loader that feeds the loop (data wait,
+  ``sdk/loader.py``); a plain ``torch.utils.data.DataLoader`` is timed without either.
 * :func:`log` — loss, lr, grad norm, examples and scale-free loss components of the current step.
 * :func:`log_eval`, :func:`publish_checkpoint`, :func:`finish`, :func:`current_run`.
 * :func:`log_batch_grid`, :func:`log_field_stats` — input batch grid and latent field QC (``sdk/qc.py``).
@@ -24,6 +26,9 @@ from traceml_tui.sdk.session import Session, _mean_square, detect_rank, register
 
 _session: Optional[Session] = None
 
+from traceml_tui.sdk import loader as _loader  # noqa: E402 - it reads _session through this module
+from traceml_tui.sdk.loader import trace_loader, wrap_loader  # noqa: E402,F401 - re-exported
+
 
 def _current_state() -> Any:
     session = _session
@@ -35,6 +40,7 @@ def init(
     *,
     logs_dir: Optional[str] = None,
     start_step: Optional[int] = None,
+    time_dataloader: Optional[bool] = None,
 ) -> Session:
     """Start recording for this rank and return the session (idempotent).
 
@@ -42,7 +48,8 @@ def init(
     that finds earlier attempt files for its rank starts a new attempt
     (``steps-<n>.jsonl``) that continues at the next step; pass ``start_step``
     when resuming from an older checkpoint (it may repeat steps, which the newer
-    attempt supersedes, but may not leave a gap).
+    attempt supersedes, but may not leave a gap). ``time_dataloader=False`` (or
+    ``TRACEML_TIME_DATALOADER=0``) leaves plain DataLoaders untimed.
     """
     global _session
     if _session is not None and not _session.closed:
@@ -53,6 +60,8 @@ def init(
     max_steps = int(max_steps_env) if max_steps_env and max_steps_env.isdigit() else None
     _session = Session(run_dir, name, rank=rank, world_size=world, start_step=start_step, max_steps=max_steps)
     register_exit(_session)
+    if not _loader.enabled(time_dataloader):
+        _loader.decline_dataloader()
     return _session
 
 
@@ -64,7 +73,8 @@ def current_run() -> Optional[Session]:
 class trace_step:  # noqa: N801 - used as a context manager, reads like a function
     """Time one optimizer step: ``with traceml.trace_step(model): …``.
 
-    Measures the input wait since the previous step ended, the step envelope
+    Measures the input wait since the previous step ended (and the part of it
+    spent in an instrumented loader, ``sdk/loader.py``), the step envelope
     and, when ``model`` is given, forward/backward/optimizer phases. A step
     whose body raises is not recorded as completed.
     """
@@ -77,6 +87,8 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
     def __enter__(self) -> "trace_step":
         session = _session if _session is not None else init()
         self._session = session
+        if not _loader.dataloader_done:
+            _loader.install_dataloader()
         model = self._model
         if model is not None and (session.hooked_model is None or session.hooked_model() is not model):
             from traceml_tui.sdk import phases

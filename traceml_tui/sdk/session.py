@@ -14,6 +14,7 @@ import time
 import uuid as uuid_mod
 from collections import deque
 from pathlib import Path
+from threading import get_ident
 from typing import Any, Optional
 
 from traceml_tui.core import atomic, records
@@ -114,13 +115,15 @@ class _StepState:
     """Timestamps and values gathered during one traced step (CPU perf_counter seconds)."""
 
     __slots__ = (
-        "start", "input_wait_ms", "fwd_start", "fwd_ms", "bwd_start", "bwd_ms",
+        "start", "input_wait_ms", "data_wait", "data_in_step", "fwd_start", "fwd_ms", "bwd_start", "bwd_ms",
         "opt_start", "opt_ms", "values", "gpu",
     )
 
-    def __init__(self, start: float, input_wait_ms: Optional[float]) -> None:
+    def __init__(self, start: float, input_wait_ms: Optional[float], data_wait: Optional[float]) -> None:
         self.start = start
         self.input_wait_ms = input_wait_ms
+        self.data_wait = data_wait  # s in an instrumented loader's next() since the previous step ended
+        self.data_in_step: Optional[float] = None  # s in an instrumented loader's next() inside this step
         self.fwd_start = None
         self.fwd_ms = None
         self.bwd_start = None
@@ -176,6 +179,9 @@ class Session:
         atomic.append_line(self.fd, records.encode(header))
         self.prev_end: Optional[float] = None
         self.current: Optional[_StepState] = None
+        self.thread: Optional[int] = get_ident()  # the thread whose loader waits count (None once closed)
+        self.data_pending: Optional[float] = None  # loader wait (s) since the previous step ended
+        self.data_source: Optional[int] = None  # id() of the loader iterator that produced it
         self.carry: dict[str, Any] = {}  # values logged outside a step join the next one
         self.examples: Optional[int] = None
         self.pending: deque = deque()  # steps waiting for their CUDA events
@@ -199,9 +205,26 @@ class Session:
             self._torch = torch
             self.cuda = True
 
+    def loader_wait(self, source: int, seconds: float) -> None:
+        """Credit one timed loader ``next()`` (``sdk/loader.py``) to the step it fed.
+
+        Inside a traced step it is that step's; between steps only the loader that
+        produced the last batch counts (a switch to another loader starts over).
+        """
+        state = self.current
+        if state is not None:
+            state.data_in_step = seconds if state.data_in_step is None else state.data_in_step + seconds
+        elif self.data_source == source:
+            self.data_pending += seconds  # type: ignore[operator]
+        else:
+            self.data_source = source
+            self.data_pending = seconds
+
     def begin(self, now: float) -> _StepState:
         wait = (now - self.prev_end) * 1000.0 if self.prev_end is not None else None
-        state = _StepState(now, wait)
+        state = _StepState(now, wait, self.data_pending)
+        if self.data_pending is not None:
+            self.data_pending = self.data_source = None
         if self.carry:
             state.values.update(self.carry)
             self.carry.clear()
@@ -242,13 +265,20 @@ class Session:
     def _emit(self, step: int, now: float, state: _StepState, gpu: Optional[records.Phases]) -> None:
         values = state.values
         traced_ms = (now - state.start) * 1000.0
+        data_wait = None if state.data_wait is None else state.data_wait * 1000.0
+        data_in_step = None if state.data_in_step is None else state.data_in_step * 1000.0
         cpu = records.Phases(
             step=traced_ms,
             input_wait=state.input_wait_ms,
             forward=state.fwd_ms,
             backward=state.bwd_ms,
             optimizer=state.opt_ms,
+            data_wait=data_wait,
+            data_in_step=data_in_step,
         )
+        if gpu is not None:  # loader waits are CPU measurements; steptime caps them to the GPU gap/envelope
+            gpu.data_wait = data_wait
+            gpu.data_in_step = data_in_step
         if now - self._rss_at >= _RSS_PERIOD_S:
             self._rss = _rss_bytes()
             self._rss_at = now
@@ -310,6 +340,7 @@ class Session:
         )
         os.close(self.fd)
         self.closed = True
+        self.thread = None
 
 
 def _components(raw: Any) -> Optional[dict[str, records.Component]]:

@@ -1,0 +1,163 @@
+"""Data wait measured where it happens: the loader's ``next()`` (sdk/loader.py), in real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from traceml_tui.core import records, steptime
+
+
+def _script(tmp_path: Path, body: str, **env_extra: str) -> list[records.Step]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "script.py"
+    path.write_text("import time\nimport traceml_tui as traceml\n" + body)
+    env = dict(os.environ, TRACEML_RUN_DIR=str(tmp_path / "run"), TRACEML_RUN_NAME="run", OMP_NUM_THREADS="1")
+    env.pop("TRACEML_TIME_DATALOADER", None)
+    env.update(env_extra)
+    proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = (tmp_path / "run" / "ranks" / "rank_0" / "steps-0.jsonl").read_bytes()
+    return [r for r in map(records.decode, data.splitlines()) if isinstance(r, records.Step)]
+
+
+def _check_sum(steps: list[records.Step]) -> None:
+    for step in steps:
+        parts = steptime.step_parts(step.cpu_ms)
+        assert all(v >= 0 for v in parts.parts())
+        assert sum(parts.parts()) == pytest.approx(parts.whole, rel=1e-9)
+
+
+def test_wrap_loader_times_next_and_the_rest_of_the_gap_is_between_steps(tmp_path: Path) -> None:
+    body = """
+def batches():
+    for i in range(6):
+        time.sleep(0.03)  # loading
+        yield i
+for batch in traceml.wrap_loader(batches()):
+    with traceml.trace_step():
+        pass
+    time.sleep(0.02)  # e.g. logging, outside the loader
+"""
+    steps = _script(tmp_path, body)
+    assert len(steps) == 6
+    _check_sum(steps)
+    for step in steps[1:]:
+        assert step.cpu_ms.data_wait == pytest.approx(30.0, abs=15.0)
+        parts = steptime.step_parts(step.cpu_ms)
+        assert parts.between_steps == pytest.approx(20.0, abs=10.0)
+        assert parts.data_wait == pytest.approx(step.cpu_ms.data_wait)
+
+
+def test_plain_dataloader_is_timed_without_code_changes_and_can_opt_out(tmp_path: Path) -> None:
+    body = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 24
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return torch.ones(2)
+loader = DataLoader(Slow(), batch_size=4, num_workers=0)
+for batch in loader:
+    with traceml.trace_step():
+        pass
+"""
+    steps = _script(tmp_path / "on", body)
+    _check_sum(steps)
+    assert steps[0].cpu_ms.input_wait is None
+    for step in steps[1:]:
+        assert step.cpu_ms.data_wait == pytest.approx(20.0, abs=12.0)
+        assert step.cpu_ms.data_wait <= step.cpu_ms.input_wait
+    off = _script(tmp_path / "off", body, TRACEML_TIME_DATALOADER="0")
+    assert all(s.cpu_ms.data_wait is None for s in off)
+    assert all(steptime.step_parts(s.cpu_ms).between_steps >= 15.0 for s in off[1:])
+
+
+def test_a_validation_loader_between_steps_is_between_steps_and_a_wrapped_dataloader_counts_once(tmp_path: Path) -> None:
+    body = """
+import torch
+from torch.utils.data import DataLoader
+class Sleepy:
+    def __init__(self, n, s): self.n, self.s = n, s
+    def __len__(self): return self.n
+    def __getitem__(self, i):
+        time.sleep(self.s)
+        return torch.ones(1)
+train = traceml.wrap_loader(DataLoader(Sleepy(8, 0.01), batch_size=1))  # wrapped and patched: timed once
+val = DataLoader(Sleepy(5, 0.01), batch_size=1)
+for i, batch in enumerate(train):
+    with traceml.trace_step():
+        pass
+    if i % 2 == 1:
+        for v in val:  # evaluation between steps: not the training loop's data wait
+            pass
+"""
+    steps = _script(tmp_path, body)
+    _check_sum(steps)
+    for step in steps[1:]:
+        assert step.cpu_ms.data_wait == pytest.approx(10.0, abs=8.0)  # one training batch, counted once
+    after_eval = [s for s in steps[1:] if s.step % 2 == 1]
+    assert after_eval and all(steptime.step_parts(s.cpu_ms).between_steps >= 40.0 for s in after_eval)
+
+
+def test_next_inside_the_traced_step_is_data_in_step_and_other_threads_are_ignored(tmp_path: Path) -> None:
+    body = """
+import threading
+def slow():
+    while True:
+        time.sleep(0.02)
+        yield 1
+it = iter(traceml.wrap_loader(slow()))
+other = traceml.wrap_loader(slow())
+stop = False
+def background():
+    for _ in other:  # another thread's loader (a prefetcher): never this loop's data wait
+        if stop:
+            break
+thread = threading.Thread(target=background)
+thread.start()
+for _ in range(4):
+    with traceml.trace_step():
+        next(it)
+stop = True
+thread.join()
+"""
+    steps = _script(tmp_path, body)
+    _check_sum(steps)
+    for step in steps:
+        assert step.cpu_ms.data_in_step == pytest.approx(20.0, abs=12.0)
+        assert step.cpu_ms.data_wait is None
+        parts = steptime.step_parts(step.cpu_ms)
+        assert parts.data_wait == pytest.approx(step.cpu_ms.data_in_step)
+        assert parts.residual < step.cpu_ms.step - step.cpu_ms.data_in_step + 1e-6
+
+
+def test_trace_loader_times_the_loader_iterated_inside_the_block(tmp_path: Path) -> None:
+    body = """
+class Batches:
+    def __iter__(self):
+        for i in range(4):
+            time.sleep(0.02)
+            yield i
+loader = Batches()
+with traceml.trace_loader(loader):
+    for batch in loader:
+        with traceml.trace_step():
+            pass
+assert type(loader) is Batches  # restored
+listed = [1, 2, 3]
+with traceml.trace_loader(listed) as timed:  # a builtin: the returned iterable is the timed one
+    for batch in timed:
+        time.sleep(0.001)
+        with traceml.trace_step():
+            pass
+"""
+    steps = _script(tmp_path, body)
+    _check_sum(steps)
+    assert all(s.cpu_ms.data_wait == pytest.approx(20.0, abs=12.0) for s in steps[1:4])
+    assert all(s.cpu_ms.data_wait is not None for s in steps[4:])
