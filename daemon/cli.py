@@ -2,8 +2,8 @@
 
 Runs the ingester in the foreground until SIGTERM/SIGINT (``--once``: ingest
 what is present and exit, for scripts, cron and tests). Exit codes: 0 done,
-1 the index is held by another writer or sits on a network filesystem,
-2 bad arguments.
+1 the index is held by another writer, sits on a network filesystem or was
+written by a newer traceml, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 
 from . import index as idx
 from . import locations, service
+from .lock import IndexLockedError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,7 +53,7 @@ def main(argv: list[str]) -> int:
     except locations.NetworkFilesystemError as exc:
         print(f"traceml daemon: {exc}", file=sys.stderr)
         return 1
-    except service.IndexLockedError as exc:
+    except (IndexLockedError, idx.IndexSchemaError) as exc:
         print(f"traceml daemon: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

@@ -1,13 +1,20 @@
-"""The SQLite index: schema, connection settings and the single writer's SQL.
+"""The SQLite index: schema, connection settings, migrations and the single writer's SQL.
 
-Exactly-once ingestion rests on three things kept here (DESIGN.md daemon
-rules 2 and 3): every batch commits its rows, error rows and the file's new
-offset in one transaction; ``segments`` has a unique key on (file identity,
-generation, byte offset) so that a stale offset can never insert a batch
+Exactly-once ingestion rests on three things kept here (docs/daemon.md rules
+2 and 3): every batch commits its rows, error rows and the file's new offset
+in one transaction; events and error rows are unique on (file identity,
+generation, byte offset) so that a stale offset can never insert a line
 twice; and step rows are unique on (run, rank, attempt, step).
 
 Only the daemon (or the embedded ingester) writes, under the lock held by
-:mod:`daemon.service`; readers open the file read-only (:mod:`daemon.reader`).
+:mod:`daemon.lock`; readers open the file read-only (:mod:`daemon.reader`).
+
+An index written by an older version is upgraded in place when the writer
+opens it (:func:`connect_writer`): the columns added since are created with
+``ALTER TABLE … ADD COLUMN`` and the index is flagged so that the ingester
+derives their values from what the index already holds
+(:func:`needs_rederive`) — the runs whose folders are gone keep their rows
+(rule 7), which a rebuild from the run directories could not do.
 """
 
 from __future__ import annotations
@@ -17,7 +24,14 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Columns added after schema version 1, in the order they were added: (table, column, declaration).
+#: They sit at the end of their tables, in a new index as in an upgraded one.
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("rank_live", "end_ts", "REAL"),
+    ("runs", "outcome_nodes", "TEXT"),
+    ("runs", "max_attempts", "INTEGER"),
+)
 
 #: Metrics kept as downsampled series in the wide ``series`` table, in column order.
 SERIES_METRICS: tuple[str, ...] = ("step_ms", "input_wait_ms", "gpu_step_ms", "loss", "grad_norm", "lr")
@@ -59,7 +73,9 @@ CREATE TABLE IF NOT EXISTS runs (
   last_step INTEGER, last_ts REAL, last_seen REAL, median_interval_s REAL,
   records INTEGER NOT NULL DEFAULT 0,
   errors INTEGER NOT NULL DEFAULT 0,
-  outcomes_total INTEGER NOT NULL DEFAULT 0, outcomes_failed INTEGER NOT NULL DEFAULT 0
+  outcomes_total INTEGER NOT NULL DEFAULT 0, outcomes_failed INTEGER NOT NULL DEFAULT 0,
+  outcome_nodes TEXT,
+  max_attempts INTEGER
 );
 
 CREATE TABLE IF NOT EXISTS files (
@@ -147,6 +163,7 @@ CREATE TABLE IF NOT EXISTS rank_live (
   steps_per_s REAL, examples_per_s REAL,
   loss REAL, ratios TEXT,
   ended TEXT, exit_code INTEGER,
+  end_ts REAL,
   PRIMARY KEY (run_id, rank, attempt)
 ) WITHOUT ROWID;
 
@@ -171,21 +188,62 @@ CREATE TABLE IF NOT EXISTS series_extra (
 """
 
 
+class IndexSchemaError(RuntimeError):
+    """The index was written by a newer traceml (its schema version is unknown here)."""
+
+
 def connect_writer(path: str | Path) -> sqlite3.Connection:
-    """Open (creating when missing) the index for the single writer: WAL, ``synchronous=FULL``."""
+    """Open (creating when missing) the index for the single writer: WAL, ``synchronous=FULL``.
+
+    An index of an older schema version is upgraded in place (see the module
+    docstring); one of a newer version raises :class:`IndexSchemaError`.
+    """
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA cache_size=-16000")  # 16 MB: enough for the hot B-tree pages
-    conn.execute("PRAGMA temp_store=MEMORY")
-    conn.executescript(SCHEMA)
-    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    if row is None:
-        conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-    elif int(row[0]) != SCHEMA_VERSION:
-        raise RuntimeError(f"index schema version {row[0]} is not supported (expected {SCHEMA_VERSION})")
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA cache_size=-16000")  # 16 MB: enough for the hot B-tree pages
+        conn.execute("PRAGMA temp_store=MEMORY")
+        conn.executescript(SCHEMA)  # creates what is missing; existing tables keep their columns
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise IndexSchemaError(f"index {path} has schema version {row[0]}, newer than this traceml's "
+                                   f"{SCHEMA_VERSION}; use a newer traceml or another --index")
+        elif int(row[0]) < SCHEMA_VERSION:
+            upgrade(conn)
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def upgrade(conn: sqlite3.Connection) -> None:
+    """Add the columns of :data:`ADDED_COLUMNS` that are missing, in one transaction, and flag the rederive."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, column, decl in ADDED_COLUMNS:
+            have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('rederive', '1')")
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def needs_rederive(conn: sqlite3.Connection) -> bool:
+    """True after :func:`upgrade` until the writer has derived the new columns (:func:`rederive_done`)."""
+    return conn.execute("SELECT 1 FROM meta WHERE key = 'rederive'").fetchone() is not None
+
+
+def rederive_done(conn: sqlite3.Connection) -> None:
+    """Clear the rederive flag (inside the transaction that derived the values)."""
+    conn.execute("DELETE FROM meta WHERE key = 'rederive'")
 
 
 def connect_reader(path: str | Path) -> sqlite3.Connection:

@@ -91,7 +91,7 @@ class RankWindow:
     """The last :data:`WINDOW` steps of one (run, rank, attempt) and its running totals."""
 
     __slots__ = ("records", "first_step", "last_step", "last_ts", "loss", "ratios", "steps", "ts", "step_ms",
-                 "input_wait", "examples", "ended", "exit_code")
+                 "input_wait", "examples", "ended", "exit_code", "end_ts", "node")
 
     def __init__(self) -> None:
         self.records = 0
@@ -105,8 +105,10 @@ class RankWindow:
         self.step_ms: deque = deque(maxlen=WINDOW)
         self.input_wait: deque = deque(maxlen=WINDOW)
         self.examples: deque = deque(maxlen=WINDOW)
-        self.ended: Optional[str] = None
+        self.ended: Optional[str] = None  # the rank_end record's status, once it came
         self.exit_code: Optional[int] = None
+        self.end_ts: Optional[float] = None  # the rank_end record's ts
+        self.node: Optional[int] = None  # node_rank of the rank's stream header
 
     def add_rows(self, rows: Sequence[tuple], inserted: int) -> None:
         """Fold a batch of row tuples (file order) into the window."""

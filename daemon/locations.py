@@ -1,4 +1,4 @@
-"""Where the index lives, and refusing network filesystems (DESIGN.md daemon rule 6).
+"""Where the index lives, and refusing network filesystems (docs/daemon.md rule 6).
 
 SQLite's locking and WAL shared memory are unreliable on network
 filesystems, and the index is a per-machine cache anyway: it must live on a

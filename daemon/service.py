@@ -1,119 +1,49 @@
-"""The ingester: lock, scan, tail, one transaction per batch, live aggregates.
+"""The ingester: scan the roots, tail the streams, one transaction per batch.
 
 :class:`Ingester` is what ``traceml daemon`` runs in the foreground and what
 ``traceml watch`` embeds in a background thread when no daemon runs for its
-roots (``run_once`` / ``start`` / ``stop``). Exactly one writer holds the
-index: an exclusive ``flock`` on ``<index>.lock``, whose content (pid, roots,
-mode) lets :func:`find_running_daemon` tell others who holds it.
+roots (``run_once`` / ``start`` / ``stop``). The pieces it drives:
+
+* :mod:`daemon.lock` — the single writer's ``flock`` (:func:`find_running_daemon`);
+* :mod:`traceml_tui.core.rundir` — which folders are runs and which files they hold;
+* :mod:`daemon.tailer` — complete lines of a stream, decoded;
+* :mod:`daemon.sidefiles` — side-file bytes → typed facts;
+* :mod:`daemon.aggregates` — ``rank_live``, the run rollup, the series tables;
+* :mod:`daemon.index` — the schema and the writer connection.
+
+``IndexLockedError``, ``DaemonInfo``, ``find_running_daemon``, ``acquire_lock``
+and ``lock_path`` are re-exported here for callers of the earlier layout.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import gc
 import hashlib
-import json
 import logging
 import operator
 import os
 import stat
 import threading
 import time
-from dataclasses import dataclass
-from itertools import chain
-from pathlib import Path
 from typing import Optional
 
 import msgspec
-import numpy as np
 
-from traceml_tui.core import records
+from traceml_tui.core import records, rundir
 
+from . import aggregates, live, locations, sidefiles, tailer, watcher
 from . import index as idx
-from . import live, locations, tailer, watcher
+from .lock import DaemonInfo, IndexLockedError, acquire_lock, find_running_daemon, lock_path
+
+__all__ = ["Ingester", "IndexLockedError", "DaemonInfo", "find_running_daemon", "acquire_lock", "lock_path",
+           "BATCH_ROWS", "MAX_DEPTH"]
 
 log = logging.getLogger("traceml.daemon")
 
-BATCH_ROWS = 10_000  # rows per transaction (the SQLite sweet spot measured in DESIGN.md)
-SIDE_MAX_BYTES = 64 << 20
+BATCH_ROWS = 10_000  # rows per transaction (measured in docs/daemon.md, "Cold-ingest path")
+MAX_DEPTH = 4  # run directories are looked for at most this many levels below a root
+SIDE_MAX_BYTES = sidefiles.SIDE_MAX_BYTES
 _body_encoder = msgspec.json.Encoder()
-
-
-class IndexLockedError(RuntimeError):
-    """Another writer holds the index."""
-
-
-@dataclass(frozen=True)
-class DaemonInfo:
-    """Who holds an index's writer lock."""
-
-    pid: Optional[int]
-    roots: tuple[str, ...]
-    index: str
-    mode: str
-    started: Optional[float]
-
-
-def lock_path(index_path: str | os.PathLike[str]) -> Path:
-    """The lock file beside the index."""
-    return Path(str(index_path) + ".lock")
-
-
-def _read_lock_info(path: Path, index_path: str) -> DaemonInfo:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError):
-        data = {}
-    if not isinstance(data, dict):
-        data = {}
-    roots = data.get("roots") if isinstance(data.get("roots"), list) else []
-    pid = data.get("pid")
-    return DaemonInfo(pid if isinstance(pid, int) else None, tuple(str(r) for r in roots), str(index_path),
-                      str(data.get("mode") or "daemon"), data.get("started"))
-
-
-def find_running_daemon(index_path: str | os.PathLike[str]) -> Optional[DaemonInfo]:
-    """Return who holds the index's writer lock, or None when no writer runs."""
-    path = lock_path(index_path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return _read_lock_info(path, str(index_path))
-            return None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
-
-
-def acquire_lock(index_path: str | os.PathLike[str], roots: list[str], mode: str = "daemon") -> int:
-    """Take the exclusive writer lock; raise :class:`IndexLockedError` naming the holder."""
-    path = lock_path(index_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            info = _read_lock_info(path, str(index_path))
-            who = f"pid {info.pid}" if info.pid else "another process"
-            raise IndexLockedError(
-                f"another traceml {info.mode} ({who}) already writes the index {index_path}"
-            ) from None
-        raise
-    data = json.dumps({"pid": os.getpid(), "roots": roots, "index": str(index_path), "mode": mode,
-                       "started": time.time()}).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
-    return fd
 
 
 class _File:
@@ -160,7 +90,7 @@ class Ingester:
     """
 
     def __init__(self, index_path: str | os.PathLike[str], roots: list[str], poll_interval: float = 1.0,
-                 use_inotify: bool = True, rescan_interval: Optional[float] = None, max_depth: int = watcher.MAX_DEPTH,
+                 use_inotify: bool = True, rescan_interval: Optional[float] = None, max_depth: int = MAX_DEPTH,
                  mounts_path: Optional[str] = None, mode: str = "daemon") -> None:
         self.index_path = str(index_path)
         self.roots = [os.path.realpath(r) for r in roots]
@@ -174,8 +104,7 @@ class Ingester:
         self._lock_fd: Optional[int] = None
         self._runs: dict[str, _Run] = {}
         self._paths: dict[str, tuple[_Run, _File]] = {}
-        self._windows: dict[tuple[int, int, int], live.RankWindow] = {}
-        self._widths: dict[tuple[int, int], int] = {}
+        self._agg: Optional[aggregates.Aggregates] = None
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._wake = threading.Event()
@@ -195,7 +124,14 @@ class Ingester:
         self._lock_fd = acquire_lock(self.index_path, self.roots, self.mode)
         try:
             self.conn = idx.connect_writer(self.index_path)
+            self._agg = aggregates.Aggregates(self.conn)
             self._load_state()
+            if idx.needs_rederive(self.conn):
+                try:
+                    self._rederive()
+                except Exception as exc:  # the new columns stay NULL until the next open; ingest goes on
+                    log.error("traceml daemon: deriving the columns of the upgraded index failed: %s", exc)
+                    self._rollback()
         except BaseException:
             self.close()
             raise
@@ -211,6 +147,7 @@ class Ingester:
             except Exception:
                 pass
             self.conn = None
+            self._agg = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -288,8 +225,7 @@ class Ingester:
     def _load_state(self) -> None:
         self._runs.clear()
         self._paths.clear()
-        self._windows.clear()
-        self._widths.clear()
+        self._agg.reset()
         for run_id, run_dir, root, missing in self.conn.execute("SELECT run_id, dir, root, missing FROM runs"):
             self._runs[run_dir] = _Run(run_id, run_dir, root, bool(missing))
         by_id = {r.run_id: r for r in self._runs.values()}
@@ -337,7 +273,7 @@ class Ingester:
             suffix = os.path.splitext(path)[1]
             if suffix not in ("", ".json", ".jsonl"):
                 continue  # logs, temp files, checkpoints: nothing we index
-            run_dir = watcher.run_dir_of(path, self._runs)
+            run_dir = rundir.run_dir_of(path, self._runs)
             if run_dir is not None:
                 rescan_runs.add(run_dir)
             else:
@@ -362,11 +298,11 @@ class Ingester:
             return
         now = time.time()
         for key in batch.ranks:
-            self._write_rank_live(key, now)
+            self._agg.write_rank_live(key, now)
             batch.runs.add(key[0])
         version = idx.bump_version(self.conn)
         for run_id in batch.runs:
-            self._write_run_rollup(run_id, version, now)
+            self._agg.write_run_rollup(run_id, version, now)
         self.conn.execute("COMMIT")
         self._batch = None
         for f, changes in batch.file_updates.items():
@@ -387,13 +323,12 @@ class Ingester:
     def _scan(self) -> None:
         seen = set()
         for root in self.roots:
-            for run_dir in watcher.discover_runs(root, self.max_depth):
+            for run_dir in rundir.discover_runs(root, self.max_depth):
                 seen.add(run_dir)
                 run = self._runs.get(run_dir)
                 if run is None:
                     batch = self._begin()
-                    name = os.path.basename(run_dir.rstrip("/")) or run_dir
-                    run_id = idx.ensure_run(self.conn, run_dir, root, name)
+                    run_id = idx.ensure_run(self.conn, run_dir, root, _folder_name(run_dir))
                     run = _Run(run_id, run_dir, root, False)
                     self._runs[run_dir] = run
                     batch.runs.add(run_id)
@@ -415,7 +350,7 @@ class Ingester:
                 batch.runs.add(run.run_id)
 
     def _scan_run(self, run: _Run) -> None:
-        streams, sides = watcher.scan_run(run.dir)
+        streams, sides = rundir.RunDir(run.dir).scan()
         for s in streams:
             if s.rel in run.files:
                 continue
@@ -441,15 +376,18 @@ class Ingester:
         for rel in [r for r in run.sides if r not in present]:
             if os.path.isdir(run.dir):  # a removed run keeps its side files (rule 7)
                 batch = self._begin()
+                row = self.conn.execute("SELECT kind FROM side_files WHERE run_id = ? AND path = ?",
+                                        (run.run_id, rel)).fetchone()
                 self.conn.execute("DELETE FROM side_files WHERE run_id = ? AND path = ?", (run.run_id, rel))
                 del run.sides[rel]
                 batch.runs.add(run.run_id)
-                self._side_effects(run.run_id, None, rel)
+                if row is not None:
+                    self._apply_side_facts(run, row[0], None)  # its facts go with it
 
     # ----------------------------------------------------------------- side files
-    def _ingest_side(self, run: _Run, side: watcher.SideFile) -> None:
+    def _ingest_side(self, run: _Run, side: rundir.SideFile) -> None:
+        """Read one side file (regular files only), store it, its error and its facts."""
         path = os.path.join(run.dir, side.rel)
-        content = error = None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -459,7 +397,7 @@ class Ingester:
             if not stat.S_ISREG(st.st_mode):
                 return
             if st.st_size > SIDE_MAX_BYTES:
-                error = f"{side.rel}: {st.st_size} bytes is larger than the {SIDE_MAX_BYTES}-byte limit"
+                read = sidefiles.too_large(side.rel, st.st_size)
             else:
                 data = b""
                 while len(data) < st.st_size:
@@ -467,82 +405,71 @@ class Ingester:
                     if not chunk:
                         break
                     data += chunk
-                try:
-                    value = msgspec.json.decode(data)
-                    if not isinstance(value, dict):
-                        raise ValueError("not a JSON object")
-                    content = data.decode("utf-8")
-                except (msgspec.DecodeError, ValueError, UnicodeDecodeError) as exc:
-                    error = f"{side.rel}: {exc}"
+                read = sidefiles.parse(side.kind, side.rel, side.key, data)
         finally:
             os.close(fd)
-        key = side.key
-        if content is not None and side.kind in ("request", "claim", "receipt", "failure"):
-            checkpoint = json.loads(content).get("checkpoint")
-            if isinstance(checkpoint, str) and checkpoint:
-                key = checkpoint
         batch = self._begin()
         self.conn.execute(
             "INSERT OR REPLACE INTO side_files VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run.run_id, side.rel, side.kind, key, st.st_size, st.st_mtime_ns, content, error),
+            (run.run_id, side.rel, side.kind, read.key, st.st_size, st.st_mtime_ns, read.content, read.error),
         )
-        if error is not None:
-            ident = "side:" + hashlib.sha256(f"{run.run_id}:{side.rel}".encode()).hexdigest()[:24]
-            cur = self.conn.execute(
-                "INSERT OR IGNORE INTO errors (run_id, path, identity, generation, offset, length, message, seen)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (run.run_id, side.rel, ident, st.st_mtime_ns, st.st_size, st.st_size, error, time.time()),
-            )
-            if cur.rowcount:
-                self.conn.execute("UPDATE runs SET errors = errors + 1 WHERE run_id = ?", (run.run_id,))
+        if read.error is not None:
+            self._side_error(run.run_id, side.rel, st.st_mtime_ns, st.st_size, read.error)
         batch.runs.add(run.run_id)
         run.sides[side.rel] = (st.st_size, st.st_mtime_ns)
-        self._side_effects(run.run_id, content, side.rel, side.kind)
+        self._apply_side_facts(run, side.kind, read.facts)
 
-    def _side_effects(self, run_id: int, content: Optional[str], rel: str, kind: Optional[str] = None) -> None:
-        """Copy the few side-file fields that runs need for listing into the runs row."""
-        if kind == "manifest" and content is not None:
-            m = json.loads(content)
-            guard = m.get("guard") if isinstance(m.get("guard"), dict) else {}
-            training = guard.get("training") if isinstance(guard.get("training"), dict) else {}
-            topo = {}
-            for source in (m, m.get("topology"), m.get("launch"), guard.get("contract")):
-                if isinstance(source, dict):
-                    for k in ("nnodes", "nproc_per_node", "world_size"):
-                        if isinstance(source.get(k), int) and k not in topo:
-                            topo[k] = source[k]
-            run_name = m.get("run_name")
-            if not isinstance(run_name, str) and isinstance(m.get("run"), dict):
-                run_name = m["run"].get("run_name")
+    def _side_error(self, run_id: int, rel: str, mtime_ns: int, size: int, message: str) -> None:
+        """One error row per version (mtime, size) of a bad side file."""
+        ident = "side:" + hashlib.sha256(f"{run_id}:{rel}".encode()).hexdigest()[:24]
+        cur = self.conn.execute(
+            "INSERT OR IGNORE INTO errors (run_id, path, identity, generation, offset, length, message, seen)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, rel, ident, mtime_ns, size, size, message, time.time()),
+        )
+        if cur.rowcount:
+            self.conn.execute("UPDATE runs SET errors = errors + 1 WHERE run_id = ?", (run_id,))
 
-            def text(v):
-                return v if isinstance(v, str) else None
+    def _apply_side_facts(self, run: _Run, kind: str, facts: sidefiles.Facts) -> None:
+        """Copy a side file's facts (None: unreadable or removed) into the runs row."""
+        if kind == "manifest":
+            aggregates.write_manifest_facts(self.conn, run.run_id, facts, _folder_name(run.dir))
+        elif kind == "summary":
+            aggregates.write_summary_facts(self.conn, run.run_id, facts)
+        elif kind == "outcome":
+            aggregates.write_outcome_rollup(self.conn, run.run_id)
 
-            self.conn.execute(
-                "UPDATE runs SET manifest_status = ?, training_status = ?, nnodes = ?, nproc_per_node = ?,"
-                " world_size = ?, started_at = ?, ended_at = ?, name = coalesce(?, name) WHERE run_id = ?",
-                (text(m.get("status")), text(training.get("status")), topo.get("nnodes"), topo.get("nproc_per_node"),
-                 topo.get("world_size"), _time_text(m.get("started_at")), _time_text(m.get("ended_at")),
-                 text(run_name), run_id),
-            )
-        elif kind == "summary" and content is not None:
-            s = json.loads(content)
-            ctx = s.get("run_context") if isinstance(s.get("run_context"), dict) else {}
-            run = ctx.get("run") if isinstance(ctx.get("run"), dict) else {}
-            status = run.get("status") if isinstance(run.get("status"), str) else None
-            self.conn.execute("UPDATE runs SET summary_status = ? WHERE run_id = ?", (status, run_id))
-        if kind == "outcome" or rel.endswith("guard_outcome.json"):
-            total = failed = 0
-            for (body,) in self.conn.execute(
-                "SELECT content FROM side_files WHERE run_id = ? AND kind = 'outcome' AND content IS NOT NULL", (run_id,)
-            ):
-                total += 1
-                o = json.loads(body)
-                t = o.get("training") if isinstance(o.get("training"), dict) else {}
-                if t.get("status") == "failed" or (isinstance(t.get("exit_code"), int) and t["exit_code"] != 0):
-                    failed += 1
-            self.conn.execute("UPDATE runs SET outcomes_total = ?, outcomes_failed = ? WHERE run_id = ?",
-                              (total, failed, run_id))
+    def _rederive(self) -> None:
+        """Fill the columns an upgrade added from what the index holds (one transaction; see index.upgrade)."""
+        batch = self._begin()
+        conn = self.conn
+        conn.execute(
+            "UPDATE rank_live SET end_ts = (SELECT e.ts FROM events e WHERE e.run_id = rank_live.run_id"
+            " AND e.kind = 'rank_end' AND e.rank = rank_live.rank AND e.attempt = rank_live.attempt"
+            " ORDER BY e.generation DESC, e.offset DESC LIMIT 1) WHERE ended IS NOT NULL AND end_ts IS NULL")
+        for run_id, rank, attempt, header in conn.execute(
+                "SELECT run_id, rank, attempt, header FROM files WHERE stream = 'steps' AND header IS NOT NULL"
+                " ORDER BY file_id").fetchall():
+            node = aggregates.header_node(header)
+            if node is not None:
+                conn.execute("UPDATE rank_live SET node = ? WHERE run_id = ? AND rank = ? AND attempt = ?"
+                             " AND node IS NULL", (node, run_id, rank, attempt))
+        by_id = {r.run_id: r for r in self._runs.values()}
+        for run_id, rel, kind, key, size, mtime_ns, content in conn.execute(
+                "SELECT run_id, path, kind, key, size, mtime_ns, content FROM side_files"
+                " WHERE kind IN ('manifest', 'summary', 'outcome') ORDER BY run_id, path").fetchall():
+            run = by_id.get(run_id)
+            if run is None:
+                continue
+            read = (sidefiles.parse(kind, rel, key, content.encode("utf-8")) if content is not None
+                    else sidefiles.SideRead(None, None, key))
+            if read.error is not None:
+                conn.execute("UPDATE side_files SET error = ? WHERE run_id = ? AND path = ?", (read.error, run_id, rel))
+                self._side_error(run_id, rel, mtime_ns, size, read.error)
+            self._apply_side_facts(run, kind, read.facts)
+        batch.runs.update(by_id)
+        idx.rederive_done(conn)
+        self._commit()
 
     # ----------------------------------------------------------------- streams
     def _poll(self, targets: list[tuple[_Run, _File]]) -> bool:
@@ -699,6 +626,7 @@ class Ingester:
             for s in steps:
                 groups.setdefault((s.rank, s.attempt), []).append(s)
         conn = self.conn
+        agg = self._agg
         for (rank, attempt), group in groups.items():
             rows, ratios = live.step_rows(group)
             cols = list(zip(*rows))  # transpose in C: the insert, the window and the series read columns
@@ -711,14 +639,14 @@ class Ingester:
             batch.rows += n
             self.records_ingested += inserted
             key = (run.run_id, rank, attempt)
-            window = self._window(key)
+            window = agg.window(key)
             window.add_columns(cols, inserted)
             latest = live.latest_ratios(group[-WINDOW_TAIL:])
             if latest is not None:
                 window.ratios = latest
             batch.ranks.add(key)
             if inserted:
-                self._write_series(run.run_id, rank, cols, ratios)
+                agg.write_series(run.run_id, rank, cols, ratios)
 
     def _route_other(self, run: _Run, f: _File, cur: dict, parsed: tailer.Parsed) -> None:
         batch = self._batch
@@ -732,6 +660,10 @@ class Ingester:
                 if off == 0:
                     self.conn.execute("UPDATE files SET header = ? WHERE file_id = ?",
                                       (_body_encoder.encode(rec).decode(), f.file_id))
+                    if f.stream == "steps":  # the rank's node; a window not made yet reads it from files.header
+                        w = self._agg.windows.get((run.run_id, rec.rank, rec.attempt))
+                        if w is not None:
+                            w.node = rec.node_rank
                 continue
             if kind is records.SystemSample:
                 samples.append((run.run_id, rec.node_rank, rec.ts, rec.cpu_pct, rec.ram_used, rec.ram_total,
@@ -744,9 +676,10 @@ class Ingester:
                            getattr(rec, "attempt", None), getattr(rec, "step", None), getattr(rec, "ts", None), body))
             if kind is records.RankEnd:
                 key = (run.run_id, rec.rank, rec.attempt)
-                w = self._window(key)
+                w = self._agg.window(key)
                 w.ended = rec.status
                 w.exit_code = rec.exit_code
+                w.end_ts = rec.ts
                 batch.ranks.add(key)
         if samples:
             self.conn.executemany("INSERT OR IGNORE INTO system VALUES (?, ?, ?, ?, ?, ?, ?)", samples)
@@ -757,164 +690,9 @@ class Ingester:
             batch.rows += len(events)
             batch.runs.add(run.run_id)
 
-    # ----------------------------------------------------------------- live aggregates
-    def _window(self, key: tuple[int, int, int]) -> live.RankWindow:
-        w = self._windows.get(key)
-        if w is not None:
-            return w
-        w = live.RankWindow()
-        row = self.conn.execute(
-            "SELECT records, first_step, last_step, last_ts, loss, ratios, ended, exit_code FROM rank_live"
-            " WHERE run_id = ? AND rank = ? AND attempt = ?", key).fetchone()
-        if row is not None:
-            w.records, w.first_step, w.last_step, w.last_ts, w.loss, ratios, w.ended, w.exit_code = row
-            w.ratios = json.loads(ratios) if ratios else None
-            tail = self.conn.execute(
-                "SELECT step, ts, step_ms, input_wait_ms, examples FROM steps WHERE run_id = ? AND rank = ?"
-                " AND attempt = ? ORDER BY step DESC LIMIT ?", (*key, live.WINDOW)).fetchall()
-            for step, ts, step_ms, wait, examples in reversed(tail):
-                w.steps.append(step)
-                w.ts.append(ts)
-                w.step_ms.append(step_ms)
-                w.input_wait.append(wait)
-                w.examples.append(examples)
-        self._windows[key] = w
-        return w
-
-    def _write_rank_live(self, key: tuple[int, int, int], now: float) -> None:
-        w = self._windows[key]
-        fig = w.figures()
-        self.conn.execute(
-            "INSERT OR REPLACE INTO rank_live (run_id, rank, attempt, records, first_step, last_step, last_ts,"
-            " last_seen, median_step_ms, median_input_wait_ms, median_interval_s, steps_per_s, examples_per_s, loss,"
-            " ratios, ended, exit_code) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (*key, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
-             fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"], fig["examples_per_s"],
-             w.loss, json.dumps(w.ratios) if w.ratios else None, w.ended, w.exit_code),
-        )
-
-    def _write_run_rollup(self, run_id: int, version: int, now: float) -> None:
-        rows = self.conn.execute(
-            "SELECT rank, median_step_ms, steps_per_s, examples_per_s, median_interval_s, last_step, last_ts,"
-            " last_seen, ended FROM rank_live r WHERE run_id = ? AND attempt ="
-            " (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)", (run_id,)).fetchall()
-        cols = ("rank", "median_step_ms", "steps_per_s", "examples_per_s", "median_interval_s", "last_step",
-                "last_ts", "last_seen", "ended")
-        ranks = [dict(zip(cols, r)) for r in rows]
-        roll = live.run_rollup(ranks)
-        total_records = self.conn.execute("SELECT coalesce(sum(records), 0) FROM rank_live WHERE run_id = ?",
-                                          (run_id,)).fetchone()[0]
-
-        def most(k):
-            vals = [r[k] for r in ranks if r[k] is not None]
-            return max(vals) if vals else None
-
-        self.conn.execute(
-            "UPDATE runs SET updated_version = ?, last_change = ?, steps_per_s = ?, examples_per_s = ?,"
-            " slowest_rank = ?, straggler_score = ?, median_interval_s = ?, ranks_total = ?, ranks_ended = ?,"
-            " ranks_failed = ?, last_step = ?, last_ts = ?, last_seen = ?, records = ? WHERE run_id = ?",
-            (version, now, roll["steps_per_s"], roll["examples_per_s"], roll["slowest_rank"], roll["straggler_score"],
-             roll["median_interval_s"], len(ranks), sum(1 for r in ranks if r["ended"]),
-             sum(1 for r in ranks if r["ended"] and r["ended"] != "completed"), most("last_step"), most("last_ts"),
-             most("last_seen"), total_records, run_id),
-        )
-
-    def _width(self, run_id: int, rank: int) -> int:
-        key = (run_id, rank)
-        w = self._widths.get(key)
-        if w is None:
-            row = self.conn.execute("SELECT width FROM series_width WHERE run_id = ? AND rank = ?", key).fetchone()
-            w = row[0] if row else 0
-            self._widths[key] = w
-        return w
-
-    def _write_series(self, run_id: int, rank: int, cols: list, ratios: dict) -> None:
-        """Fold a batch into the series tables: ``cols`` are the step-row columns (``zip(*rows)``),
-        ``ratios`` maps each loss component to its (step, ratio) pairs (see :func:`live.step_rows`)."""
-        steps, values = live.series_values((), cols)
-        current = self._width(run_id, rank)
-        width = live.series_width(int(steps.max()), current or 1)
-        if width != current:
-            if current:
-                self._merge_series(run_id, rank, width // current)
-            self.conn.execute("INSERT OR REPLACE INTO series_width VALUES (?, ?, ?)", (run_id, rank, width))
-            self._widths[(run_id, rank)] = width
-        b, lo, hi, vmin, vmax, vsum, n = live.bucket_aggregates(steps, values, width)
-        m = len(idx.SERIES_METRICS)
-        out = np.empty((len(b), 3 + 4 * m), dtype=np.float64)
-        out[:, 0], out[:, 1], out[:, 2] = b, lo, hi
-        empty = n == 0
-        vsum[empty] = np.nan  # NaN binds as NULL: an empty metric stays NULL after the merge
-        out[:, 3::4], out[:, 4::4], out[:, 5::4], out[:, 6::4] = vmin, vmax, vsum, n
-        self.conn.executemany(_series_upsert_sql(run_id, rank), out.tolist())
-        if ratios:
-            extra = []
-            for name, pairs in ratios.items():
-                # fromiter over the flattened pairs: several times faster than np.array(list of tuples)
-                arr = np.fromiter(chain.from_iterable(pairs), dtype=np.float64, count=2 * len(pairs)).reshape(-1, 2)
-                b, lo, hi, vmin, vmax, vsum, n = live.bucket_aggregates(arr[:, 0], arr[:, 1:], width)
-                keep = n[:, 0] > 0
-                block = np.column_stack((b, lo, hi, vmin[:, 0], vmax[:, 0], vsum[:, 0], n[:, 0]))[keep]
-                extra.extend((run_id, rank, "ratio/" + name, *row) for row in block.tolist())
-            self.conn.executemany(_EXTRA_UPSERT, extra)
-
-    def _merge_series(self, run_id: int, rank: int, factor: int) -> None:
-        aggs = ", ".join(f"min({m}_min), max({m}_max), sum({m}_sum), sum({m}_n)" for m in idx.SERIES_METRICS)
-        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS series_tmp AS SELECT * FROM series WHERE 0")
-        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS extra_tmp AS SELECT * FROM series_extra WHERE 0")
-        self.conn.execute(
-            f"INSERT INTO temp.series_tmp SELECT run_id, rank, bucket / {factor}, min(step_lo), max(step_hi), {aggs}"
-            " FROM series WHERE run_id = ? AND rank = ? GROUP BY bucket / ?", (run_id, rank, factor))
-        self.conn.execute("DELETE FROM series WHERE run_id = ? AND rank = ?", (run_id, rank))
-        self.conn.execute("INSERT INTO series SELECT * FROM temp.series_tmp")
-        self.conn.execute("DELETE FROM temp.series_tmp")
-        self.conn.execute(
-            f"INSERT INTO temp.extra_tmp SELECT run_id, rank, metric, bucket / {factor}, min(step_lo), max(step_hi),"
-            " min(vmin), max(vmax), sum(vsum), sum(n) FROM series_extra WHERE run_id = ? AND rank = ?"
-            " GROUP BY metric, bucket / ?", (run_id, rank, factor))
-        self.conn.execute("DELETE FROM series_extra WHERE run_id = ? AND rank = ?", (run_id, rank))
-        self.conn.execute("INSERT INTO series_extra SELECT * FROM temp.extra_tmp")
-        self.conn.execute("DELETE FROM temp.extra_tmp")
-
-
 WINDOW_TAIL = 8  # records scanned for the newest component ratios
 _rank_of = operator.attrgetter("rank")
 _attempt_of = operator.attrgetter("attempt")
-
-
-def _combine(col: str, fn: str) -> str:
-    return f"{col} = coalesce({fn}({col}, excluded.{col}), {col}, excluded.{col})"
-
-
-def _series_upsert() -> str:
-    cols = ["run_id", "rank", "bucket", "step_lo", "step_hi"]
-    sets = [_combine("step_lo", "min"), _combine("step_hi", "max")]
-    for m in idx.SERIES_METRICS:
-        cols += [f"{m}_min", f"{m}_max", f"{m}_sum", f"{m}_n"]
-        sets += [_combine(f"{m}_min", "min"), _combine(f"{m}_max", "max"),
-                 f"{m}_sum = coalesce({m}_sum, 0) + coalesce(excluded.{m}_sum, 0)", f"{m}_n = {m}_n + excluded.{m}_n"]
-    return (f"INSERT INTO series ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-            f" ON CONFLICT (run_id, rank, bucket) DO UPDATE SET {', '.join(sets)}")
-
-
-_SERIES_UPSERT = _series_upsert()
-_series_sql_cache: dict[tuple[int, int], str] = {}
-
-
-def _series_upsert_sql(run_id: int, rank: int) -> str:
-    """The series UPSERT with run_id and rank inlined (rows are then plain float lists from numpy)."""
-    sql = _series_sql_cache.get((run_id, rank))
-    if sql is None:
-        if len(_series_sql_cache) > 4096:
-            _series_sql_cache.clear()
-        head, _, tail = _SERIES_UPSERT.partition("VALUES (?, ?, ")
-        sql = _series_sql_cache[(run_id, rank)] = f"{head}VALUES ({int(run_id)}, {int(rank)}, {tail}"
-    return sql
-_EXTRA_UPSERT = (
-    "INSERT INTO series_extra VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, rank, metric, bucket)"
-    f" DO UPDATE SET {_combine('step_lo', 'min')}, {_combine('step_hi', 'max')}, {_combine('vmin', 'min')},"
-    f" {_combine('vmax', 'max')}, vsum = vsum + excluded.vsum, n = n + excluded.n"
-)
 
 
 def _tail_matches(fd: int, offset: int, tail: Optional[str]) -> bool:
@@ -933,9 +711,6 @@ def _tail_matches(fd: int, offset: int, tail: Optional[str]) -> bool:
     return len(data) == length + 1 and data.endswith(b"\n") and hashlib.sha1(data[:-1]).hexdigest() == digest
 
 
-def _time_text(value) -> Optional[str]:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
-    return None
+def _folder_name(run_dir: str) -> str:
+    """A run's name until its manifest names it: its folder's name."""
+    return os.path.basename(run_dir.rstrip("/")) or run_dir

@@ -2,7 +2,7 @@
 
 Pure functions over bytes plus two small ``pread`` helpers. Nothing here
 remembers a half line: the caller commits an offset that always ends just
-after a ``\\n`` (DESIGN.md daemon rule 4), and re-reads from there next poll.
+after a ``\\n`` (docs/daemon.md rule 4), and re-reads from there next poll.
 """
 
 from __future__ import annotations

@@ -1,0 +1,264 @@
+"""The rows derived at ingest time: ``rank_live``, the ``runs`` rollup and facts, the series tables.
+
+:class:`Aggregates` keeps one :class:`live.RankWindow` per (run, rank,
+attempt) and writes it to ``rank_live``; folds step columns into the
+downsampled ``series``/``series_extra`` tables; and rolls the rank rows up
+into the run's row. The module-level functions copy side-file facts (parsed
+by :mod:`daemon.sidefiles`) into ``runs``. Everything here runs inside the
+ingester's open transaction (docs/daemon.md rule 2); nothing commits.
+
+Whether a rank failed and whether an outcome reports a failure are decided by
+:mod:`traceml_tui.core.state` only.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from itertools import chain
+from typing import Optional
+
+import msgspec
+import numpy as np
+
+from traceml_tui.core import state
+
+from . import index as idx
+from . import live, sidefiles
+
+RankKey = tuple[int, int, int]  # (run_id, rank, attempt)
+
+
+class Aggregates:
+    """Live aggregates of the writer connection ``conn`` (caches are cleared with :meth:`reset`)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.windows: dict[RankKey, live.RankWindow] = {}
+        self._widths: dict[tuple[int, int], int] = {}
+
+    def reset(self) -> None:
+        """Forget every cached window and series width (after a rollback: reload from the index)."""
+        self.windows.clear()
+        self._widths.clear()
+
+    # ----------------------------------------------------------------- rank_live
+    def window(self, key: RankKey) -> live.RankWindow:
+        """The rolling window of one (run, rank, attempt), loaded from the index on first use."""
+        w = self.windows.get(key)
+        if w is not None:
+            return w
+        w = live.RankWindow()
+        row = self.conn.execute(
+            "SELECT records, first_step, last_step, last_ts, loss, ratios, ended, exit_code, end_ts, node"
+            " FROM rank_live WHERE run_id = ? AND rank = ? AND attempt = ?", key).fetchone()
+        if row is not None:
+            (w.records, w.first_step, w.last_step, w.last_ts, w.loss, ratios, w.ended, w.exit_code, w.end_ts,
+             w.node) = row
+            w.ratios = json.loads(ratios) if ratios else None
+            tail = self.conn.execute(
+                "SELECT step, ts, step_ms, input_wait_ms, examples FROM steps WHERE run_id = ? AND rank = ?"
+                " AND attempt = ? ORDER BY step DESC LIMIT ?", (*key, live.WINDOW)).fetchall()
+            for step, ts, step_ms, wait, examples in reversed(tail):
+                w.steps.append(step)
+                w.ts.append(ts)
+                w.step_ms.append(step_ms)
+                w.input_wait.append(wait)
+                w.examples.append(examples)
+        if w.node is None:
+            w.node = self.header_node(key)
+        self.windows[key] = w
+        return w
+
+    def header_node(self, key: RankKey) -> Optional[int]:
+        """``node_rank`` from the committed header of the rank's stream (None when unknown)."""
+        row = self.conn.execute(
+            "SELECT header FROM files WHERE run_id = ? AND rank = ? AND attempt = ? AND stream = 'steps'"
+            " AND header IS NOT NULL ORDER BY file_id LIMIT 1", key).fetchone()
+        return header_node(row[0]) if row else None
+
+    def write_rank_live(self, key: RankKey, now: float) -> None:
+        w = self.windows[key]
+        fig = w.figures()
+        self.conn.execute(
+            "INSERT OR REPLACE INTO rank_live (run_id, rank, attempt, node, records, first_step, last_step, last_ts,"
+            " last_seen, median_step_ms, median_input_wait_ms, median_interval_s, steps_per_s, examples_per_s, loss,"
+            " ratios, ended, exit_code, end_ts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
+             fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"], fig["examples_per_s"],
+             w.loss, json.dumps(w.ratios) if w.ratios else None, w.ended, w.exit_code, w.end_ts),
+        )
+
+    # ----------------------------------------------------------------- runs rollup
+    def write_run_rollup(self, run_id: int, version: int, now: float) -> None:
+        """Roll the newest attempt of each rank up into the run's row (and mark it changed at ``version``)."""
+        rows = self.conn.execute(
+            "SELECT rank, median_step_ms, steps_per_s, examples_per_s, median_interval_s, last_step, last_ts,"
+            " last_seen, ended, exit_code FROM rank_live r WHERE run_id = ? AND attempt ="
+            " (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)", (run_id,)).fetchall()
+        cols = ("rank", "median_step_ms", "steps_per_s", "examples_per_s", "median_interval_s", "last_step",
+                "last_ts", "last_seen", "ended", "exit_code")
+        ranks = [dict(zip(cols, r)) for r in rows]
+        roll = live.run_rollup(ranks)
+        total_records = self.conn.execute("SELECT coalesce(sum(records), 0) FROM rank_live WHERE run_id = ?",
+                                          (run_id,)).fetchone()[0]
+
+        def most(k):
+            vals = [r[k] for r in ranks if r[k] is not None]
+            return max(vals) if vals else None
+
+        ended = [r for r in ranks if r["ended"] is not None]
+        failed = sum(1 for r in ended if state.rank_end_state(r["ended"], r["exit_code"]) is state.RankState.FAILED)
+        self.conn.execute(
+            "UPDATE runs SET updated_version = ?, last_change = ?, steps_per_s = ?, examples_per_s = ?,"
+            " slowest_rank = ?, straggler_score = ?, median_interval_s = ?, ranks_total = ?, ranks_ended = ?,"
+            " ranks_failed = ?, last_step = ?, last_ts = ?, last_seen = ?, records = ? WHERE run_id = ?",
+            (version, now, roll["steps_per_s"], roll["examples_per_s"], roll["slowest_rank"], roll["straggler_score"],
+             roll["median_interval_s"], len(ranks), len(ended), failed, most("last_step"), most("last_ts"),
+             most("last_seen"), total_records, run_id),
+        )
+
+    # ----------------------------------------------------------------- series
+    def _width(self, run_id: int, rank: int) -> int:
+        key = (run_id, rank)
+        w = self._widths.get(key)
+        if w is None:
+            row = self.conn.execute("SELECT width FROM series_width WHERE run_id = ? AND rank = ?", key).fetchone()
+            w = row[0] if row else 0
+            self._widths[key] = w
+        return w
+
+    def write_series(self, run_id: int, rank: int, cols: list, ratios: dict) -> None:
+        """Fold a batch into the series tables: ``cols`` are the step-row columns (``zip(*rows)``),
+        ``ratios`` maps each loss component to its (step, ratio) pairs (see :func:`live.step_rows`)."""
+        steps, values = live.series_values((), cols)
+        current = self._width(run_id, rank)
+        width = live.series_width(int(steps.max()), current or 1)
+        if width != current:
+            if current:
+                self.merge_series(run_id, rank, width // current)
+            self.conn.execute("INSERT OR REPLACE INTO series_width VALUES (?, ?, ?)", (run_id, rank, width))
+            self._widths[(run_id, rank)] = width
+        b, lo, hi, vmin, vmax, vsum, n = live.bucket_aggregates(steps, values, width)
+        m = len(idx.SERIES_METRICS)
+        out = np.empty((len(b), 3 + 4 * m), dtype=np.float64)
+        out[:, 0], out[:, 1], out[:, 2] = b, lo, hi
+        empty = n == 0
+        vsum[empty] = np.nan  # NaN binds as NULL: an empty metric stays NULL after the merge
+        out[:, 3::4], out[:, 4::4], out[:, 5::4], out[:, 6::4] = vmin, vmax, vsum, n
+        self.conn.executemany(series_upsert_sql(run_id, rank), out.tolist())
+        if ratios:
+            extra = []
+            for name, pairs in ratios.items():
+                # fromiter over the flattened pairs: several times faster than np.array(list of tuples)
+                arr = np.fromiter(chain.from_iterable(pairs), dtype=np.float64, count=2 * len(pairs)).reshape(-1, 2)
+                b, lo, hi, vmin, vmax, vsum, n = live.bucket_aggregates(arr[:, 0], arr[:, 1:], width)
+                keep = n[:, 0] > 0
+                block = np.column_stack((b, lo, hi, vmin[:, 0], vmax[:, 0], vsum[:, 0], n[:, 0]))[keep]
+                extra.extend((run_id, rank, "ratio/" + name, *row) for row in block.tolist())
+            self.conn.executemany(EXTRA_UPSERT, extra)
+
+    def merge_series(self, run_id: int, rank: int, factor: int) -> None:
+        """Merge every ``factor`` neighbouring buckets of one rank's series (the bucket width grew)."""
+        aggs = ", ".join(f"min({m}_min), max({m}_max), sum({m}_sum), sum({m}_n)" for m in idx.SERIES_METRICS)
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS series_tmp AS SELECT * FROM series WHERE 0")
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS extra_tmp AS SELECT * FROM series_extra WHERE 0")
+        self.conn.execute(
+            f"INSERT INTO temp.series_tmp SELECT run_id, rank, bucket / {factor}, min(step_lo), max(step_hi), {aggs}"
+            " FROM series WHERE run_id = ? AND rank = ? GROUP BY bucket / ?", (run_id, rank, factor))
+        self.conn.execute("DELETE FROM series WHERE run_id = ? AND rank = ?", (run_id, rank))
+        self.conn.execute("INSERT INTO series SELECT * FROM temp.series_tmp")
+        self.conn.execute("DELETE FROM temp.series_tmp")
+        self.conn.execute(
+            f"INSERT INTO temp.extra_tmp SELECT run_id, rank, metric, bucket / {factor}, min(step_lo), max(step_hi),"
+            " min(vmin), max(vmax), sum(vsum), sum(n) FROM series_extra WHERE run_id = ? AND rank = ?"
+            " GROUP BY metric, bucket / ?", (run_id, rank, factor))
+        self.conn.execute("DELETE FROM series_extra WHERE run_id = ? AND rank = ?", (run_id, rank))
+        self.conn.execute("INSERT INTO series_extra SELECT * FROM temp.extra_tmp")
+        self.conn.execute("DELETE FROM temp.extra_tmp")
+
+
+_header_decoder = msgspec.json.Decoder()
+
+
+def header_node(header: Optional[str]) -> Optional[int]:
+    """``node_rank`` of a stored header line (``files.header``); None when absent or unreadable."""
+    if not header:
+        return None
+    try:
+        value = _header_decoder.decode(header)
+    except msgspec.DecodeError:
+        return None
+    node = value.get("node_rank") if isinstance(value, dict) else None
+    return node if isinstance(node, int) and not isinstance(node, bool) else None
+
+
+# --------------------------------------------------------------------------- run facts from side files
+
+
+def write_manifest_facts(conn: sqlite3.Connection, run_id: int, facts: Optional[sidefiles.ManifestFacts],
+                         folder_name: str) -> None:
+    """The manifest's facts into the run's row; all NULL (and the folder's name) without a readable manifest."""
+    f = facts
+    conn.execute(
+        "UPDATE runs SET manifest_status = ?, training_status = ?, nnodes = ?, nproc_per_node = ?, world_size = ?,"
+        " started_at = ?, ended_at = ?, max_attempts = ?, name = ? WHERE run_id = ?",
+        (f.status, f.training_status, f.nnodes, f.nproc_per_node, f.world_size, f.started_at, f.ended_at,
+         f.max_attempts, f.run_name or folder_name, run_id) if f is not None
+        else (None, None, None, None, None, None, None, None, folder_name, run_id),
+    )
+
+
+def write_summary_facts(conn: sqlite3.Connection, run_id: int, facts: Optional[sidefiles.SummaryFacts]) -> None:
+    conn.execute("UPDATE runs SET summary_status = ? WHERE run_id = ?",
+                 (facts.status if facts is not None else None, run_id))
+
+
+def write_outcome_rollup(conn: sqlite3.Connection, run_id: int) -> None:
+    """``outcomes_total``, ``outcomes_failed`` and ``outcome_nodes`` from the run's stored outcome files."""
+    roll = sidefiles.outcome_rollup(
+        sidefiles.decode_facts("outcome", content, key) for key, content in conn.execute(
+            "SELECT key, content FROM side_files WHERE run_id = ? AND kind = 'outcome' AND content IS NOT NULL",
+            (run_id,)).fetchall())
+    conn.execute("UPDATE runs SET outcomes_total = ?, outcomes_failed = ?, outcome_nodes = ? WHERE run_id = ?",
+                 (roll.total, roll.failed, roll.nodes, run_id))
+
+
+# --------------------------------------------------------------------------- UPSERT SQL of the series tables
+
+
+def _combine(col: str, fn: str) -> str:
+    return f"{col} = coalesce({fn}({col}, excluded.{col}), {col}, excluded.{col})"
+
+
+def _series_upsert() -> str:
+    cols = ["run_id", "rank", "bucket", "step_lo", "step_hi"]
+    sets = [_combine("step_lo", "min"), _combine("step_hi", "max")]
+    for m in idx.SERIES_METRICS:
+        cols += [f"{m}_min", f"{m}_max", f"{m}_sum", f"{m}_n"]
+        sets += [_combine(f"{m}_min", "min"), _combine(f"{m}_max", "max"),
+                 f"{m}_sum = coalesce({m}_sum, 0) + coalesce(excluded.{m}_sum, 0)", f"{m}_n = {m}_n + excluded.{m}_n"]
+    return (f"INSERT INTO series ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+            f" ON CONFLICT (run_id, rank, bucket) DO UPDATE SET {', '.join(sets)}")
+
+
+SERIES_UPSERT = _series_upsert()
+_series_sql_cache: dict[tuple[int, int], str] = {}
+
+
+def series_upsert_sql(run_id: int, rank: int) -> str:
+    """The series UPSERT with run_id and rank inlined (rows are then plain float lists from numpy)."""
+    sql = _series_sql_cache.get((run_id, rank))
+    if sql is None:
+        if len(_series_sql_cache) > 4096:
+            _series_sql_cache.clear()
+        head, _, tail = SERIES_UPSERT.partition("VALUES (?, ?, ")
+        sql = _series_sql_cache[(run_id, rank)] = f"{head}VALUES ({int(run_id)}, {int(rank)}, {tail}"
+    return sql
+
+
+EXTRA_UPSERT = (
+    "INSERT INTO series_extra VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, rank, metric, bucket)"
+    f" DO UPDATE SET {_combine('step_lo', 'min')}, {_combine('step_hi', 'max')}, {_combine('vmin', 'min')},"
+    f" {_combine('vmax', 'max')}, vsum = vsum + excluded.vsum, n = n + excluded.n"
+)
