@@ -1,4 +1,4 @@
-"""Ingestion rules (DESIGN.md "Daemon rules") through the real ingester, a real SQLite file and the reader."""
+"""Ingestion rules (docs/daemon.md, "Rules") through the real ingester, a real SQLite file and the reader."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_daemon_support import append_raw, header_line, step_line, steps_path, write_steps
 
 from daemon.reader import Reader
 from daemon.service import Ingester
-from test_daemon_support import append_raw, header_line, step_line, steps_path, write_steps
 from traceml_tui.core import records
 from traceml_tui.core.atomic import atomic_write_json
 
@@ -146,7 +146,7 @@ BAD_LINES = [
 def test_malformed_lines_become_error_rows_and_never_stall(env):
     root, index, ingest = env
     path = write_steps(root / "r", 0, range(1, 3))
-    other = write_steps(root / "r", 1, range(1, 4))
+    write_steps(root / "r", 1, range(1, 4))  # another stream of the run goes on
     for i, bad in enumerate(BAD_LINES):
         append_raw(path, bad + b"\n")
         append_raw(path, step_line("r", 0, 3 + i))
@@ -191,6 +191,20 @@ def test_symlinks_out_of_the_root_and_fifos_are_not_followed(env, tmp_path):
         run = r.list_runs()[0]
         assert r.step_count(run.run_id) == 2
         assert [(k.rank, k.attempt) for k in r.rank_rows(run.run_id)] == [(0, 0)]
+
+
+@pytest.mark.xfail(strict=True, reason="core.rundir.RunDir.scan lists validation/<kind>/ through a linked"
+                   " validation folder (os.lstat only refuses a link in the last component); fix belongs in core")
+def test_a_linked_run_subfolder_is_not_followed(env, tmp_path):
+    root, index, ingest = env
+    outside = tmp_path / "outside"
+    atomic_write_json(outside / "requests" / "ck9.json", {"checkpoint": "ck9", "step": 9, "path": "p",
+                                                          "config_digest": "d", "created": 1.0})
+    write_steps(root / "r", 0, range(1, 3))
+    os.symlink(outside, root / "r" / "validation")
+    ingest()
+    with Reader(index) as r:
+        assert r.backlog(r.find_run("r").run_id) == ()
 
 
 def test_removed_run_keeps_rows_and_is_marked_missing(env):
@@ -276,11 +290,11 @@ def test_stalled_failed_outcomes_backlog_and_nodes(env):
     atomic_write_json(v / "failures" / "ck3-1.json", {"checkpoint": "ck3", "attempt": 1, "error": "OOM", "failed": now})
     (v / "requests" / "broken.json").write_text("{not json")
     ingest()
-    with Reader(index, stall_factor=0.01, stall_floor_s=0.0) as r:  # steps are 1 s apart
+    with Reader(index, stall_floor_s=0.0) as r:  # steps are 1 s apart: the stall limit is 10 intervals
         run = r.find_run("r")
-        time.sleep(0.05)
-        assert r.run(run.run_id).status == "stalled"
-        assert r.rank_rows(run.run_id)[0].stalled
+        later = time.time() + 60  # nothing recorded nor ingested for longer than the limit
+        assert r.run(run.run_id, now=later).status == "stalled"
+        assert r.rank_rows(run.run_id, now=later)[0].stalled
         items = {b.checkpoint: b for b in r.backlog(run.run_id)}
         assert {k: b.state for k, b in items.items()} == {"ck1": "completed", "ck2": "claimed", "ck3": "failed"}
         assert items["ck1"].metrics == (("auc", 0.9),) and items["ck3"].last_error == "OOM"
@@ -299,12 +313,18 @@ def test_stalled_failed_outcomes_backlog_and_nodes(env):
         assert detail.nodes == (0,)
 
 
-def test_manifest_fields_are_read_defensively(env):
+def test_an_undecodable_manifest_leaves_its_facts_null_and_is_one_error(env):
     root, index, ingest = env
     run_dir = root / "m"
+    # A wrong-typed field makes the whole manifest unreadable (core.artifacts): no half of one is used.
     atomic_write_json(run_dir / "manifest.json", {"run_name": "pretty", "status": "completed", "nnodes": "two",
                                                   "guard": {"training": "oops"}, "world_size": 4})
     ingest()
+    ingest()
     with Reader(index) as r:
         run = r.list_runs()[0]
-        assert run.name == "pretty" and run.status == "completed" and run.world_size == 4 and run.nnodes is None
+        assert run.name == "m" and run.manifest_status is None and run.world_size is None and run.nnodes is None
+        errors = r.errors(run.run_id)
+        assert len(errors) == 1 and errors[0].path == "manifest.json"
+        assert errors[0].message.startswith("manifest.json: not a valid manifest")
+        assert run.errors == 1

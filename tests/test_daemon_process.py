@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-
-from daemon.reader import Reader
-from daemon.service import find_running_daemon
 from test_daemon_support import append_raw, step_line, steps_path, write_steps
+
+from daemon.lock import find_running_daemon
+from daemon.reader import Reader
 
 SUPPORT = Path(__file__).with_name("test_daemon_support.py")
 
@@ -70,7 +70,7 @@ def test_sigkilled_daemon_ingests_every_line_exactly_once(tmp_path, traceml_cmd,
         proc = _daemon(traceml_cmd, cli_env, root, "--index", index, "--poll-interval", "0.05",
                        "--rescan-interval", "0.2", *(["--no-inotify"] if kills % 2 else []))
         if kills % 3:  # most kills land while ingesting (after the lock is taken), the rest anywhere in startup
-            _wait(lambda: (find_running_daemon(index) or None) and find_running_daemon(index).pid == proc.pid, 5)
+            _wait(lambda p=proc: (find_running_daemon(index) or None) and find_running_daemon(index).pid == p.pid, 5)
         time.sleep(rng.uniform(0.05, 0.4))
         proc.kill()
         proc.wait()
@@ -118,7 +118,7 @@ def test_polling_makes_appends_visible_within_two_intervals(tmp_path, traceml_cm
                             f"append_raw(__import__('pathlib').Path(sys.argv[2]), step_line('r', 0, {step}))",
                             str(SUPPORT.parent), str(path)], check=True)
             written = time.monotonic()
-            assert _wait(lambda: _last_step(index) == step, 10, 0.005)
+            assert _wait(lambda s=step: _last_step(index) == s, 10, 0.005)
             assert time.monotonic() - written < 2 * poll, f"step {step} took {time.monotonic() - t0:.2f}s"
     finally:
         _stop(proc)
