@@ -14,21 +14,21 @@ from typing import Any, Optional
 
 from traceml_tui.compare import policy
 from traceml_tui.compare.policy import as_number, nested, nested_dict
+from traceml_tui.core import steptime
 
 REPORT_FORMAT = "traceml-compare"
 REPORT_VERSION = 1
 
-#: Selected-clock phases shown as per-phase deltas (summary metric names).
-PHASES: tuple[tuple[str, str], ...] = (
-    ("step_time_ms", "Step Time (selected clock)"),
-    ("input_wait_ms", "Input wait"),
-    ("h2d_ms", "Host-to-device"),
-    ("forward_ms", "Forward"),
-    ("backward_ms", "Backward"),
-    ("optimizer_ms", "Optimizer"),
-    ("compute_ms", "Compute (fwd+bwd+opt)"),
-    ("residual_ms", "Residual"),
+#: Selected-clock step time and its parts, shown as per-phase deltas (summary metric names).
+#: The parts and their labels are the core's (``core/steptime.py``): the summary card and the
+#: Run screen show the same ones.
+PHASES: tuple[tuple[str, str], ...] = (("step_time_ms", steptime.STEP_LABEL),) + tuple(
+    (steptime.metric_name(name), label) for name, label in steptime.PARTS
 )
+#: Summaries written before the data-wait / between-steps split (and traceml-ai's) publish only
+#: the undivided gap; it is shown as its own row when either summary lacks the split.
+LEGACY_INPUT_WAIT = ("input_wait_ms", "Input wait (older summary)")
+_SPLIT_METRICS = (steptime.metric_name("data_wait"), steptime.metric_name("between_steps"))
 
 #: (section, metric, label, unit) context rows for memory and system.
 MEMORY_ROWS: tuple[tuple[str, str, str, str], ...] = (
@@ -107,11 +107,20 @@ def _phases(reference: dict[str, Any], candidate: dict[str, Any]) -> dict[str, A
     # Phase values are on each summary's own selected clock; mixing a CPU
     # forward time with a GPU one would be a meaningless delta.
     same = ref_clock is not None and ref_clock == cand_clock
+    ref_average = nested_dict(reference, "step_time", "global", "average")
+    cand_average = nested_dict(candidate, "step_time", "global", "average")
+    phases = PHASES
+    if not all(any(metric in average for metric in _SPLIT_METRICS) for average in (ref_average, cand_average)):
+        phases = PHASES[:1] + (LEGACY_INPUT_WAIT,) + PHASES[1:]
     rows = {}
-    for name, label in PHASES:
-        ref_avg = nested(reference, "step_time", "global", "average", name) if same else None
-        cand_avg = nested(candidate, "step_time", "global", "average", name) if same else None
-        rows[name] = {"label": label, **metric_row(ref_avg, cand_avg)}
+    for name, label in phases:
+        ref_avg = ref_average.get(name) if same else None
+        cand_avg = cand_average.get(name) if same else None
+        row = {"label": label, **metric_row(ref_avg, cand_avg)}
+        if name != "step_time_ms":
+            row["reference_share_pct"] = _share(row["reference"], ref_average.get("step_time_ms") if same else None)
+            row["candidate_share_pct"] = _share(row["candidate"], cand_average.get("step_time_ms") if same else None)
+        rows[name] = row
     note = None
     if not same:
         note = (
@@ -119,6 +128,14 @@ def _phases(reference: dict[str, Any], candidate: dict[str, Any]) -> dict[str, A
             f"(reference {ref_clock or 'n/a'}, candidate {cand_clock or 'n/a'})."
         )
     return {"clock": ref_clock if same else None, "rows": rows, "note": note}
+
+
+def _share(part: Optional[float], whole: Any) -> Optional[float]:
+    """A part's percentage of its summary's step time (None when either is missing or the whole is not positive)."""
+    total = _finite(whole)
+    if part is None or total is None or total <= 0:
+        return None
+    return min(100.0, max(0.0, part / total * 100.0))
 
 
 def _context_rows(reference: dict[str, Any], candidate: dict[str, Any], spec) -> dict[str, Any]:

@@ -36,11 +36,13 @@ def step_files(run_dir: Path) -> list[Path]:
 def read_step_times(run_dir: Path, clock: str, window: tuple[Optional[int], Optional[int]]) -> list[float]:
     """Per-step Step Time on ``clock`` (mean over ranks), in step order.
 
-    A later attempt's record of the same (rank, step) replaces an earlier
+    Step Time is the summary's (:mod:`traceml_tui.core.steptime`: the gap since
+    the previous step's end plus the traced step), so the interval is about the
+    figure the CI result judges. A later attempt's record of the same (rank, step) replaces an earlier
     one (a resume re-runs steps). Malformed lines are skipped: noise is
     context, and the summary already passed strict reading.
     """
-    from traceml_tui.core import records
+    from traceml_tui.core import records, steptime
 
     start, end = window
     per_rank_step: dict[tuple[int, int], float] = {}
@@ -63,8 +65,8 @@ def read_step_times(run_dir: Path, clock: str, window: tuple[Optional[int], Opti
                         continue
                     if start is not None and record.step < start or end is not None and record.step > end:
                         continue
-                    phases = record.gpu_ms if clock == "gpu" else record.cpu_ms
-                    value = records.finite_or_none(phases.step) if phases is not None else None
+                    parts = steptime.step_parts(record.gpu_ms if clock == "gpu" else record.cpu_ms)
+                    value = parts.whole if parts is not None else None
                     if value is not None and value > 0:
                         per_rank_step[(record.rank, record.step)] = value
         except OSError:

@@ -5,15 +5,21 @@ layout so that summaries are interchangeable with the ``traceml-ai`` package
 in both directions. Our own sections (``training``, ``environment``) sit
 beside them.
 
-Step Time model (per rank, per step, on one clock)::
+Step Time model: :mod:`traceml_tui.core.steptime` (per rank, per step, on one clock)::
 
-    step_time = input_wait + traced_step_time
-    compute   = forward + backward + optimizer          (measured phases only)
-    residual  = max(0, traced_step_time - h2d - compute)
+    step_time = input_wait + traced_step_time           (previous step's end → this step's end)
+              = data_wait + between_steps + h2d + forward + backward + optimizer + residual
 
-The first step of an attempt has no previous step end, so its input wait is
-not measured (null) and its step time is its traced time. A phase that was
-never measured stays null; it is never reported as 0.
+Every part is ≥ 0 and the parts sum to the step time for every step; parts and
+whole are averaged over the same steps (the analysis window). The first step of
+an attempt has no previous step end, so its input wait is not measured (null)
+and its step time is its traced time. A part that no step measured stays null;
+it is never reported as 0. ``step_time_ms`` — the figure ``traceml compare``
+judges — keeps its meaning; ``input_wait_ms`` is the average gap over the same
+steps (``step_time_ms - traced_step_time_ms``); ``data_wait_ms`` and
+``between_steps_ms`` split it (``data_wait_ms`` also counts loader waits inside
+the traced step); ``dataloader_fetch_cpu_ms`` is the CPU data wait, as
+traceml-ai publishes it. INPUT-BOUND is decided on data wait alone.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from traceml_tui.core import records
+from traceml_tui.core import records, steptime
 from traceml_tui.summary.load import RankSteps, load_ranks, load_system
 
 SCHEMA_VERSION = 1.9
@@ -47,7 +53,13 @@ STEP_TIME_METRICS = (
     "forward_ms",
     "backward_ms",
     "optimizer_ms",
+    # beside the published 1.9 names: the loader / between-steps split of input_wait_ms
+    "data_wait_ms",
+    "between_steps_ms",
 )
+#: Share of step time at which a part is named as the bottleneck.
+BOUND_SHARE_PCT = 25.0
+COMPUTE_BOUND_SHARE_PCT = 60.0
 STEP_MEMORY_METRICS = ("peak_allocated_bytes", "peak_reserved_bytes")
 SYSTEM_METRICS = (
     "cpu_percent", "ram_bytes", "ram_percent", "gpu_util_percent", "gpu_mem_bytes",
@@ -90,56 +102,62 @@ def common_window(ranks: dict[int, RankSteps], retention_s: float) -> list[int]:
     return [step for step in common if done_ts(step) >= anchor - retention_s]
 
 
-def _clock_values(record: records.Step, clock: str) -> Optional[records.Phases]:
-    return record.gpu_ms if clock == "gpu" else record.cpu_ms
+def rank_step_metrics(series: RankSteps, window: list[int], clock: str) -> dict[str, Optional[float]]:
+    """Averages over the window for one rank, in the published metric names.
 
-
-def _per_step(phases: Optional[records.Phases]) -> dict[str, Optional[float]]:
-    if phases is None or phases.step is None:
-        return {}
-    traced = phases.step
-    wait = phases.input_wait
-    measured = [p for p in (phases.forward, phases.backward, phases.optimizer) if p is not None]
-    compute = sum(measured) if measured else None
-    known = (phases.h2d or 0.0) + (compute or 0.0)
+    Every figure comes from :func:`steptime.step_parts` of the same steps, so the
+    part averages sum to ``step_time_ms``.
+    """
+    steps = [series.steps[s] for s in window]
+    cpu = steptime.average_parts(steptime.step_parts(s.cpu_ms) for s in steps)
+    gpu_available = bool(steps) and all(s.gpu_ms is not None and s.gpu_ms.step is not None for s in steps)
+    gpu = steptime.average_parts(steptime.step_parts(s.gpu_ms) for s in steps) if gpu_available else None
+    selected = gpu if clock == "gpu" else cpu
+    parts = selected.parts if selected is not None else dict.fromkeys(steptime.PART_NAMES)
+    gap_known = parts["between_steps"] is not None
     return {
-        "traced": traced,
-        "step": traced + (wait or 0.0),
-        "input_wait": wait,
-        "h2d": phases.h2d,
-        "forward": phases.forward,
-        "backward": phases.backward,
-        "optimizer": phases.optimizer,
-        "compute": compute,
-        "residual": max(0.0, traced - known) if (compute is not None or phases.h2d is not None) else None,
+        "input_wait_ms": selected.input_wait if selected is not None and gap_known else None,
+        "step_time_ms": selected.whole if selected is not None else None,
+        "traced_step_time_ms": selected.traced if selected is not None else None,
+        "step_time_cpu_ms": cpu.whole if cpu is not None else None,
+        "step_time_gpu_ms": gpu.whole if gpu is not None else None,
+        "traced_step_time_cpu_ms": cpu.traced if cpu is not None else None,
+        "traced_step_time_gpu_ms": gpu.traced if gpu is not None else None,
+        "dataloader_fetch_cpu_ms": cpu.parts["data_wait"] if cpu is not None else None,
+        "h2d_ms": parts["h2d"],
+        "compute_ms": selected.compute if selected is not None else None,
+        "residual_ms": parts["residual"],
+        "forward_ms": parts["forward"],
+        "backward_ms": parts["backward"],
+        "optimizer_ms": parts["optimizer"],
+        "data_wait_ms": parts["data_wait"],
+        "between_steps_ms": parts["between_steps"],
     }
 
 
-def rank_step_metrics(series: RankSteps, window: list[int], clock: str) -> dict[str, Optional[float]]:
-    """Averages over the window for one rank, in the published metric names."""
-    cpu = [_per_step(series.steps[s].cpu_ms) for s in window]
-    gpu_available = all(series.steps[s].gpu_ms is not None and series.steps[s].gpu_ms.step is not None for s in window)
-    gpu = [_per_step(series.steps[s].gpu_ms) for s in window] if gpu_available else []
-    selected = gpu if clock == "gpu" else cpu
+def breakdown(average: dict[str, Optional[float]], clock: str, steps_without_gap: int = 0) -> dict[str, Any]:
+    """The step-time parts of the global averages: each part's average and share of step time.
 
-    def avg(rows: list[dict], key: str) -> Optional[float]:
-        return _mean(row.get(key) for row in rows)
-
+    The averages are over the same steps and ranks, so the measured parts sum to
+    ``step_time_ms`` and every share is within 0-100 %. ``steps_without_gap``:
+    window steps that were an attempt's first (no previous step end: traced time only).
+    """
+    whole = average.get("step_time_ms")
+    rows = []
+    for name, label in steptime.PARTS:
+        metric = steptime.metric_name(name)
+        value = average.get(metric)
+        share = min(100.0, max(0.0, value / whole * 100.0)) if value is not None and whole else None
+        rows.append({"name": name, "label": label, "metric": metric, "average_ms": value, "share_pct": share})
     return {
-        "input_wait_ms": avg(selected, "input_wait"),
-        "step_time_ms": avg(selected, "step"),
-        "traced_step_time_ms": avg(selected, "traced"),
-        "step_time_cpu_ms": avg(cpu, "step"),
-        "step_time_gpu_ms": avg(gpu, "step") if gpu else None,
-        "traced_step_time_cpu_ms": avg(cpu, "traced"),
-        "traced_step_time_gpu_ms": avg(gpu, "traced") if gpu else None,
-        "dataloader_fetch_cpu_ms": None,
-        "h2d_ms": avg(selected, "h2d"),
-        "compute_ms": avg(selected, "compute"),
-        "residual_ms": avg(selected, "residual"),
-        "forward_ms": avg(selected, "forward"),
-        "backward_ms": avg(selected, "backward"),
-        "optimizer_ms": avg(selected, "optimizer"),
+        "clock": clock,
+        "definition": "step time = time from the previous step's end to this step's end = "
+                      + " + ".join(label.lower() for _, label in steptime.PARTS),
+        "label": steptime.STEP_LABEL,
+        "step_time_ms": whole,
+        "data_wait_measured": average.get("data_wait_ms") is not None,
+        "steps_without_gap": steps_without_gap,
+        "parts": rows,
     }
 
 
@@ -172,11 +190,29 @@ def _issue(kind: str, status: str, severity: str, summary: str, action: str, **e
     return issue
 
 
-def diagnose_step_time(average: dict, median: dict, worst: dict, steps: int) -> list[dict]:
-    """Plain rules over the aggregates; the first issue is the section's diagnosis."""
+def _ms_text(value: float) -> str:
+    return f"{value:.3g} ms" if value < 100 else f"{value:.0f} ms"
+
+
+def diagnose_step_time(average: dict, median: dict, worst: dict, steps: int, clock: str = "cpu") -> list[dict]:
+    """Plain rules over the aggregates; the first issue is the section's diagnosis.
+
+    INPUT-BOUND is decided on data wait (time in an instrumented loader's
+    ``next()``) alone; time between steps outside the loader is BETWEEN-STEPS.
+    Every issue carries each part's share of step time in ``evidence``.
+    """
     if not steps or average.get("step_time_ms") is None:
         return [_issue("NO_DATA", "NO DATA", "info", "No step was completed on every rank.",
                        "Wrap each optimizer step in traceml.trace_step(model) and launch with traceml run.")]
+    parts = breakdown(average, clock)
+    shares = {row["name"]: row["share_pct"] for row in parts["parts"]}
+    evidence = {
+        "clock": clock,
+        "step_time_ms": average["step_time_ms"],
+        "parts_ms": {row["name"]: row["average_ms"] for row in parts["parts"]},
+        "shares_pct": shares,
+        "data_wait_measured": parts["data_wait_measured"],
+    }
     issues = []
     step_med = median["step_time_ms"]["value"]
     step_worst = worst["step_time_ms"]["value"]
@@ -188,29 +224,42 @@ def diagnose_step_time(average: dict, median: dict, worst: dict, steps: int) -> 
                 "STRAGGLER", "STRAGGLER", "warn",
                 f"Rank {rank} is {skew:.0f}% slower than the median rank.",
                 "Inspect that rank's input pipeline, host load and device health.",
-                metric="step_time_ms", skew_pct=skew, ranks=[int(rank)],
+                metric="step_time_ms", skew_pct=skew, ranks=[int(rank)], evidence=evidence,
             ))
-    step_avg = average["step_time_ms"]
-    wait = average.get("input_wait_ms")
-    if wait is not None and step_avg > 0:
-        share = wait / step_avg * 100.0
-        if share >= 25.0:
-            issues.append(_issue(
-                "INPUT_BOUND", "INPUT-BOUND", "warn",
-                f"Input wait is {share:.0f}% of step time.",
-                "Add DataLoader workers, prefetching or faster storage.",
-                metric="input_wait_ms", phase="input_wait", share_pct=share,
-            ))
+    bound = []
+    data_share, data_ms = shares.get("data_wait"), average.get("data_wait_ms")
+    if data_share is not None and data_ms is not None and data_share >= BOUND_SHARE_PCT:
+        bound.append(_issue(
+            "INPUT_BOUND", "INPUT-BOUND", "warn",
+            f"Data wait is {data_share:.0f}% of step time ({_ms_text(data_ms)} per step in the data loader's next()).",
+            "Add DataLoader workers (num_workers), prefetching (prefetch_factor, pin_memory) or faster storage.",
+            metric="data_wait_ms", phase="data_wait", share_pct=data_share, evidence=evidence,
+        ))
+    between_share, between_ms = shares.get("between_steps"), average.get("between_steps_ms")
+    if between_share is not None and between_ms is not None and between_share >= BOUND_SHARE_PCT:
+        untimed = "" if parts["data_wait_measured"] else ", or a data source traceml does not time"
+        hint = "" if parts["data_wait_measured"] else " If it is data loading, wrap the loader with traceml.wrap_loader(...)."
+        bound.append(_issue(
+            "BETWEEN_STEPS", "BETWEEN-STEPS", "warn",
+            f"{between_share:.0f}% of step time ({_ms_text(between_ms)} per step) is spent between traced steps, "
+            f"outside the data loader: work outside the traced step such as checkpointing, logging or evaluation{untimed}.",
+            "Move that work off the step path (less often, asynchronously or in another process), or trace it." + hint,
+            metric="between_steps_ms", phase="between_steps", share_pct=between_share, evidence=evidence,
+        ))
+    issues.extend(sorted(bound, key=lambda issue: -issue["share_pct"]))
     compute = average.get("compute_ms")
-    if not issues and compute is not None and step_avg > 0 and compute / step_avg >= 0.6:
+    step_avg = average["step_time_ms"]
+    if not issues and compute is not None and step_avg > 0 and compute / step_avg * 100.0 >= COMPUTE_BOUND_SHARE_PCT:
+        share = min(100.0, compute / step_avg * 100.0)
         issues.append(_issue(
             "COMPUTE_BOUND", "COMPUTE-BOUND", "info",
-            f"Forward, backward and optimizer take {compute / step_avg * 100:.0f}% of step time.",
+            f"Forward, backward and optimizer take {share:.0f}% of step time.",
             "Optimize the model's compute (precision, fusion, batch size) to go faster.",
-            metric="compute_ms", phase="compute", share_pct=compute / step_avg * 100.0,
+            metric="compute_ms", phase="compute", share_pct=share, evidence=evidence,
         ))
     if not issues:
-        issues.append(_issue("BALANCED", "BALANCED", "info", "No dominant bottleneck in step time.", "No action needed."))
+        issues.append(_issue("BALANCED", "BALANCED", "info", "No dominant bottleneck in step time.", "No action needed.",
+                             evidence=evidence))
     return issues
 
 
@@ -250,6 +299,11 @@ def _identity(series: RankSteps, world_size: Optional[int], nproc: Optional[int]
     }
 
 
+def _steps_without_gap(ranks: dict[int, RankSteps], used: list[int], window: list[int]) -> int:
+    """Window steps with no previous step end (an attempt's first), most on any rank."""
+    return max((sum(1 for s in window if ranks[r].steps[s].cpu_ms.input_wait is None) for r in used), default=0)
+
+
 def step_sections(ranks: dict[int, RankSteps], window: list[int], topology: dict, analysis: dict) -> tuple[dict, dict]:
     """Build the ``step_time`` and ``step_memory`` sections."""
     nproc = topology.get("processes_per_node")
@@ -259,8 +313,15 @@ def step_sections(ranks: dict[int, RankSteps], window: list[int], topology: dict
         ranks[r].steps[s].gpu_ms is not None and ranks[r].steps[s].gpu_ms.step is not None for r in used for s in window
     ) else "cpu"
     rows = {str(r): {"identity": _identity(ranks[r], world, nproc), "metrics": rank_step_metrics(ranks[r], window, clock)} for r in used}
+    # A part measured on some ranks counts 0 on the others (as within a rank across steps), so the
+    # averages over ranks of the parts still sum to the average step time.
+    for metric in [steptime.metric_name(p) for p in steptime.PART_NAMES] + ["compute_ms"]:
+        if any(row["metrics"][metric] is not None for row in rows.values()):
+            for row in rows.values():
+                if row["metrics"][metric] is None:
+                    row["metrics"][metric] = 0.0
     average, median, worst = _points(rows, STEP_TIME_METRICS)
-    issues = diagnose_step_time(average, median, worst, len(window))
+    issues = diagnose_step_time(average, median, worst, len(window), clock)
     latest = max((max(s.steps) for s in ranks.values() if s.steps), default=None)
     step_window = {
         "kind": "step_window",
@@ -283,6 +344,7 @@ def step_sections(ranks: dict[int, RankSteps], window: list[int], topology: dict
         "global": {"index_by": "global_rank", "window": step_window, "average": average, "median": median, "worst": worst},
         "groups": {"by": "global_rank", "rows": rows},
         "units": {name: "ms" for name in STEP_TIME_METRICS},
+        "breakdown": breakdown(average, clock, _steps_without_gap(ranks, used, window)),
         "card": "",
     }
     # Step memory: averages of per-step peaks over the same window.

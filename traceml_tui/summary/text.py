@@ -7,9 +7,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from traceml_tui.core import steptime
+
 
 def _ms(value: Optional[float]) -> str:
     return "—" if value is None else f"{value:.2f} ms"
+
+
+def _pct(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.1f}%"
 
 
 def render_text(summary: dict[str, Any]) -> str:
@@ -48,22 +54,29 @@ def render_text(summary: dict[str, Any]) -> str:
             f"{window.get('diagnosis_clock', 'cpu').upper()} clock, {meta.get('world_size')} rank(s))"
         )
         lines.append("")
-        lines.append(f"  {'phase':<14}{'average':>12}{'median rank':>14}{'worst rank':>14}")
-        for label, name in (
-            ("step time", "step_time_ms"),
-            ("input wait", "input_wait_ms"),
-            ("forward", "forward_ms"),
-            ("backward", "backward_ms"),
-            ("optimizer", "optimizer_ms"),
-            ("residual", "residual_ms"),
-        ):
+        lines.append(f"  {'part':<15}{'average':>12}{'share':>8}{'median rank':>16}{'worst rank':>16}")
+        parts = (step_time.get("breakdown") or {}).get("parts") or []
+        shares = {row.get("metric"): row.get("share_pct") for row in parts if isinstance(row, dict)}
+        shares["step_time_ms"] = 100.0 if average.get("step_time_ms") else None
+        table = [(steptime.STEP_LABEL, "step_time_ms")]
+        table += [(label, steptime.metric_name(name)) for name, label in steptime.PARTS]
+        for label, name in table:
+            value = average.get(name)
+            share = shares.get(name)
             med = glob.get("median", {}).get(name, {})
             worst = glob.get("worst", {}).get(name, {})
             lines.append(
-                f"  {label:<14}{_ms(average.get(name)):>12}"
-                f"{_ms(med.get('value')) + (' r' + str(med.get('idx')) if med.get('idx') is not None else ''):>14}"
-                f"{_ms(worst.get('value')) + (' r' + str(worst.get('idx')) if worst.get('idx') is not None else ''):>14}"
+                f"  {label:<15}{_ms(value):>12}{_pct(share):>8}"
+                f"{_ms(med.get('value')) + (' r' + str(med.get('idx')) if med.get('idx') is not None else ''):>16}"
+                f"{_ms(worst.get('value')) + (' r' + str(worst.get('idx')) if worst.get('idx') is not None else ''):>16}"
             )
+        lines.append("  step time = time from the previous step's end to this step's end = the sum of the parts")
+        no_gap = (step_time.get("breakdown") or {}).get("steps_without_gap") or 0
+        if no_gap:
+            lines.append(f"  {no_gap} of {steps} steps began an attempt (no previous step end): they count their traced time only")
+        if average.get("data_wait_ms") is None:
+            lines.append("  data wait not measured: no DataLoader or traceml.wrap_loader(...) fed the traced steps,")
+            lines.append("  so the whole gap between steps counts as between steps")
         cpu, gpu = average.get("step_time_cpu_ms"), average.get("step_time_gpu_ms")
         lines.append(f"  step time by clock: CPU {_ms(cpu)} · GPU {_ms(gpu)}")
     else:
