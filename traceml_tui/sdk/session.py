@@ -193,6 +193,7 @@ class Session:
         self._rss_at = 0.0
         self.closed = False
         self.failed = False
+        self.interrupted = False  # the uncaught exception was a KeyboardInterrupt (Ctrl-C)
         # perf_counter → wall clock, so records carry wall time without a second clock read per step
         self._wall_offset = time.time() - time.perf_counter()
 
@@ -396,7 +397,8 @@ def resolve_run(run_name: Optional[str], logs_dir: Optional[str]) -> tuple[Path,
 def register_exit(session: Session) -> None:
     """Write ``rank_end`` at interpreter exit.
 
-    An uncaught exception marks the rank ``failed``. Otherwise the process
+    An uncaught exception marks the rank ``failed`` (``interrupted`` for a
+    KeyboardInterrupt). Otherwise the process
     ``exited`` with a code the SDK cannot see (``sys.exit(n)`` never reaches an
     exception hook), so ``exit_code`` stays null rather than a guessed 0; the
     launcher records the real code in the manifest. A forked child inherits the
@@ -407,13 +409,17 @@ def register_exit(session: Session) -> None:
 
     def _excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
         session.failed = True
+        session.interrupted = issubclass(exc_type, KeyboardInterrupt)
         previous_hook(exc_type, exc, tb)
 
     sys.excepthook = _excepthook
 
     def _at_exit() -> None:
         if not session.closed and os.getpid() == owner_pid:
-            session.close("failed" if session.failed else "exited", 1 if session.failed else None)
+            if session.failed:
+                session.close("interrupted" if session.interrupted else "failed", 1)
+            else:
+                session.close("exited", None)
 
     def _in_child() -> None:
         session.closed = True  # one writer per file: the fork's copy must stay silent
