@@ -193,8 +193,6 @@ def test_symlinks_out_of_the_root_and_fifos_are_not_followed(env, tmp_path):
         assert [(k.rank, k.attempt) for k in r.rank_rows(run.run_id)] == [(0, 0)]
 
 
-@pytest.mark.xfail(strict=True, reason="core.rundir.RunDir.scan lists validation/<kind>/ through a linked"
-                   " validation folder (os.lstat only refuses a link in the last component); fix belongs in core")
 def test_a_linked_run_subfolder_is_not_followed(env, tmp_path):
     root, index, ingest = env
     outside = tmp_path / "outside"

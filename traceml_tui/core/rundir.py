@@ -138,6 +138,19 @@ def _regular_stat(entry: os.DirEntry) -> Optional[os.stat_result]:
     return st if stat.S_ISREG(st.st_mode) else None
 
 
+def _real_dir(base: Path, *parts: str) -> Optional[Path]:
+    """``base/parts…`` when every component below ``base`` is a real folder (no link on the way), else None."""
+    path = base
+    for part in parts:
+        path = path / part
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return None
+        except OSError:
+            return None
+    return path
+
+
 def _numbered_dirs(parent: Path, parse) -> list[tuple[int, os.DirEntry]]:
     out = []
     for entry in _scandir(parent):
@@ -208,7 +221,8 @@ class RunDir:
     def grid_files(self) -> list[Path]:
         """Every batch-grid page description (``qc/batch_grid/<name>/step-<n>.json``), by path; no links."""
         out = []
-        for name in _scandir(self.batch_grid):
+        grid = _real_dir(self.path, *BATCH_GRID.split("/"))
+        for name in _scandir(grid) if grid is not None else ():
             if not _is_dir(name):
                 continue
             for f in _scandir(name.path):
@@ -318,7 +332,8 @@ class RunDir:
     def backlog_files(self, folder: str) -> list[Path]:
         """The JSON files of one backlog folder (regular files, no hidden temp files), by name."""
         out = []
-        for entry in _scandir(self.backlog_dir(folder)):
+        real = _real_dir(self.path, VALIDATION, folder) if folder in BACKLOG_KINDS else None
+        for entry in _scandir(real) if real is not None else ():
             if entry.name.endswith(".json") and not entry.name.startswith(".") and _regular_stat(entry) is not None:
                 out.append(Path(entry.path))
         return sorted(out)
@@ -352,7 +367,8 @@ class RunDir:
                 elif f.name == OUTCOME:
                     side(f, rel, "outcome", str(node))
         for folder, kind in BACKLOG_KINDS.items():
-            for f in _scandir(self.validation / folder):
+            real = _real_dir(self.path, VALIDATION, folder)
+            for f in _scandir(real) if real is not None else ():
                 if f.name.endswith(".json") and not f.name.startswith("."):
                     side(f, f"{VALIDATION}/{folder}/{f.name}", kind, f.name[: -len(".json")])
         return streams, sides
