@@ -245,13 +245,19 @@ def _nodes_of(text: Optional[str]) -> frozenset[int]:
     return frozenset(int(p) for p in str(text).split(",") if p.strip().lstrip("-").isdigit())
 
 
+class IndexVersionError(RuntimeError):
+    """The index's schema is not the one this traceml reads; ``str()`` says what to do in one line."""
+
+
 class Reader:
     """Read-only access to one index file.
 
     ``stall_floor_s`` is the least silence (seconds) after which a rank that
     has not ended counts as stalled (``traceml status --stall-after``); the
     rest of the rule is :func:`traceml_tui.core.state.stall_limit_s`.
-    Raises ``FileNotFoundError`` when the index does not exist yet.
+    Raises ``FileNotFoundError`` when the index does not exist yet and
+    :class:`IndexVersionError` when it was written by an older or newer
+    traceml (a writer upgrades an older one on open).
     """
 
     def __init__(self, index_path: str | os.PathLike[str], stall_floor_s: float = STALL_FLOOR_S):
@@ -260,6 +266,14 @@ class Reader:
             raise FileNotFoundError(self.index_path)
         self.conn = idx.connect_reader(self.index_path)
         self.stall_floor_s = stall_floor_s
+        version = self._rows("SELECT value FROM meta WHERE key = 'schema_version'")
+        if version and str(version[0][0]) != str(idx.SCHEMA_VERSION):
+            self.conn.close()
+            newer = int(version[0][0]) > idx.SCHEMA_VERSION
+            raise IndexVersionError(
+                f"the index {self.index_path} has schema version {version[0][0]}; this traceml reads "
+                f"{idx.SCHEMA_VERSION}: " + ("use a newer traceml or another --index" if newer else
+                                             "run `traceml daemon ROOT --once` (or `traceml watch`) to upgrade it"))
         self._manifests: dict[int, tuple[int, Optional[artifacts.Manifest]]] = {}
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RankState, RunStatus, count_states
 
 from . import locations
-from .reader import Reader
+from .reader import IndexVersionError, Reader
 
 #: Words a status bar shows while anything is going on (finished runs would clutter it).
 _ONELINE_ACTIVE = (RunStatus.FAILED, RunStatus.LOST, RunStatus.STALLED, RunStatus.RUNNING)
@@ -71,6 +71,9 @@ def main(argv: list[str]) -> int:
             print("traceml: no index")
             return 0
         print(f"traceml status: no index at {index_path} (start `traceml daemon ROOT` first)", file=sys.stderr)
+        return 1
+    except IndexVersionError as exc:
+        print(f"traceml status: {exc}", file=sys.stderr)
         return 1
     try:
         now = time.time()

@@ -1,4 +1,4 @@
-"""Atomic file writes and whole-line appends (DESIGN.md "Run directory").
+"""Atomic file writes and whole-line appends (docs/run.md, "Run directory").
 
 Side files (manifest, outcomes, summaries, receipts, PNGs) are replaced
 atomically: a reader sees the old file or the new one, never a partial one.

@@ -30,7 +30,7 @@ from typing import Any, Optional, Union
 import msgspec
 
 RECORD_VERSION = 1
-MAX_LINE_BYTES = 1 << 20  # readers refuse longer lines (DESIGN.md daemon rule 4)
+MAX_LINE_BYTES = 1 << 20  # readers refuse longer lines (docs/daemon.md, rule 4)
 
 #: Phases timed on each clock, in the order they happen within a step; then the loader
 #: waits measured inside them (``data_wait`` within ``input_wait``, ``data_in_step`` within ``step``).

@@ -1,4 +1,4 @@
-"""The validation backlog under ``<run_dir>/validation/`` (DESIGN.md, seed 004).
+"""The validation backlog under ``<run_dir>/validation/`` (docs/hygiene.md).
 
 Any number of drainers on any node coordinate through small JSON files, one per
 checkpoint:
