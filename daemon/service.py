@@ -25,7 +25,7 @@ import os
 import stat
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import msgspec
 
@@ -91,7 +91,8 @@ class Ingester:
 
     def __init__(self, index_path: str | os.PathLike[str], roots: list[str], poll_interval: float = 1.0,
                  use_inotify: bool = True, rescan_interval: Optional[float] = None, max_depth: int = MAX_DEPTH,
-                 mounts_path: Optional[str] = None, mode: str = "daemon") -> None:
+                 mounts_path: Optional[str] = None, mode: str = "daemon",
+                 clock: Callable[[], float] = time.time) -> None:
         self.index_path = str(index_path)
         self.roots = [os.path.realpath(r) for r in roots]
         self.poll_interval = max(0.01, float(poll_interval))
@@ -100,6 +101,7 @@ class Ingester:
         self.max_depth = max_depth
         self.mounts_path = mounts_path
         self.mode = mode
+        self.clock = clock  # when a batch was stored ("last seen"); injectable so that tests are deterministic
         self.conn = None
         self._lock_fd: Optional[int] = None
         self._runs: dict[str, _Run] = {}
@@ -296,7 +298,7 @@ class Ingester:
         batch = self._batch
         if batch is None:
             return
-        now = time.time()
+        now = self.clock()
         for key in batch.ranks:
             self._agg.write_rank_live(key, now)
             batch.runs.add(key[0])
