@@ -106,7 +106,7 @@ async def test_stalled_run_screen_names_silent_rank(fixture_index):
         assert "silent rank 2" in panel_text(screen, "#headline")
         ranks = screen.query_one(RankTable)
         silent = column(ranks, 7)
-        assert silent[2].startswith("SILENT") and not silent[0].startswith("SILENT")
+        assert silent[2].startswith("STALLED") and not silent[0].startswith("STALLED")
         assert column(ranks, 2) == ["400", "400", "5"]
         assert "vit-hang" in names
 
@@ -197,13 +197,13 @@ async def test_backlog_stuck_claim_stands_out(fixture_index):
         assert isinstance(screen, BacklogScreen)
         table = screen.query_one(BacklogTable)
         first = cells(table, 0)
-        # The stuck claim is sorted first, named, with its owner and heartbeat age over its lease.
-        assert first[1] == "step-00000016" and first[3] == "STUCK claim" and first[5] == "worker-b:777"
+        # The stale claim (another host's, heartbeat older than its lease) is sorted first, with its owner.
+        assert first[1] == "step-00000016" and first[3] == "stale-claim" and first[5] == "worker-b:777"
         assert first[6] == "7m/1m"
         states = column(table, 3)
         assert states.count("completed") == 2 and states.count("claimed") == 1 and states.count("failed") == 1
         summary = panel_text(screen, "#backlog-summary")
-        assert "STUCK: 1 claim" in summary
+        assert "stale-claim: 1 claim" in summary
         assert "newest completed: step-00000008 (step 8)" in summary and "eval lag 52 steps" in summary
         failed = cells(table, [i for i, s in enumerate(states) if s == "failed"][0])
         assert failed[7] == "2" and "out of memory" in failed[8]

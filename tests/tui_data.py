@@ -1,8 +1,12 @@
-"""Real run directories for the `traceml watch` tests, screenshots and benchmark.
+"""Synthetic run directories for the `traceml watch` feature tests and the benchmark.
 
-Records are written with :mod:`traceml_tui.core.records` (the same encoder the
-SDK uses) at fixed timestamps, so snapshots are deterministic; the index is
-then built by the real daemon :class:`~daemon.service.Ingester`.
+These runs exist for what a real run cannot give deterministically: exact step
+times (a recurring straggler for the heatmap), hundreds of runs for the
+benchmark, fixed timestamps. Their lifecycle speaks exactly as the real thing
+does — the manifest is the launcher's :class:`~traceml_tui.core.artifacts.Manifest`
+and a rank that returns normally ends ``exited`` as the SDK writes it — but
+tests of *status words* use the real runs of ``tests/realruns.py``, never these.
+The index is built by the real daemon :class:`~daemon.service.Ingester`.
 """
 
 from __future__ import annotations
@@ -20,16 +24,17 @@ V = records.RECORD_VERSION
 
 
 def _manifest(name: str, nnodes: int, nproc: int, steps: int, status: str) -> dict:
-    return {
-        "schema_version": 1, "run_name": name, "status": status, "started_at": T0, "ended_at": None,
-        "exit_code": None, "mode": "summary",
-        "topology": {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": nnodes * nproc},
-        "trace_max_steps": None, "attempts": 1,
-        "guard": {"contract": {"schema_version": 1,
-                               "workload": {"name": "tiny-mlp", "parameters": {"model": "mlp"}},
-                               "measurement": {"start_step": 1, "completed_steps": steps}},
-                  "contract_digest": "sha256:" + "0" * 64},
-    }
+    """The manifest as the launcher writes it (its own struct), for a guarded run."""
+    from traceml_tui.core import artifacts
+
+    return artifacts.to_builtins(artifacts.Manifest(
+        run_name=name, status=status, started_at=T0, mode="summary",
+        topology=artifacts.Topology(nnodes=nnodes, nproc_per_node=nproc, world_size=nnodes * nproc),
+        launch=artifacts.Launch(kind="torch.distributed.run"),
+        guard=artifacts.Guard(contract={"schema_version": 1,
+                                        "workload": {"name": "tiny-mlp", "parameters": {"model": "mlp"}},
+                                        "measurement": {"start_step": 1, "completed_steps": steps}},
+                              contract_digest="sha256:" + "0" * 64)))
 
 
 def step_record(name: str, rank: int, step: int, ts: float, step_ms: float, wait_ms: float, loss: float,
@@ -66,7 +71,7 @@ def write_run(
     ``straggler``: that rank is 1.6× slower every 4th step (a recurring
     straggler); ``silent_rank`` stops writing after ``silent_after`` steps;
     ``failed_rank`` ends with a failed ``rank_end``; ``finished`` ends every
-    other rank with ``rank_end`` completed.
+    other rank with ``rank_end`` ``exited`` (what the SDK writes after a normal return).
     """
     run = root / name
     (run / "ranks").mkdir(parents=True, exist_ok=True)
@@ -95,7 +100,7 @@ def write_run(
                                                         ts=t0 + 0.1 * last + 0.05, status="failed", exit_code=1)))
         elif finished and silent_rank != r:
             lines.append(records.encode(records.RankEnd(v=V, run=name, rank=r, attempt=0, step=last,
-                                                        ts=t0 + 0.1 * last + 0.05, status="completed", exit_code=0)))
+                                                        ts=t0 + 0.1 * last + 0.05, status="exited", exit_code=None)))
         path.write_bytes(b"".join(lines))
     sysfile = run / "nodes" / "node_0" / "system.jsonl"
     sysfile.parent.mkdir(parents=True, exist_ok=True)
