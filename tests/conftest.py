@@ -25,3 +25,33 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 def traceml_cmd() -> list[str]:
     """The `traceml` command as run by users (module form: no PATH dependence)."""
     return [sys.executable, "-m", "traceml_tui"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "realruns(*cases): the test uses these real_runs cases; they are built in the background, "
+        "two at a time, as soon as the real_runs fixture is first set up",
+    )
+
+
+@pytest.fixture(scope="session")
+def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Real run directories by case name (tests/realruns.py), each built once per session.
+
+    ``real_runs["rank_raises"]`` is a :class:`realruns.RealRun`, built on
+    first access; a case that fails to build raises its error for the tests
+    using it and leaves the other cases alone. The cases named by the
+    ``@pytest.mark.realruns(...)`` markers of the selected tests start
+    building in the background (two at a time) when the fixture is set up.
+    """
+    from realruns import RealRuns
+
+    runs = RealRuns(tmp_path_factory.mktemp("realruns"))
+    wanted: list[str] = []
+    for item in request.session.items:
+        for mark in item.iter_markers("realruns"):
+            wanted += [case for case in mark.args if case not in wanted]
+    runs.prefetch(wanted)
+    yield runs
+    runs.close()
