@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,11 @@ def main() -> None:
             optimizer.step()
             traceml.log(loss=loss, lr=0.05, batch_size=args.batch_size, components={"mse": (loss, y)})
     if distributed:
+        # Free the DDP model (and its gloo buckets) before the group goes: a DDP model still alive when the
+        # process group is destroyed can abort the rank at interpreter exit ("terminate called without an
+        # active exception", torch 2.13 CPU, ~1 run in 10).
+        del model, optimizer
+        gc.collect()
         dist.destroy_process_group()
 
 
