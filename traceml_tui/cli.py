@@ -8,6 +8,7 @@ for (or depends on) what `traceml watch` or the SDK import.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # command -> (module, one-line help). Order is the order shown by `traceml --help`.
@@ -51,7 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"traceml: unknown command {name!r} (try `traceml --help`)", file=sys.stderr)
         return 2
     module = importlib.import_module(entry[0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except BrokenPipeError:
+        # `traceml status | head`: the reader went away; that is not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
