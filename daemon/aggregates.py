@@ -57,14 +57,9 @@ class Aggregates:
              w.node) = row
             w.ratios = json.loads(ratios) if ratios else None
             tail = self.conn.execute(
-                "SELECT step, ts, step_ms, input_wait_ms, examples FROM steps WHERE run_id = ? AND rank = ?"
+                f"SELECT {', '.join(live.WINDOW_COLUMNS)} FROM steps WHERE run_id = ? AND rank = ?"
                 " AND attempt = ? ORDER BY step DESC LIMIT ?", (*key, live.WINDOW)).fetchall()
-            for step, ts, step_ms, wait, examples in reversed(tail):
-                w.steps.append(step)
-                w.ts.append(ts)
-                w.step_ms.append(step_ms)
-                w.input_wait.append(wait)
-                w.examples.append(examples)
+            w.add_stored(tail[::-1])
         if w.node is None:
             w.node = self.header_node(key)
         self.windows[key] = w
@@ -83,11 +78,24 @@ class Aggregates:
         self.conn.execute(
             "INSERT OR REPLACE INTO rank_live (run_id, rank, attempt, node, records, first_step, last_step, last_ts,"
             " last_seen, median_step_ms, median_input_wait_ms, median_interval_s, steps_per_s, examples_per_s, loss,"
-            " ratios, ended, exit_code, end_ts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " ratios, ended, exit_code, end_ts, step_parts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
              fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"], fig["examples_per_s"],
-             w.loss, json.dumps(w.ratios) if w.ratios else None, w.ended, w.exit_code, w.end_ts),
+             w.loss, json.dumps(w.ratios) if w.ratios else None, w.ended, w.exit_code, w.end_ts,
+             _parts_json(fig["step_parts"])),
         )
+
+    def refresh_step_figures(self, key: RankKey) -> None:
+        """Recompute a stored rank's step-time figures from its window in the index (after an upgrade).
+
+        Only ``median_step_ms``, ``median_input_wait_ms`` and ``step_parts``
+        change; ``last_seen`` keeps saying when the rank's records last came in.
+        """
+        fig = self.window(key).figures()
+        self.conn.execute(
+            "UPDATE rank_live SET median_step_ms = ?, median_input_wait_ms = ?, step_parts = ? WHERE run_id = ?"
+            " AND rank = ? AND attempt = ?",
+            (fig["median_step_ms"], fig["median_input_wait_ms"], _parts_json(fig["step_parts"]), *key))
 
     # ----------------------------------------------------------------- runs rollup
     def write_run_rollup(self, run_id: int, version: int, now: float) -> None:
@@ -158,6 +166,47 @@ class Aggregates:
                 extra.extend((run_id, rank, "ratio/" + name, *row) for row in block.tolist())
             self.conn.executemany(EXTRA_UPSERT, extra)
 
+    def rebuild_step_series(self, run_id: int, rank: int, chunk: int = 65_536) -> None:
+        """Recompute the ``step_ms``, ``input_wait_ms`` and ``gpu_step_ms`` series of one rank from its stored
+        step rows (after an upgrade: an index written before they meant the step time held the traced step).
+
+        The buckets keep their width; the other metrics are left as they are.
+        Reads the rank's rows ``chunk`` at a time.
+        """
+        width = self._width(run_id, rank)
+        if not width:
+            return
+        metrics = idx.SERIES_METRICS[:3]  # step_ms, input_wait_ms, gpu_step_ms: live.series_values' first three
+        acc: dict[int, list] = {}
+        cur = self.conn.execute(
+            "SELECT step, step_ms, input_wait_ms, gpu_step_ms, gpu_input_wait_ms FROM steps WHERE run_id = ?"
+            " AND rank = ?", (run_id, rank))
+        while True:
+            rows = cur.fetchmany(chunk)
+            if not rows:
+                break
+            step, traced, wait, gpu, gpu_wait = (np.array(c, dtype=np.float64) for c in zip(*rows))
+            values = np.column_stack((live.whole_step_ms(traced, wait), live.gap_ms(wait),
+                                      live.whole_step_ms(gpu, gpu_wait)))
+            for row in zip(*(a.tolist() for a in live.bucket_aggregates(step, values, width))):
+                b, lo, hi, vmin, vmax, vsum, n = row
+                have = acc.get(b)
+                if have is None:
+                    acc[b] = [vmin, vmax, vsum, n]
+                    continue
+                have[0] = [_nanmin(x, y) for x, y in zip(have[0], vmin)]
+                have[1] = [_nanmax(x, y) for x, y in zip(have[1], vmax)]
+                have[2] = [x + y for x, y in zip(have[2], vsum)]
+                have[3] = [x + y for x, y in zip(have[3], n)]
+        sets = ", ".join(f"{m}_min = ?, {m}_max = ?, {m}_sum = ?, {m}_n = ?" for m in metrics)
+        out = []
+        for b, (vmin, vmax, vsum, n) in acc.items():
+            vals = []
+            for j in range(len(metrics)):
+                vals += [_sql(vmin[j]), _sql(vmax[j]), _sql(vsum[j]) if n[j] else None, int(n[j])]
+            out.append((*vals, run_id, rank, int(b)))
+        self.conn.executemany(f"UPDATE series SET {sets} WHERE run_id = ? AND rank = ? AND bucket = ?", out)
+
     def merge_series(self, run_id: int, rank: int, factor: int) -> None:
         """Merge every ``factor`` neighbouring buckets of one rank's series (the bucket width grew)."""
         aggs = ", ".join(f"min({m}_min), max({m}_max), sum({m}_sum), sum({m}_n)" for m in idx.SERIES_METRICS)
@@ -176,6 +225,23 @@ class Aggregates:
         self.conn.execute("DELETE FROM series_extra WHERE run_id = ? AND rank = ?", (run_id, rank))
         self.conn.execute("INSERT INTO series_extra SELECT * FROM temp.extra_tmp")
         self.conn.execute("DELETE FROM temp.extra_tmp")
+
+
+def _parts_json(parts: Optional[dict]) -> Optional[str]:
+    """``rank_live.step_parts``: the window's averages as JSON (None: no step with a traced time)."""
+    return json.dumps(parts, separators=(",", ":")) if parts is not None else None
+
+
+def _sql(v: float) -> Optional[float]:
+    return None if v != v else v  # NaN → NULL
+
+
+def _nanmin(a: float, b: float) -> float:
+    return b if a != a else a if b != b else min(a, b)
+
+
+def _nanmax(a: float, b: float) -> float:
+    return b if a != a else a if b != b else max(a, b)
 
 
 _header_decoder = msgspec.json.Decoder()

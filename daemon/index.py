@@ -9,8 +9,9 @@ twice; and step rows are unique on (run, rank, attempt, step).
 Only the daemon (or the embedded ingester) writes, under the lock held by
 :mod:`daemon.lock`; readers open the file read-only (:mod:`daemon.reader`).
 
-An index written by an older version is upgraded in place when the writer
-opens it (:func:`connect_writer`): the columns added since are created with
+An index written by an older version, or by this version before some of its
+columns were added, is upgraded in place when the writer opens it
+(:func:`connect_writer`): the columns it lacks are created with
 ``ALTER TABLE … ADD COLUMN`` and the index is flagged so that the ingester
 derives their values from what the index already holds
 (:func:`needs_rederive`) — the runs whose folders are gone keep their rows
@@ -26,22 +27,31 @@ from typing import Iterable, Optional
 
 SCHEMA_VERSION = 2
 #: Columns added after schema version 1, in the order they were added: (table, column, declaration).
-#: They sit at the end of their tables, in a new index as in an upgraded one.
+#: They sit at the end of their tables, in a new index as in an upgraded one. Version 2 is not released
+#: yet and gained columns after its first indexes were written, so the writer upgrades an index that
+#: lacks any of them whatever its version number says (:func:`missing_columns`).
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("rank_live", "end_ts", "REAL"),
     ("runs", "outcome_nodes", "TEXT"),
     ("runs", "max_attempts", "INTEGER"),
+    ("steps", "data_wait_ms", "REAL"),
+    ("steps", "data_in_step_ms", "REAL"),
+    ("rank_live", "step_parts", "TEXT"),
 )
 
 #: Metrics kept as downsampled series in the wide ``series`` table, in column order.
 SERIES_METRICS: tuple[str, ...] = ("step_ms", "input_wait_ms", "gpu_step_ms", "loss", "grad_norm", "lr")
 
-#: Column order of the ``steps`` table (run_id comes first).
+#: Column order of the ``steps`` table (run_id comes first). The timings are the record's own fields on the
+#: CPU clock (``step_ms`` is ``cpu_ms.step``, the traced envelope; ``input_wait_ms`` the gap before it;
+#: ``data_wait_ms`` / ``data_in_step_ms`` the loader waits in the gap / in the envelope) and, ``gpu_``
+#: prefixed, on the GPU clock; the step *time* and its parts are derived from them by core.steptime.
 STEP_COLUMNS: tuple[str, ...] = (
     "run_id", "rank", "attempt", "step", "ts",
     "step_ms", "input_wait_ms", "h2d_ms", "forward_ms", "backward_ms", "optimizer_ms",
     "gpu_step_ms", "gpu_input_wait_ms", "gpu_h2d_ms", "gpu_forward_ms", "gpu_backward_ms", "gpu_optimizer_ms",
     "loss", "lr", "grad_norm", "examples", "rss", "extra",
+    "data_wait_ms", "data_in_step_ms",
 )
 
 _series_cols = ",\n".join(
@@ -111,6 +121,7 @@ CREATE TABLE IF NOT EXISTS steps (
   gpu_optimizer_ms REAL,
   loss REAL, lr REAL, grad_norm REAL, examples INTEGER, rss INTEGER,
   extra TEXT,
+  data_wait_ms REAL, data_in_step_ms REAL,
   PRIMARY KEY (run_id, rank, attempt, step)
 ) WITHOUT ROWID;
 
@@ -164,6 +175,7 @@ CREATE TABLE IF NOT EXISTS rank_live (
   loss REAL, ratios TEXT,
   ended TEXT, exit_code INTEGER,
   end_ts REAL,
+  step_parts TEXT,
   PRIMARY KEY (run_id, rank, attempt)
 ) WITHOUT ROWID;
 
@@ -195,8 +207,9 @@ class IndexSchemaError(RuntimeError):
 def connect_writer(path: str | Path) -> sqlite3.Connection:
     """Open (creating when missing) the index for the single writer: WAL, ``synchronous=FULL``.
 
-    An index of an older schema version is upgraded in place (see the module
-    docstring); one of a newer version raises :class:`IndexSchemaError`.
+    An index of an older schema version, or one lacking a column of
+    :data:`ADDED_COLUMNS`, is upgraded in place (see the module docstring);
+    one of a newer version raises :class:`IndexSchemaError`.
     """
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
@@ -212,7 +225,7 @@ def connect_writer(path: str | Path) -> sqlite3.Connection:
         elif int(row[0]) > SCHEMA_VERSION:
             raise IndexSchemaError(f"index {path} has schema version {row[0]}, newer than this traceml's "
                                    f"{SCHEMA_VERSION}; use a newer traceml or another --index")
-        elif int(row[0]) < SCHEMA_VERSION:
+        elif int(row[0]) < SCHEMA_VERSION or missing_columns(conn):
             upgrade(conn)
     except BaseException:
         conn.close()
@@ -220,14 +233,24 @@ def connect_writer(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
+def missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+    """The columns of :data:`ADDED_COLUMNS` that the index lacks (an index written before they were added)."""
+    have: dict[str, set[str]] = {}
+    out = []
+    for table, column, decl in ADDED_COLUMNS:
+        if table not in have:
+            have[table] = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have[table]:
+            out.append((table, column, decl))
+    return out
+
+
 def upgrade(conn: sqlite3.Connection) -> None:
     """Add the columns of :data:`ADDED_COLUMNS` that are missing, in one transaction, and flag the rederive."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for table, column, decl in ADDED_COLUMNS:
-            have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
-            if column not in have:
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        for table, column, decl in missing_columns(conn):
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('rederive', '1')")
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         conn.execute("COMMIT")

@@ -2,7 +2,12 @@
 
 * :func:`step_rows` turns decoded step records into row tuples for ``steps``.
 * :class:`RankWindow` keeps the last few steps of one (run, rank, attempt) and
-  yields the rolling medians and rates written to ``rank_live``.
+  yields the rolling figures written to ``rank_live``: the step time and its
+  parts, split and averaged by :mod:`traceml_tui.core.steptime` (the one
+  definition), medians and rates.
+* :func:`whole_step_ms` is the step time of many rows at once (numpy), equal to
+  ``steptime.split_step(...).whole`` row by row; the ``step_ms`` /
+  ``gpu_step_ms`` series hold it.
 * :func:`bucket_aggregates` downsamples a batch into per-bucket min/max/sum/n
   (numpy, no per-record Python work); :func:`series_width` picks the bucket
   width that keeps every series at most :data:`SERIES_POINTS` points.
@@ -19,18 +24,27 @@ from typing import Any, Optional, Sequence
 import msgspec
 import numpy as np
 
-from traceml_tui.core import records
+from traceml_tui.core import records, steptime
 
 WINDOW = 64  # steps in the rolling window
 SERIES_POINTS = 512  # buckets per (run, rank, metric): more than a terminal chart has columns, within the ≤ 2,000 asked
 
 _extra_encoder = msgspec.json.Encoder()
 
-# Positions inside a step row tuple (the steps table without run_id).
+# Positions inside a step row tuple (the steps table without run_id: index.STEP_COLUMNS[1:]).
 COL_STEP, COL_TS, COL_STEP_MS, COL_INPUT_WAIT = 2, 3, 4, 5
-COL_GPU_STEP, COL_LOSS, COL_LR, COL_GRAD_NORM, COL_EXAMPLES = 10, 16, 17, 18, 19
-#: Row columns feeding the wide series table, in index.SERIES_METRICS order.
+COL_H2D, COL_FORWARD, COL_BACKWARD, COL_OPTIMIZER = 6, 7, 8, 9
+COL_GPU_STEP, COL_GPU_INPUT_WAIT = 10, 11
+COL_GPU_H2D, COL_GPU_FORWARD, COL_GPU_BACKWARD, COL_GPU_OPTIMIZER = 12, 13, 14, 15
+COL_LOSS, COL_LR, COL_GRAD_NORM, COL_EXAMPLES = 16, 17, 18, 19
+COL_DATA_WAIT, COL_DATA_IN_STEP = 22, 23
+#: Row columns feeding the wide series table, in index.SERIES_METRICS order. ``step_ms`` and
+#: ``gpu_step_ms`` are the step time (gap + traced step, :func:`whole_step_ms`) of those columns,
+#: ``input_wait_ms`` the gap as the step time counts it (:func:`gap_ms`).
 SERIES_COLS = (COL_STEP_MS, COL_INPUT_WAIT, COL_GPU_STEP, COL_LOSS, COL_GRAD_NORM, COL_LR)
+#: The columns one step is split from, on each clock: traced, gap, h2d, forward, backward, optimizer.
+_CPU_SPLIT = (COL_STEP_MS, COL_INPUT_WAIT, COL_H2D, COL_FORWARD, COL_BACKWARD, COL_OPTIMIZER)
+_GPU_SPLIT = (COL_GPU_STEP, COL_GPU_INPUT_WAIT, COL_GPU_H2D, COL_GPU_FORWARD, COL_GPU_BACKWARD, COL_GPU_OPTIMIZER)
 
 
 def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, list[tuple[int, float]]]]:
@@ -38,7 +52,9 @@ def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, lis
 
     Loss components live on as ``ratio/<name>`` series and the latest ratios
     (the JSONL stream stays the full record); ``extra`` keeps task metrics and
-    CUDA memory peaks, only when a record has them.
+    CUDA memory peaks, only when a record has them. The loader waits
+    (``data_wait``, ``data_in_step``) are stored once, from the CPU record: the
+    SDK writes the same values on both clocks.
     """
     encode = _extra_encoder.encode
     rows = []
@@ -58,11 +74,13 @@ def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, lis
         if g is None:
             append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
                     None, None, None, None, None, None,
-                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra))
+                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
+                    c.data_wait, c.data_in_step))
         else:
             append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
                     g.step, g.input_wait, g.h2d, g.forward, g.backward, g.optimizer,
-                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra))
+                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
+                    c.data_wait, c.data_in_step))
     ratios: dict[str, list[tuple[int, float]]] = {}
     if with_components:
         names = set()
@@ -82,16 +100,43 @@ def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, lis
     return rows, ratios
 
 
-def _median(values) -> Optional[float]:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
+#: ``steps`` table columns a window is reloaded from (the window's own column layout, see :meth:`RankWindow.add_stored`).
+WINDOW_COLUMNS: tuple[str, ...] = (
+    "step", "ts", "examples", "step_ms", "input_wait_ms", "h2d_ms", "forward_ms", "backward_ms", "optimizer_ms",
+    "gpu_step_ms", "gpu_input_wait_ms", "gpu_h2d_ms", "gpu_forward_ms", "gpu_backward_ms", "gpu_optimizer_ms",
+    "data_wait_ms", "data_in_step_ms",
+)
+
+
+def split_row(r: Sequence, clock: tuple[int, ...], data_wait: int = COL_DATA_WAIT,
+              data_in_step: int = COL_DATA_IN_STEP) -> Optional[steptime.StepParts]:
+    """One step row split on one clock by :func:`steptime.split_step` (None: no traced time on that clock).
+
+    ``clock`` holds the positions of traced, gap, h2d, forward, backward and
+    optimizer in ``r``; the loader waits are the CPU-measured ones on both
+    clocks, as the SDK writes them.
+    """
+    traced, gap, h2d, forward, backward, optimizer = (r[c] for c in clock)
+    if traced is None:
+        return None
+    return steptime.split_step(traced, gap, data_wait=r[data_wait], data_in_step=r[data_in_step], h2d=h2d,
+                               forward=forward, backward=backward, optimizer=optimizer)
+
+
+_STORED_CPU = (3, 4, 5, 6, 7, 8)  # positions in a WINDOW_COLUMNS row
+_STORED_GPU = (9, 10, 11, 12, 13, 14)
 
 
 class RankWindow:
-    """The last :data:`WINDOW` steps of one (run, rank, attempt) and its running totals."""
+    """The last :data:`WINDOW` steps of one (run, rank, attempt) and its running totals.
 
-    __slots__ = ("records", "first_step", "last_step", "last_ts", "loss", "ratios", "steps", "ts", "step_ms",
-                 "input_wait", "examples", "ended", "exit_code", "end_ts", "node")
+    Each step is kept split into its parts on the CPU clock and, when the
+    record has one, on the GPU clock (``steptime.StepParts``), split once when
+    it enters the window.
+    """
+
+    __slots__ = ("records", "first_step", "last_step", "last_ts", "loss", "ratios", "steps", "ts", "cpu", "gpu",
+                 "examples", "ended", "exit_code", "end_ts", "node")
 
     def __init__(self) -> None:
         self.records = 0
@@ -102,13 +147,25 @@ class RankWindow:
         self.ratios: Optional[dict[str, float]] = None
         self.steps: deque = deque(maxlen=WINDOW)
         self.ts: deque = deque(maxlen=WINDOW)
-        self.step_ms: deque = deque(maxlen=WINDOW)
-        self.input_wait: deque = deque(maxlen=WINDOW)
+        self.cpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, CPU clock
+        self.gpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, GPU clock
         self.examples: deque = deque(maxlen=WINDOW)
         self.ended: Optional[str] = None  # the rank_end record's status, once it came
         self.exit_code: Optional[int] = None
         self.end_ts: Optional[float] = None  # the rank_end record's ts
         self.node: Optional[int] = None  # node_rank of the rank's stream header
+
+    def _append(self, step: int, ts: Optional[float], examples: Optional[int], cpu, gpu) -> None:
+        self.steps.append(step)
+        self.ts.append(ts)
+        self.examples.append(examples)
+        self.cpu.append(cpu)
+        self.gpu.append(gpu)
+
+    def add_stored(self, rows: Sequence[Sequence]) -> None:
+        """Append steps read back from the index (:data:`WINDOW_COLUMNS` rows, ascending step)."""
+        for r in rows:
+            self._append(r[0], r[1], r[2], split_row(r, _STORED_CPU, 15, 16), split_row(r, _STORED_GPU, 15, 16))
 
     def add_rows(self, rows: Sequence[tuple], inserted: int) -> None:
         """Fold a batch of row tuples (file order) into the window."""
@@ -123,11 +180,7 @@ class RankWindow:
         for r in tail:
             if self.steps and r[COL_STEP] <= self.steps[-1]:
                 continue  # a duplicate or an older step must not disturb the window
-            self.steps.append(r[COL_STEP])
-            self.ts.append(r[COL_TS])
-            self.step_ms.append(r[COL_STEP_MS])
-            self.input_wait.append(r[COL_INPUT_WAIT])
-            self.examples.append(r[COL_EXAMPLES])
+            self._append(r[COL_STEP], r[COL_TS], r[COL_EXAMPLES], split_row(r, _CPU_SPLIT), split_row(r, _GPU_SPLIT))
         steps = cols[COL_STEP]
         first = min(steps)
         self.first_step = first if self.first_step is None else min(self.first_step, first)
@@ -139,8 +192,31 @@ class RankWindow:
             if cols[COL_LOSS][i] is not None:
                 self.loss = cols[COL_LOSS][i]
 
-    def figures(self) -> dict[str, Optional[float]]:
-        """Rolling medians and rates over the window."""
+    def clock(self) -> str:
+        """``gpu`` when every step in the window has a GPU traced time, else ``cpu`` (the summary's rule)."""
+        return "gpu" if self.gpu and all(p is not None for p in self.gpu) else "cpu"
+
+    def step_parts(self) -> Optional[dict[str, Any]]:
+        """The window's step time and parts, averaged over the same steps by :func:`steptime.average_parts`.
+
+        ``{"whole": ms, <part>: ms or None (not measured) for each of steptime.PART_NAMES, "traced": ms,
+        "steps": n, "steps_without_gap": n, "clock": "cpu" | "gpu"}``; None when no step has a traced time.
+        """
+        clock = self.clock()
+        avg = steptime.average_parts(self.gpu if clock == "gpu" else self.cpu)
+        if avg is None:
+            return None
+        return {"whole": avg.whole, **avg.parts, "traced": avg.traced, "steps": avg.steps,
+                "steps_without_gap": avg.steps_without_gap, "clock": clock}
+
+    def figures(self) -> dict[str, Any]:
+        """Rolling figures over the window.
+
+        ``median_step_ms`` is the median step time (gap + traced step) and
+        ``median_input_wait_ms`` the median gap over the same steps (an
+        attempt's first step counts its unknown gap as 0, as the averages do;
+        None when no step's gap is known), both on the clock of ``step_parts``.
+        """
         interval = steps_per_s = examples_per_s = None
         if len(self.steps) >= 2:
             gaps = [b - a for a, b in zip(self.ts, list(self.ts)[1:]) if a is not None and b is not None]
@@ -150,12 +226,15 @@ class RankWindow:
                 steps_per_s = (self.steps[-1] - self.steps[0]) / span
                 if self.examples[-1] is not None and self.examples[0] is not None:
                     examples_per_s = (self.examples[-1] - self.examples[0]) / span
+        parts = [p for p in (self.gpu if self.clock() == "gpu" else self.cpu) if p is not None]
         return {
-            "median_step_ms": _median(self.step_ms),
-            "median_input_wait_ms": _median(self.input_wait),
+            "median_step_ms": statistics.median(p.whole for p in parts) if parts else None,
+            "median_input_wait_ms": (statistics.median(p.input_wait for p in parts)
+                                     if any(p.gap_known for p in parts) else None),
             "median_interval_s": interval,
             "steps_per_s": steps_per_s,
             "examples_per_s": examples_per_s,
+            "step_parts": self.step_parts(),
         }
 
 
@@ -198,19 +277,55 @@ def bucket_aggregates(steps: np.ndarray, values: np.ndarray, width: int):
     return b[starts], np.minimum.reduceat(s, starts), np.maximum.reduceat(s, starts), vmin, vmax, vsum, n
 
 
+def _clean(x: np.ndarray, missing: float) -> np.ndarray:
+    """``steptime``'s rule for one timing, on arrays: finite ≥ 0 kept, finite < 0 → 0, NaN/±inf → ``missing``."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(x), np.where(x >= 0.0, x, 0.0), missing)
+
+
+def gap_ms(gap: np.ndarray) -> np.ndarray:
+    """The gap since the previous step's end as the step time counts it (NaN where unknown: a first step)."""
+    return _clean(gap, np.nan)
+
+
+def whole_step_ms(traced: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    """Step time per row (ms): ``steptime.split_step(traced, gap, ...).whole`` on arrays (NaN = missing).
+
+    Traced step + gap, the gap counting only where known (an attempt's first
+    step is its traced time); a missing or non-finite traced time gives NaN.
+    Bit-for-bit the core's value (same clean rule, same single addition); the
+    property test in ``tests/test_daemon_steptime.py`` holds it to that.
+    """
+    t = _clean(traced, np.nan)
+    known = np.isfinite(gap)
+    return np.where(known, t + _clean(gap, 0.0), t)
+
+
+def _column(col: Sequence, n: int) -> np.ndarray:
+    if col[0] is None and col.count(None) == n:
+        return np.full(n, np.nan)
+    return np.array(col, dtype=np.float64)  # None becomes NaN
+
+
 def series_values(rows: Sequence[tuple], cols: Optional[Sequence[Sequence]] = None) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, values) arrays for the wide series table from row tuples (or their columns, ``zip(*rows)``)."""
+    """(steps, values) arrays for the wide series table from row tuples (or their columns, ``zip(*rows)``).
+
+    ``step_ms`` / ``gpu_step_ms`` are the step time on each clock
+    (:func:`whole_step_ms`), ``input_wait_ms`` the CPU gap (:func:`gap_ms`); the
+    others are the record's values.
+    """
     if cols is None:
         cols = list(zip(*rows))  # transpose in C
     n = len(cols[COL_STEP]) if cols else 0
     steps = np.array(cols[COL_STEP], dtype=np.float64)
     values = np.empty((n, len(SERIES_COLS)), dtype=np.float64)
-    for j, c in enumerate(SERIES_COLS):
-        col = cols[c]
-        if col[0] is None and col.count(None) == n:
-            values[:, j] = np.nan
-        else:
-            values[:, j] = np.array(col, dtype=np.float64)  # None becomes NaN
+    wait = _column(cols[COL_INPUT_WAIT], n)
+    values[:, 0] = whole_step_ms(_column(cols[COL_STEP_MS], n), wait)
+    values[:, 1] = gap_ms(wait)
+    gpu = _column(cols[COL_GPU_STEP], n)
+    values[:, 2] = gpu if np.isnan(gpu).all() else whole_step_ms(gpu, _column(cols[COL_GPU_INPUT_WAIT], n))
+    for j, c in enumerate(SERIES_COLS[3:], start=3):
+        values[:, j] = _column(cols[c], n)
     return steps, values
 
 

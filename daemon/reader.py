@@ -17,7 +17,7 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -107,6 +107,11 @@ class RankRow:
     end_ts: Optional[float]
     node: Optional[int]
     state: Optional[RankState]  # None for an older attempt (superseded by a resume)
+    # The window's step time and its parts, averaged over the same steps by core.steptime.average_parts:
+    # {"whole": ms, "data_wait": ms | None, "between_steps": …, "h2d", "forward", "backward", "optimizer",
+    # "residual" (None: not measured), "traced": ms, "steps": n, "steps_without_gap": n, "clock": "cpu" | "gpu"};
+    # None when no step had a traced time. median_step_ms / median_input_wait_ms are on the same clock.
+    step_parts: Optional[dict[str, Any]] = field(default=None, hash=False)
 
     @property
     def stalled(self) -> bool:
@@ -222,7 +227,7 @@ _RUN_COLS = ("run_id", "name", "dir", "root", "missing", "ranks_total", "ranks_e
              "median_interval_s", "outcome_nodes")
 _RANK_COLS = ("rank", "attempt", "records", "first_step", "last_step", "last_ts", "last_seen", "median_step_ms",
               "median_input_wait_ms", "median_interval_s", "steps_per_s", "examples_per_s", "loss", "ratios", "ended",
-              "exit_code", "end_ts", "node")
+              "exit_code", "end_ts", "node", "step_parts")
 _LATEST = ("attempt = (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)")
 
 
@@ -274,6 +279,13 @@ class Reader:
                 f"the index {self.index_path} has schema version {version[0][0]}; this traceml reads "
                 f"{idx.SCHEMA_VERSION}: " + ("use a newer traceml or another --index" if newer else
                                              "run `traceml daemon ROOT --once` (or `traceml watch`) to upgrade it"))
+        columns = {t: {r[1] for r in self._rows(f"PRAGMA table_info({t})")} for t, _, _ in idx.ADDED_COLUMNS}
+        lacking = [f"{t}.{c}" for t, c, _ in idx.ADDED_COLUMNS if columns[t] and c not in columns[t]]
+        if lacking:  # written by this version before these columns were added; the writer adds them on open
+            self.conn.close()
+            raise IndexVersionError(
+                f"the index {self.index_path} lacks {', '.join(lacking)}: run `traceml daemon ROOT --once`"
+                " (or `traceml watch`) to upgrade it")
         self._manifests: dict[int, tuple[int, Optional[artifacts.Manifest]]] = {}
 
     def close(self) -> None:
@@ -347,9 +359,10 @@ class Reader:
         )
 
     def list_runs(self, roots: Optional[list[str]] = None, now: Optional[float] = None) -> tuple[RunSummary, ...]:
-        """All runs (optionally only those under ``roots``), newest first, with states decided."""
+        """All runs (optionally only those under ``roots``), most recently active first, with states decided."""
         now = time.time() if now is None else now
-        rows = self._rows(f"SELECT {', '.join(_RUN_COLS)} FROM runs ORDER BY first_seen DESC, run_id DESC")
+        rows = self._rows(f"SELECT {', '.join(_RUN_COLS)} FROM runs"
+                          " ORDER BY coalesce(last_ts, first_seen) DESC, run_id DESC")
         if roots:
             real = [os.path.realpath(r).rstrip("/") for r in roots]
             rows = [r for r in rows if any(r[2] == p or r[2].startswith(p + "/") for p in real)]
@@ -388,9 +401,11 @@ class Reader:
         for d in rows:
             is_latest = latest[d["rank"]] == d["attempt"]
             ratios = _loads(d["ratios"]) or {}
+            parts = _loads(d["step_parts"])
             out.append(RankRow(latest=is_latest, state=states.get(d["rank"]) if is_latest else None,
                                ratios=tuple(sorted(ratios.items())),
-                               **{k: v for k, v in d.items() if k != "ratios"}))
+                               step_parts=parts if isinstance(parts, dict) else None,
+                               **{k: v for k, v in d.items() if k not in ("ratios", "step_parts")}))
         return tuple(out)
 
     def manifest(self, run_id: int, version: Optional[int] = None) -> Optional[artifacts.Manifest]:

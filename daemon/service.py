@@ -469,6 +469,12 @@ class Ingester:
                 conn.execute("UPDATE side_files SET error = ? WHERE run_id = ? AND path = ?", (read.error, run_id, rel))
                 self._side_error(run_id, rel, mtime_ns, size, read.error)
             self._apply_side_facts(run, kind, read.facts)
+        # The step time is gap + traced step (core.steptime): rank figures and the step series of an index
+        # written before they meant that are recomputed from the stored step rows.
+        for key in conn.execute("SELECT run_id, rank, attempt FROM rank_live").fetchall():
+            self._agg.refresh_step_figures(tuple(key))
+        for run_id, rank in conn.execute("SELECT run_id, rank FROM series_width").fetchall():
+            self._agg.rebuild_step_series(run_id, rank)
         batch.runs.update(by_id)
         idx.rederive_done(conn)
         self._commit()

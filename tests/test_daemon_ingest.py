@@ -237,7 +237,12 @@ def test_live_aggregates_series_and_status(env):
         assert run.slowest_rank == 2 and run.straggler_score == pytest.approx(2.0)
         assert run.steps_per_s == pytest.approx(1.0)  # ts advances 1 s per step
         rows = r.rank_rows(run.run_id)
-        assert rows[2].median_step_ms == pytest.approx(200.0) and rows[0].median_input_wait_ms == pytest.approx(10.0)
+        # step time = gap (step_ms / 10 in these records) + traced step (core.steptime)
+        assert rows[2].median_step_ms == pytest.approx(220.0) and rows[0].median_input_wait_ms == pytest.approx(10.0)
+        parts = rows[2].step_parts
+        assert parts["whole"] == pytest.approx(220.0) and parts["between_steps"] == pytest.approx(20.0)
+        assert parts["residual"] == pytest.approx(200.0) and parts["data_wait"] is None and parts["steps"] == 64
+        assert parts["clock"] == "cpu"
         assert rows[0].ratios == (("mse", 0.5),)
         s = r.series(run.run_id, 0, "loss")
         assert 0 < len(s.points) <= 2000
@@ -246,6 +251,8 @@ def test_live_aggregates_series_and_status(env):
         assert s.points[-1].step_hi == 5000
         assert len(r.series(run.run_id, 0, "ratio/mse").points) == len(s.points)
         assert len(r.series(run.run_id, 0, "step_ms", max_points=100).points) <= 100
+        step_ms = r.series(run.run_id, 0, "step_ms").points
+        assert all(p.vmin == p.vmax == pytest.approx(110.0) for p in step_ms)  # gap + traced step
         assert "step_ms" in r.series_metrics(run.run_id)
         v = r.data_version()
     # Append more: version moves, changes name this run, and an appended rank_end completes it.
