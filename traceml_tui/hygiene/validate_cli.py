@@ -120,7 +120,8 @@ def _status(argv: list[str]) -> int:
 
     status = backlog_status(run_dir, max_attempts=args.max_attempts)
     if args.json:
-        print(json.dumps({k: status[k] for k in ("newest_completed", "latest_requested", "counts", "outstanding")}, indent=2))
+        keys = ("requests", "newest_completed", "latest_requested", "counts", "outstanding")
+        print(json.dumps({k: status[k] for k in keys}, indent=2))
         return 0
     print(format_status(status))
     return 0

@@ -1,0 +1,158 @@
+"""One word per run, rank and validation request, on every surface, for runs made by the real thing.
+
+Each case of ``tests/realruns.py`` is a run directory left by the real SDK and
+the real ``traceml run`` (a clean end without ``finish()``, with it, a rank
+that raises, a rank SIGKILLed, a SIGINT'd launch, a hung rank, a hygiene run).
+Every surface must say the same word: the reader, ``traceml status --json``,
+``--oneline``, the status table, the Runs and Run screens of ``traceml watch``
+and its alert path. A surface with a rule of its own fails its row here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tui_data as d  # noqa: E402
+
+from daemon.reader import Reader  # noqa: E402
+from traceml_tui.tui.app import create_app  # noqa: E402
+from traceml_tui.tui.screens.backlog import BacklogScreen  # noqa: E402
+from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
+from traceml_tui.tui.source import IndexSource  # noqa: E402
+from traceml_tui.tui.widgets.backlog_table import BacklogTable  # noqa: E402
+from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
+from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+#: Seconds of silence after which a rank is stalled in these tests (`--stall-after`); the hung case's
+#: ranks have been silent for longer than this when its copy is taken.
+STALL_AFTER = 1.0
+
+#: case -> (run status, {rank: the rank states allowed}). The fixtures make the races deterministic
+#: (torchrun's monitor interval lets rank 0 fail on its own before it is torn down; see tests/realruns.py).
+EXPECTED: dict[str, tuple[str, dict[int, set[str]]]] = {
+    "completed": ("completed", {0: {"completed"}, 1: {"completed"}}),  # rank_end "exited": a clean end
+    "completed_finish": ("completed", {0: {"completed"}}),  # rank_end "completed" from traceml.finish()
+    "rank_raises": ("failed", {0: {"failed"}, 1: {"failed"}}),
+    "rank_sigkilled": ("failed", {0: {"failed"}, 1: {"lost"}}),  # no end record after the launcher finished
+    "interrupted": ("interrupted", {0: {"interrupted"}}),
+    "hung": ("stalled", {0: {"stalled"}, 1: {"stalled"}}),
+    "hygiene": ("completed", {0: {"completed"}}),
+}
+ALERTING = {"failed", "lost", "stalled"}
+
+
+def _cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "traceml_tui", *args], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+
+
+def _index_of(run, tmp_path: Path, env: dict) -> Path:
+    """A fresh index holding only this run, built by a real `traceml daemon --once` process."""
+    index = tmp_path / "index.sqlite"
+    proc = _cli(["daemon", str(run.logs_dir), "--once", "--index", str(index), "--no-inotify"], env)
+    assert proc.returncode == 0, proc.stderr
+    time.sleep(STALL_AFTER * 1.2)  # let the ingest itself go quiet: a just-ingested silence is not yet a stall
+    return index
+
+
+async def _screens(run, tmp_path: Path) -> tuple[str, list[str], list[str]]:
+    """(Runs-screen status cell, Run-screen rank states, alerts rung) while the run appears in a live index."""
+    index = tmp_path / "live.sqlite"
+    d.ingest(index, [tmp_path / "no-runs"])  # the app starts on an index without the run …
+    source = IndexSource(index, stall_floor_s=STALL_AFTER)
+    app = create_app(source, poll_interval=0.02)
+    alerts: list[str] = []
+    app._alert = alerts.append  # the alert path's one exit (bell + notification)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await d.settle(pilot)
+        d.ingest(index, [run.logs_dir])  # … then the ingester finds it, as it does for a new run
+        await pilot.pause(STALL_AFTER * 1.2)  # a just-ingested silence is not yet a stall: let it become one
+        await d.settle(pilot, rounds=3)
+        table = pilot.app.screen.query_one(RunsTable)
+        row = next(i for i in range(table.row_count) if table.get_row_at(i)[1] == run.name)
+        status_cell = table.get_row_at(row)[0].plain
+        pilot.app.open_run(next(r.run_id for r in pilot.app.runs_snapshot.rows if r.name == run.name))
+        await d.settle(pilot)
+        assert isinstance(pilot.app.screen, RunScreen)
+        ranks = pilot.app.screen.query_one(RankTable)
+        states = [str(ranks.get_row_at(i)[-1].plain).split()[0].lower() for i in range(ranks.row_count)]
+    source.close()
+    return status_cell, states, alerts
+
+
+@pytest.mark.parametrize("case", list(EXPECTED))
+def test_every_surface_says_the_same_word(case, real_runs, tmp_path, cli_env):
+    run = real_runs[case]
+    want_status, want_ranks = EXPECTED[case]
+    index = _index_of(run, tmp_path, cli_env)
+
+    with Reader(index, stall_floor_s=STALL_AFTER) as reader:
+        (summary,) = reader.list_runs()
+        rank_states = {rank: str(state) for rank, state in summary.rank_states}
+    assert (summary.name, str(summary.status)) == (run.name, want_status)
+    assert set(rank_states) == set(want_ranks)
+    for rank, allowed in want_ranks.items():
+        assert rank_states[rank] in allowed, (rank, rank_states)
+
+    status = _cli(["status", "--json", "--index", str(index), "--stall-after", str(STALL_AFTER)], cli_env)
+    assert status.returncode == 0, status.stderr
+    (as_json,) = json.loads(status.stdout)["runs"]
+    assert as_json["status"] == want_status
+    assert {int(k): v for k, v in as_json["rank_states"].items()} == rank_states
+    assert {r["rank"]: r["state"] for r in as_json["ranks"] if r["latest"]} == rank_states
+
+    oneline = _cli(["status", "--oneline", "--index", str(index), "--stall-after", str(STALL_AFTER)], cli_env)
+    assert oneline.stdout.startswith(f"traceml: 1 {want_status}"), oneline.stdout
+
+    table = _cli(["status", "--index", str(index), "--stall-after", str(STALL_AFTER)], cli_env)
+    (line,) = [ln for ln in table.stdout.splitlines() if ln.startswith(run.name[:24])]
+    assert line[25:].split()[0] == want_status, line
+
+    status_cell, screen_ranks, alerts = asyncio.run(_screens(run, tmp_path))
+    assert status_cell.split()[0] == want_status
+    assert screen_ranks == [rank_states[r] for r in sorted(rank_states)]
+    assert bool(alerts) == (want_status in ALERTING), alerts
+    if alerts:
+        assert want_status in alerts[0]
+
+
+def test_backlog_words_agree_across_validate_status_index_and_screen(real_runs, tmp_path, cli_env):
+    run = real_runs["hygiene"]
+    expected = dict(run.expected_backlog)
+    assert {"blocked", "stale-claim", "failed", "pending", "completed"} <= set(expected.values())
+
+    proc = _cli(["validate", "status", str(run.run_dir), "--json"], cli_env)
+    assert proc.returncode == 0, proc.stderr
+    from_cli = {r["checkpoint"]: r["state"] for r in json.loads(proc.stdout)["requests"]}
+    assert from_cli == expected
+
+    index = _index_of(run, tmp_path, cli_env)
+    with Reader(index) as reader:
+        (summary,) = reader.list_runs()
+        from_index = {b.checkpoint: str(b.state) for b in reader.backlog(summary.run_id)}
+    assert from_index == expected
+
+    async def screen() -> dict[str, str]:
+        source = IndexSource(index)
+        app = create_app(source, poll_interval=0.02)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await d.settle(pilot)
+            pilot.app.open_backlog(None)
+            await d.settle(pilot, rounds=3)
+            assert isinstance(pilot.app.screen, BacklogScreen)
+            table = pilot.app.screen.query_one(BacklogTable)
+            out = {table.get_row_at(i)[1]: table.get_row_at(i)[3].plain for i in range(table.row_count)}
+        source.close()
+        return out
+
+    assert asyncio.run(screen()) == expected
