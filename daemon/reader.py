@@ -333,7 +333,8 @@ class Reader:
         outcome_nodes = _nodes_of(d.get("outcome_nodes"))
         ranks = tuple(
             RankFacts(rank=r["rank"], last_ts=r["last_ts"], end_status=r["ended"], end_exit_code=r["exit_code"],
-                      end_ts=r["end_ts"], node_outcome_written=r["node"] is not None and r["node"] in outcome_nodes)
+                      end_ts=r["end_ts"], node_outcome_written=r["node"] is not None and r["node"] in outcome_nodes,
+                      last_seen=r["last_seen"])
             for r in latest)
         verdict = decide_run(RunFacts(
             ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],

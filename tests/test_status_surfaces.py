@@ -85,7 +85,7 @@ async def _screens(run, tmp_path: Path) -> tuple[str, list[str], list[str]]:
         await d.settle(pilot)
         assert isinstance(pilot.app.screen, RunScreen)
         ranks = pilot.app.screen.query_one(RankTable)
-        states = [str(ranks.get_row_at(i)[-1].plain).split()[0].lower() for i in range(ranks.row_count)]
+        states = [str(ranks.get_row_at(i)[2].plain).split()[0].lower() for i in range(ranks.row_count)]
     source.close()
     return status_cell, states, alerts
 

@@ -105,9 +105,9 @@ async def test_stalled_run_screen_names_silent_rank(fixture_index):
         assert isinstance(screen, RunScreen) and screen.detail is not None
         assert "silent rank 2" in panel_text(screen, "#headline")
         ranks = screen.query_one(RankTable)
-        silent = column(ranks, 7)
+        silent = column(ranks, 2)
         assert silent[2].startswith("STALLED") and not silent[0].startswith("STALLED")
-        assert column(ranks, 2) == ["400", "400", "5"]
+        assert column(ranks, 3) == ["400", "400", "5"]
         assert "vit-hang" in names
 
 
@@ -122,7 +122,7 @@ async def test_failed_run_shows_outcome_reason_and_failed_rank(fixture_index):
         screen = pilot.app.screen
         assert "FAILED" in panel_text(screen, "#headline")
         assert "node_training_failed" in panel_text(screen, "#outcomes")
-        assert column(screen.query_one(RankTable), 7) == ["completed", "failed"]
+        assert column(screen.query_one(RankTable), 2) == ["completed", "failed"]
 
 
 @aio

@@ -1,8 +1,12 @@
 """Snapshot tests (pytest-textual-snapshot) of every `traceml watch` screen and state.
 
-Deterministic: fixed records (tests/tui_data.py), a fixed clock injected into
-the source, the real ingester building the index. Regenerate after an
-intended change with ``pytest tests/test_tui_snapshots.py --snapshot-update``.
+Deterministic: the committed real runs of ``tests/fixtures/runs/`` (written by
+the real SDK and ``traceml run``; see ``tests/fixture_runs.py``), the real
+ingester building the index with a fixed clock, a fixed clock injected into the
+source. The straggler heatmap alone uses synthetic step times
+(``tests/tui_data.py``): a real run cannot be made to straggle to the
+millisecond. Regenerate after an intended change with
+``pytest tests/test_tui_snapshots.py --snapshot-update``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+import fixture_runs as fr  # noqa: E402
 import tui_data as d  # noqa: E402
 
 from traceml_tui.tui.app import create_app  # noqa: E402
@@ -23,6 +28,14 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def source(tmp_path):
+    _, index = fr.build_real_index(tmp_path)
+    src = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    yield src
+    src.close()
+
+
+@pytest.fixture
+def synthetic_source(tmp_path):
     _, index = d.build_fixture(tmp_path)
     src = IndexSource(index, clock=lambda: d.FIXED_NOW)
     yield src
@@ -58,20 +71,26 @@ def test_runs_screen_empty(snap_compare, tmp_path):
 
 
 def test_run_screen_stalled(snap_compare, source):
-    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 50), run_before=_open("vit-hang"))
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 50),
+                        run_before=_open(fr.name_of("hung")))
 
 
 def test_run_screen_failed(snap_compare, source):
     assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 50),
-                        run_before=_open("bert-crash"))
+                        run_before=_open(fr.name_of("rank_raises")))
 
 
-def test_run_screen_straggler(snap_compare, source):
+def test_run_screen_lost_rank(snap_compare, source):
     assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 50),
+                        run_before=_open(fr.name_of("rank_sigkilled")))
+
+
+def test_run_screen_straggler(snap_compare, synthetic_source):
+    assert snap_compare(create_app(synthetic_source, poll_interval=0.02), terminal_size=(120, 50),
                         run_before=_open("resnet-ok"))
 
 
-def test_backlog_screen_stuck_claim(snap_compare, source):
+def test_backlog_screen_stale_and_blocked(snap_compare, source):
     async def run_before(pilot) -> None:
         await d.settle(pilot)
         await pilot.press("b")

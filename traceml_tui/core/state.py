@@ -19,8 +19,9 @@ The rules (docs/contracts.md, "state rules"):
   stall limit — ``max(STALL_FLOOR_S, STALL_INTERVALS × median step interval)`` —
   measured by record time against the run's newest record (the others go on
   without it), or against now when the ingester too has seen nothing new for
-  that long (a hung collective silences every rank at once; an ingest backlog
-  is not a stall).
+  that long, or already found the rank that silent when it read its file to the
+  end (a hung collective silences every rank at once; an ingest backlog is not
+  a stall, an old hung run found by a fresh index is).
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ class RankFacts:
     end_exit_code: Optional[int] = None
     end_ts: Optional[float] = None
     node_outcome_written: bool = False  # its node's guard outcome exists (the launcher of that node is done)
+    last_seen: Optional[float] = None  # when the ingester stored its newest record (it had read the file to its end)
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,10 @@ def decide_ranks(facts: RunFacts) -> tuple[RankState, ...]:
                 continue
         silent = False
         if r.last_ts is not None and newest is not None:
-            silent = newest - r.last_ts > limit or (facts.now - r.last_ts > limit and ingest_idle)
+            # Silent against now only when the ingester is not merely behind: it has seen nothing of the run for
+            # the limit, or it already found the rank that silent when it read the rank's file to its end.
+            read_late = r.last_seen is not None and r.last_seen - r.last_ts > limit
+            silent = newest - r.last_ts > limit or (facts.now - r.last_ts > limit and (ingest_idle or read_late))
         out.append(RankState.STALLED if silent else RankState.RUNNING)
     return tuple(out)
 

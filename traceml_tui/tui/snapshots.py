@@ -67,9 +67,8 @@ class RankRow:
     attempt: int
     node: Optional[int]
     step: Optional[int]
-    step_ms: Optional[float]
-    input_wait_ms: Optional[float]
-    compute_ms: Optional[float]  # step time minus input wait
+    step_ms: Optional[float]  # step time: previous step's end to this step's end (core.steptime)
+    parts: tuple[Optional[float], ...]  # ms of each core.steptime part, in PART_NAMES order (None: not measured)
     delta_pct: Optional[float]  # vs the median rank's step time
     silent_s: Optional[float]  # seconds since its newest record
     silent: bool = False  # stalled or lost

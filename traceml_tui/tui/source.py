@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
+from traceml_tui.core import steptime
 from traceml_tui.core.state import STALL_FLOOR_S, BacklogState, RankState, count_states
 from traceml_tui.tui.snapshots import (
     BACKLOG_STATES,
@@ -317,10 +318,11 @@ class IndexSource:
         median = statistics.median(timed) if timed else None
         rank_rows = []
         for r in latest:
-            ms, wait = r.median_step_ms, r.median_input_wait_ms
+            sp = r.step_parts or {}
+            ms = sp.get("whole", r.median_step_ms)
             rank_rows.append(RankRow(
                 rank=r.rank, attempt=r.attempt, node=r.node, step=r.last_step, step_ms=ms,
-                input_wait_ms=wait, compute_ms=None if ms is None else ms - (wait or 0.0),
+                parts=tuple(sp.get(name) for name in steptime.PART_NAMES),
                 delta_pct=None if ms is None or not median else (ms / median - 1.0) * 100.0,
                 silent_s=None if r.last_ts is None else max(0.0, now - r.last_ts),
                 silent=r.state in (RankState.STALLED, RankState.LOST), ended=r.ended,

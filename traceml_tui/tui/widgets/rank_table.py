@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from traceml_tui.core import steptime
 from traceml_tui.core.state import RankState
 from traceml_tui.tui import textplot
 from traceml_tui.tui.snapshots import RankRow
@@ -22,13 +23,15 @@ def rank_cells(r: RankRow) -> tuple:
     elif r.state in (RankState.COMPLETED, RankState.FAILED, RankState.INTERRUPTED):
         silent = Text(str(r.state), style=STATE_STYLE.get(r.state, ""))
     else:
-        silent = Text(textplot.duration(r.silent_s), style="dim")
+        silent = Text(f"running {textplot.duration(r.silent_s)}", style="green")
     return (
-        str(r.rank), "–" if r.node is None else str(r.node), "–" if r.step is None else str(r.step),
-        textplot.fmt_num(r.step_ms), textplot.fmt_num(r.input_wait_ms), textplot.fmt_num(r.compute_ms),
-        Text(delta, style=delta_style), silent,
+        str(r.rank), "–" if r.node is None else str(r.node), silent, "–" if r.step is None else str(r.step),
+        textplot.fmt_num(r.step_ms), *(textplot.fmt_num(v) for v in r.parts), Text(delta, style=delta_style),
     )
 
 
 class RankTable(FedTable):
-    COLUMNS = ("Rank", "Node", "Step", "Step ms", "Input ms", "Compute ms", "Δ median", "State")
+    # The core's parts with the core's labels, as in the summary card and compare's phase table (ms, window mean).
+    # The state comes first: it must stay visible however narrow the terminal.
+    COLUMNS = ("Rank", "Node", "State", "Step", steptime.STEP_LABEL, *(label for _, label in steptime.PARTS),
+               "Δ median")

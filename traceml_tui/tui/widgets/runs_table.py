@@ -33,7 +33,7 @@ COLUMNS: tuple[tuple[str, object], ...] = (
 def status_text(row: RunRow) -> Text:
     label = row.status
     if row.silent_ranks:
-        label += " r" + ",".join(str(r) for r in row.silent_ranks)
+        label += " " + ",".join(f"r{r}" for r in row.silent_ranks)
     return Text(label, style=STATUS_STYLE.get(row.status, ""))
 
 
