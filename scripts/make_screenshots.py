@@ -1,8 +1,10 @@
 """Regenerate screenshots/*.svg: one SVG of each `traceml watch` screen.
 
-Builds the same fixed run directories as the snapshot tests (records written
-with traceml_tui.core.records, index built by the real ingester, fixed clock), then
-drives the real App headless and saves each screen. Usage:
+Uses the same runs as the snapshot tests: the committed real runs of
+tests/fixtures/runs (written by the real SDK and `traceml run`; regenerate them
+with scripts/make_fixture_runs.py, see that folder's README), indexed by the
+real ingester with a fixed clock; the straggler heatmap alone uses synthetic
+step times. Drives the real App headless and saves each screen. Usage:
 
     python scripts/make_screenshots.py [OUT_DIR]   # default: screenshots/
 """
@@ -18,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
+import fixture_runs as fr  # noqa: E402
 import tui_data as d  # noqa: E402
 
 from traceml_tui.tui.app import create_app  # noqa: E402
@@ -25,7 +28,8 @@ from traceml_tui.tui.source import IndexSource  # noqa: E402
 
 
 async def _shoot(out: Path, tmp: Path) -> list[Path]:
-    _, index = d.build_fixture(tmp)
+    _, index = fr.build_real_index(tmp / "real")
+    _, synthetic = d.build_fixture(tmp / "synthetic")
     ref, cand = d.summary_pair(tmp / "summaries")
     saved = []
 
@@ -34,32 +38,35 @@ async def _shoot(out: Path, tmp: Path) -> list[Path]:
         app.save_screenshot(filename=path.name, path=str(out))
         saved.append(path)
 
-    source = IndexSource(index, clock=lambda: d.FIXED_NOW)
-    try:
-        for size, suffix in (((120, 30), ""), ((80, 24), "_80x24")):
-            app = create_app(source, poll_interval=0.02)
-            async with app.run_test(size=size) as pilot:
-                await d.settle(pilot)
-                await save(app, f"runs{suffix}")
-        for name, run in (("run_detail", "resnet-ok"), ("run_detail_stalled", "vit-hang")):
-            app = create_app(source, poll_interval=0.02)
-            async with app.run_test(size=(120, 50)) as pilot:
-                await d.settle(pilot)
+    async def shoot(source, name: str, size: tuple[int, int], run: str = "", key: str = "") -> None:
+        app = create_app(source, poll_interval=0.02)
+        async with app.run_test(size=size) as pilot:
+            await d.settle(pilot)
+            if run:
                 app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == run))
                 await d.settle(pilot)
-                await save(app, name)
-        app = create_app(source, poll_interval=0.02)
-        async with app.run_test(size=(120, 24)) as pilot:
-            await d.settle(pilot)
-            await pilot.press("b")
-            await d.settle(pilot)
-            await save(app, "backlog")
+            if key:
+                await pilot.press(key)
+                await d.settle(pilot)
+            await save(app, name)
+
+    source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    straggler = IndexSource(synthetic, clock=lambda: d.FIXED_NOW)
+    try:
+        await shoot(source, "runs", (120, 30))
+        await shoot(source, "runs_80x24", (80, 24))
+        await shoot(source, "run_detail_failed", (120, 50), run=fr.name_of("rank_raises"))
+        await shoot(source, "run_detail_lost", (120, 50), run=fr.name_of("rank_sigkilled"))
+        await shoot(source, "run_detail_stalled", (120, 50), run=fr.name_of("hung"))
+        await shoot(straggler, "run_detail", (120, 50), run="resnet-ok")
+        await shoot(source, "backlog", (120, 24), key="b")
         app = create_app(source, poll_interval=0.02, compare=(str(ref), str(cand)), threshold_pct=5.0)
         async with app.run_test(size=(100, 30)) as pilot:
             await d.settle(pilot)
             await save(app, "compare")
     finally:
         source.close()
+        straggler.close()
     return saved
 
 
