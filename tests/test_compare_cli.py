@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from traceml_tui.compare.load import MAX_SUMMARY_BYTES
 from traceml_tui.core import records
 from traceml_tui.core.rundir import RunDir
-from traceml_tui.compare.load import MAX_SUMMARY_BYTES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "summaries"
 BASE = json.loads((FIXTURES / "ours" / "base_1.9.json").read_text())
@@ -209,7 +209,7 @@ EXPECTED_WORDS = {
     "non-UTF-8 bytes": "UTF-8",
     "NaN literal": "NaN",
     "Infinity literal": "Infinity",
-    "10,000-deep nesting": "nested too deeply",
+    "10,000-deep nesting": "nested deeper than 64 levels",
     "not a summary": "not a final summary",
     "a 200 MB file": "size limit",
     "a 5,000-digit integer": "not a usable JSON summary",

@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_compare_policy import BOUNDARY, INELIGIBLE, RESULT_TABLE, summary
+
 from traceml_tui.compare import cli
 
 REPO = Path(__file__).resolve().parents[1]

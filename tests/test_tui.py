@@ -7,7 +7,6 @@ import functools
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest

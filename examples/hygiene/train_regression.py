@@ -25,13 +25,12 @@ import time
 from pathlib import Path
 
 import torch
+from data import make_model, make_split, r2
 from torch import nn
 
 import traceml_tui as traceml
 from traceml_tui.hygiene import EarlyStopping
 from traceml_tui.hygiene.dispatch import Dispatcher, load_effective_hygiene
-
-from data import make_model, make_split, r2
 
 BATCH = 64
 LR = 0.05

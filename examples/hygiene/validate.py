@@ -12,7 +12,6 @@ import argparse
 import json
 
 import torch
-
 from data import make_model, make_split, r2
 
 

@@ -30,8 +30,12 @@ from typing import Any
 
 import yaml
 
-from traceml_tui.guard.contract import ContractError, measurement_end, parse_guard_contract
-from traceml_tui.guard.contract import _type_name  # one wording for type errors in both files
+from traceml_tui.guard.contract import (
+    ContractError,
+    _type_name,  # one wording for type errors in both files
+    measurement_end,
+    parse_guard_contract,
+)
 
 CONFIG_FILENAME = "traceml.yaml"
 DEFAULT_HISTORY_RETENTION_S = 30 * 60

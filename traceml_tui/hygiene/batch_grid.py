@@ -275,7 +275,7 @@ def render_pages(layout: GridLayout, inputs: dict[str, Any], *, title: str) -> l
         fig.figimage(canvas, xo=0, yo=0, origin="upper")
         W, H = layout.width, layout.height
 
-        def text(x: float, y: float, s: str, **kw: Any) -> None:
+        def text(x: float, y: float, s: str, fig: Figure = fig, W: int = W, H: int = H, **kw: Any) -> None:
             fig.text(x / W, 1.0 - y / H, s, fontsize=7, va="center", **kw)
 
         text(PAD, TITLE_H / 2, f"{title}   page {page}/{layout.pages}", ha="left", weight="bold")
