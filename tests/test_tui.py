@@ -312,3 +312,12 @@ async def test_mark_and_compare_two_runs_from_the_runs_screen(tmp_path):
         assert isinstance(screen, CompareScreen)
         assert screen.snapshot.result == "SLOWER_IN_THIS_PAIR" and screen.snapshot.reference == "ref-run"
     source.close()
+
+
+def test_the_tui_holds_no_sql():
+    """The index is read only through daemon.reader (the arrows are also held by lint-imports)."""
+    tui = Path(__file__).resolve().parents[1] / "traceml_tui" / "tui"
+    for path in tui.rglob("*.py"):
+        text = path.read_text()
+        for word in ("sqlite3", "SELECT ", "INSERT ", "UPDATE ", " FROM "):
+            assert word not in text, f"{path.name} holds {word.strip()!r}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from daemon.reader import IngestError  # one ingest-error type: the reader's, shown as it is
 from traceml_tui.core.state import ALERT_STATES, BACKLOG_ORDER, RUN_ATTENTION
 
 #: Run states shown in the Runs table, in the order used to sort by status (the core's attention order).
@@ -111,13 +112,6 @@ class Outcome:
     status: str
     exit_code: Optional[int]
     reasons: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class IngestError:
-    path: str
-    offset: int
-    message: str
 
 
 @dataclass(frozen=True)

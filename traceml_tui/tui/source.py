@@ -33,7 +33,6 @@ from traceml_tui.tui.snapshots import (
     CompareSnapshot,
     EvalPoint,
     FieldVerdict,
-    IngestError,
     NodeMetrics,
     Outcome,
     RankRow,
@@ -342,8 +341,7 @@ class IndexSource:
             ratio_name=ratio_name, train_metric=train if train is not None and train.x else None,
             eval_metric_name=eval_name, evals=evals, heatmap=heat, heat_steps=heat_steps,
             nodes=_nodes(reader.node_samples(run_id, limit=1)), outcomes=_outcomes(base.outcomes),
-            errors=tuple(IngestError(e.path, e.offset, e.message)
-                         for e in reversed(reader.errors(run_id, limit=MAX_ERRORS))),
+            errors=tuple(reversed(reader.errors(run_id, limit=MAX_ERRORS))),
             fields=field_verdicts(reader.events(run_id, kind="field_stats", limit=MAX_FIELD_EVENTS)),
             now=now)
 
