@@ -10,7 +10,8 @@ Limits (documented in ``docs/compare.md``):
   (checked with ``stat`` before a single byte is parsed, so a huge file is
   refused instantly);
 * UTF-8, one JSON object, no ``NaN``/``Infinity`` literals (they are not
-  JSON and a summary never needs them), nesting the parser can handle;
+  JSON and a summary never needs them), nested at most :data:`MAX_SUMMARY_DEPTH`
+  levels (checked before parsing, ``core/jsonsafe.py``; summaries are ~6 deep);
 * the minimum shape shared with the published traceml-ai reader:
   ``schema_version`` present and the ``system``, ``process``, ``step_time``
   and ``step_memory`` sections present as objects. Keeping the same minimum
@@ -25,9 +26,14 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from traceml_tui.core.jsonsafe import MAX_DEPTH, nesting_depth  # stdlib only: compare starts without msgspec
+
 #: Largest summary accepted. Real summaries are tens of KiB (a few MiB for
 #: thousands of ranks); anything bigger is not a summary.
 MAX_SUMMARY_BYTES = 32 * 1024 * 1024
+
+#: Deepest nesting accepted (a summary is about 6 levels deep).
+MAX_SUMMARY_DEPTH = MAX_DEPTH
 
 REQUIRED_SECTIONS = ("system", "process", "step_time", "step_memory")
 
@@ -54,12 +60,14 @@ def parse_summary_bytes(data: bytes, *, require_shape: bool = True) -> dict[str,
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SummaryError(f"is not UTF-8 text (invalid byte at offset {exc.start})") from None
+    if nesting_depth(data, MAX_SUMMARY_DEPTH) > MAX_SUMMARY_DEPTH:  # before the parser recurses into it
+        raise SummaryError(f"is nested deeper than {MAX_SUMMARY_DEPTH} levels, so it is not a summary")
     try:
         payload = json.loads(text, parse_constant=_refuse_constant)
     except SummaryError:
         raise
     except RecursionError:
-        raise SummaryError("is nested too deeply to be a summary") from None
+        raise SummaryError(f"is nested deeper than {MAX_SUMMARY_DEPTH} levels, so it is not a summary") from None
     except json.JSONDecodeError as exc:
         raise SummaryError(f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except ValueError as exc:  # e.g. an integer beyond Python's digit limit

@@ -9,7 +9,8 @@ ignored, so newer writers — and ``traceml-ai`` summaries — stay readable;
 ``traceml compare`` keeps reading summaries as plain mappings for interop.
 
 A value of the wrong type makes the whole document unreadable (``None``):
-readers show "no manifest" rather than half of one.
+readers show "no manifest" rather than half of one. So does JSON nested
+deeper than :data:`traceml_tui.core.jsonsafe.MAX_DEPTH`, refused before decoding.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 import msgspec
+
+from traceml_tui.core import jsonsafe
 
 MANIFEST_SCHEMA_VERSION = 1
 
@@ -209,6 +212,8 @@ def _decode(data: Union[bytes, str, dict, None], kind: type) -> Any:
     try:
         if isinstance(data, dict):
             return msgspec.convert(data, kind)
+        if jsonsafe.nesting_depth(data) > jsonsafe.MAX_DEPTH:
+            return None  # nested deeper than any artifact: not one (and never handed to the decoder)
         return msgspec.json.decode(data, type=kind)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, TypeError):
         return None

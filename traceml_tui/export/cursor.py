@@ -18,12 +18,12 @@ and the next export retries the same points:
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
 from traceml_tui.core import atomic
+from traceml_tui.core.jsonsafe import loads_bounded
 from traceml_tui.core.rundir import RunDir
 
 CURSOR_VERSION = 1
@@ -61,7 +61,7 @@ def cursor_path(run_dir: Path, project: str, cursor_dir: Optional[Path] = None) 
 def load(path: Path) -> Cursor:
     """Read a cursor; a missing file is a fresh cursor, an unreadable one is an error (never silently reset)."""
     try:
-        raw = json.loads(Path(path).read_text())
+        raw = loads_bounded(Path(path).read_bytes())
     except FileNotFoundError:
         return Cursor()
     except (OSError, ValueError) as exc:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from traceml_tui.core import records
+from traceml_tui.core.jsonsafe import loads_bounded
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import BacklogState
 from traceml_tui.export import cursor as cursor_mod
@@ -90,8 +91,8 @@ def _digest(obj: Any) -> str:
 
 def _read_json(path: Path) -> Optional[dict]:
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        value = loads_bounded(path.read_bytes())
+    except (OSError, ValueError):  # ValueError includes JSON nested deeper than jsonsafe.MAX_DEPTH
         return None
     return value if isinstance(value, dict) else None
 
@@ -116,7 +117,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
         for line in lines:
             try:
                 rec = records.decode(line)
-            except records.RecordError:
+            except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
                 continue  # the daemon reports malformed lines; the exporter never invents values
             if rank != lead_rank:
                 continue

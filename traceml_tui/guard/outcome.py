@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from traceml_tui.core.atomic import atomic_write_json
+from traceml_tui.core.jsonsafe import loads_bounded
 from traceml_tui.core.rundir import OUTCOME, RunDir
 
 OUTCOME_SCHEMA_VERSION = 1
@@ -195,7 +196,7 @@ def read_outcome(path: Path, *, expected: Mapping[str, Any]) -> tuple[str, dict 
     if data is None:
         return "invalid", None
     try:
-        payload = json.loads(data.decode("utf-8"))
+        payload = loads_bounded(data.decode("utf-8"))  # nested deeper than jsonsafe.MAX_DEPTH: ValueError
     except (UnicodeDecodeError, ValueError, RecursionError):
         return "invalid", None
     return validate_outcome(payload, expected=expected)

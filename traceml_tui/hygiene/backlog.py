@@ -21,7 +21,6 @@ whether a claim's owner lives from :func:`traceml_tui.core.owner.probe_owner`.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import tempfile
 import time
@@ -31,6 +30,7 @@ from typing import Any, Optional
 from traceml_tui.core import artifacts, state
 from traceml_tui.core import owner as core_owner
 from traceml_tui.core.atomic import atomic_write_json, dumps_json, fsync_dir
+from traceml_tui.core.jsonsafe import loads_bounded
 from traceml_tui.core.rundir import BACKLOG_KINDS, RunDir
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS, BacklogState
 
@@ -45,10 +45,10 @@ def read_json(path: Path) -> Optional[dict]:
     """Read one side file; ``None`` when missing or unreadable (never half written)."""
     try:
         with open(path, "rb") as handle:
-            value = json.loads(handle.read())
+            value = loads_bounded(handle.read())
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # includes JSON nested deeper than jsonsafe.MAX_DEPTH
         return None
     return value if isinstance(value, dict) else None
 
@@ -215,7 +215,7 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
         except FileNotFoundError:
             return True  # already gone: the caller may claim
         try:
-            existing = json.loads(raw)
+            existing = loads_bounded(raw)
         except ValueError:
             existing = None
         # A torn or foreign file cannot be a live claim: claims are never written in place.

@@ -349,13 +349,13 @@ def save_batch_grid(run_dir: Path, batch: Any, *, step: int, name: str = "inputs
 
 def list_grids(run_dir: Path) -> list[dict]:
     """Every saved grid's layout JSON under a run directory, oldest step first."""
-    import json
+    from traceml_tui.core.jsonsafe import loads_bounded
 
     out = []
     for path in RunDir(run_dir).grid_files():
         try:
-            meta = json.loads(path.read_text())
-        except (OSError, ValueError):
+            meta = loads_bounded(path.read_bytes())
+        except (OSError, ValueError):  # ValueError includes JSON nested deeper than jsonsafe.MAX_DEPTH
             continue
         if isinstance(meta, dict):
             meta["layout_file"] = path.relative_to(run_dir).as_posix()

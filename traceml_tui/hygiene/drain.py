@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from traceml_tui.core.jsonsafe import NestingError, loads_bounded
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import resolve_checkpoint_path
 
@@ -52,7 +53,9 @@ def parse_metrics(stdout: str) -> dict[str, Optional[float]]:
     if not lines:
         raise ValueError("worker printed nothing; its last stdout line must be a JSON object of metrics")
     try:
-        value = json.loads(lines[-1])
+        value = loads_bounded(lines[-1])
+    except NestingError:
+        raise ValueError("last stdout line is JSON nested too deeply; it must be a flat JSON object of metrics") from None
     except ValueError:
         raise ValueError("last stdout line is not JSON; it must be a JSON object of metrics") from None
     if not isinstance(value, dict) or not value:

@@ -1,7 +1,7 @@
 """Read a run directory's JSONL streams into compact per-rank columns.
 
 Only complete lines count; a malformed line is skipped (the daemon reports
-those). When a rank has several attempts, the newest attempt's record of a
+those), and so is a line nested too deeply to decode. When a rank has several attempts, the newest attempt's record of a
 step supersedes an older one, so a resumed history has each step once.
 """
 
@@ -53,7 +53,7 @@ def load_ranks(run_dir: Path) -> dict[int, RankSteps]:
             for line in iter_complete_lines(path):
                 try:
                     record = records.decode(line)
-                except records.RecordError:
+                except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
                     continue
                 if isinstance(record, records.Step):
                     series.steps[record.step] = record
@@ -76,7 +76,7 @@ def load_system(run_dir: Path) -> dict[int, list[records.SystemSample]]:
         for line in iter_complete_lines(path):
             try:
                 record = records.decode(line)
-            except records.RecordError:
+            except (records.RecordError, RecursionError):
                 continue
             if isinstance(record, records.SystemSample):
                 out.setdefault(record.node_rank, []).append(record)
