@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -263,10 +264,95 @@ def test_duplicate_key_inside_guard_is_rejected(tmp_path):
     assert_config_error(write(tmp_path / "traceml.yaml", text), "guard.workload.parameters.precision", "duplicate")
 
 
-def test_recursive_alias_does_not_hang(tmp_path):
+def test_recursive_alias_is_refused(tmp_path):
     path = write(tmp_path / "traceml.yaml", "hygiene: &a\n  self: *a\n")
-    cfg = load_config(path)
-    assert cfg.hygiene is not None and "self" in cfg.hygiene
+    assert_config_error(path, None, "line 2", "aliases (*a) are not allowed")
+
+
+# --- hostile files: refused at once, one short line ----------------------------
+
+
+def alias_bomb(levels: int = 8, width: int = 9) -> str:
+    """A flow sequence of a few hundred bytes whose nested aliases expand to width**levels strings."""
+    names = "abcdefghijklmnop"[:levels]
+    items = ["&a [" + ", ".join(['"lol"'] * width) + "]"]
+    items += [f"&{name} [" + ", ".join([f"*{prev}"] * width) + "]" for prev, name in zip(names, names[1:])]
+    return "[" + ", ".join(items) + "]"
+
+
+HYGIENE_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hygiene" / "traceml.yaml"
+
+
+@pytest.mark.parametrize("where", ["dashboard_port", "hygiene.curve.cadence", "hygiene.early_stopping.direction"])
+def test_alias_bomb_is_refused_with_one_line(tmp_path, traceml_cmd, cli_env, where):
+    import yaml
+
+    config = yaml.safe_load(HYGIENE_EXAMPLE.read_text())
+    node = config
+    *parents, leaf = where.split(".")
+    for key in parents:
+        node = node[key]
+    node[leaf] = "BOMB"
+    text = yaml.safe_dump(config).replace("BOMB", alias_bomb())
+    assert len(alias_bomb()) < 420
+    (tmp_path / "traceml.yaml").write_text(text)
+    (tmp_path / "train.py").write_text("open('SCRIPT_RAN', 'w').write('yes')\n")
+    # Before: ~20-40 s of expansion, then a MemoryError traceback. The timeout only keeps a
+    # regression from hanging the suite; the assertion is the refusal.
+    proc = subprocess.run([*traceml_cmd, "run", "train.py", "--run-name", "bomb"], cwd=tmp_path, env=cli_env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "aliases" in lines[0] and "not allowed" in lines[0], lines[-3:]
+    assert not (tmp_path / "SCRIPT_RAN").exists() and not (tmp_path / "logs").exists()
+
+
+def test_merge_keys_are_aliases_too(tmp_path):
+    path = write(tmp_path / "traceml.yaml", "hygiene:\n  base: &b {cadence: 1}\n  curve:\n    <<: *b\n")
+    assert_config_error(path, None, "aliases (*b) are not allowed")
+
+
+def test_anchors_without_aliases_are_fine(tmp_path):
+    cfg = load_config(write(tmp_path / "traceml.yaml", "logs_dir: &where ./runs\n"))
+    assert cfg.logs_dir == "./runs"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("mode: " + "x" * 100_000 + "\n", "mode"),
+        ("dashboard_port: [" + ", ".join(["123456789"] * 20_000) + "]\n", "dashboard_port"),
+        ("history_retention: '" + "9" * 50_000 + "x'\n", "history_retention"),
+        ("dashboard_port: " + "9" * 5_000 + "\n", None),  # beyond Python's int digit limit
+        ("x" * 1_000 + ": 1\n", "x" * 79 + "…"),  # an unknown key: named in the field, capped too
+    ],
+    ids=["long-string", "long-list", "long-duration", "huge-integer", "long-key"],
+)
+def test_quoted_values_are_capped(tmp_path, text, field):
+    err = assert_config_error(write(tmp_path / "traceml.yaml", text), field)
+    assert len(err.rule) < 200, err.rule
+    assert len(str(err)) < len(str(err.path)) + 300
+
+
+@pytest.mark.parametrize(
+    ("item", "value"),
+    [("early_stopping.direction", "y" * 100_000), ("curve.cadence", list(range(50_000))),
+     ("qc.collapse_factor", {"k" * 1000: 1}), ("validation.cadence", -(10**4000))],
+    ids=["long-string", "long-list", "long-mapping", "huge-integer"],
+)
+def test_hygiene_errors_quote_values_capped(item, value):
+    import yaml
+
+    from traceml_tui.hygiene.config import HygieneConfigError, parse_hygiene
+
+    hygiene = yaml.safe_load(HYGIENE_EXAMPLE.read_text())["hygiene"]
+    section, key = item.split(".")
+    hygiene[section][key] = value
+    with pytest.raises(HygieneConfigError) as info:
+        parse_hygiene(hygiene)
+    message = str(info.value)
+    assert message.startswith(f"hygiene.{item}: ") and "\n" not in message
+    assert len(info.value.problem) < 200, message
 
 
 # --- --trace-max-steps -------------------------------------------------------

@@ -35,6 +35,7 @@ from traceml_tui.guard.contract import (
     _type_name,  # one wording for type errors in both files
     measurement_end,
     parse_guard_contract,
+    show_value,  # every quoted value is bounded (80 chars)
 )
 
 CONFIG_FILENAME = "traceml.yaml"
@@ -158,6 +159,30 @@ def _duplicate_key(node: yaml.Node, field: str, seen_nodes: set[int] | None = No
     return None
 
 
+def _key_name(key: str) -> str:
+    """A user-supplied name on one line, escaped and at most 80 characters."""
+    name = ascii(key[:80])[1:-1]
+    return name if len(name) <= 80 and len(key) <= 80 else name[:79] + "…"
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases (``*name``, merge keys ``<<: *name`` included).
+
+    An alias reuses a node; nested aliases expand exponentially (a few hundred
+    bytes become gigabytes: the "billion laughs"), and no ``traceml.yaml``
+    needs them. Anchors alone are harmless and allowed.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{_key_name(event.anchor)}) are not allowed in traceml.yaml",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
 def _parse_yaml(path: Path) -> Any:
     try:
         source = path.read_bytes().decode("utf-8")
@@ -168,11 +193,11 @@ def _parse_yaml(path: Path) -> Any:
     try:
         # PyYAML keeps the last of two equal keys; a duplicated key would let one
         # declaration silently shadow another, so it is an error here.
-        root = yaml.compose(source, Loader=yaml.SafeLoader)
+        root = yaml.compose(source, Loader=_Loader)
         duplicate = _duplicate_key(root, "") if root is not None else None
         if duplicate:
             raise ConfigError(path, duplicate[0], f"duplicate key at line {duplicate[1]}")
-        return yaml.safe_load(source)
+        return yaml.load(source, Loader=_Loader)  # noqa: S506 - a SafeLoader (without aliases)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -180,6 +205,10 @@ def _parse_yaml(path: Path) -> Any:
         raise ConfigError(path, None, f"invalid YAML at {where}{problem}") from None
     except RecursionError:
         raise ConfigError(path, None, "invalid YAML: nested too deeply") from None
+    except ConfigError:
+        raise
+    except ValueError as exc:  # e.g. an integer beyond Python's digit limit
+        raise ConfigError(path, None, f"invalid YAML: {_key_name(str(exc))}") from None
 
 
 def _bool(path: Path, key: str, value: Any) -> bool:
@@ -196,7 +225,7 @@ def _positive_number(path: Path, key: str, value: Any) -> float:
         raise ConfigError(path, key, f"must be a number, not {_type_name(value)}")
     number = float(value)
     if not math.isfinite(number) or number <= 0:
-        raise ConfigError(path, key, f"must be a finite number greater than 0 (got {value!r})")
+        raise ConfigError(path, key, f"must be a finite number greater than 0 (got {show_value(value)})")
     return number
 
 
@@ -209,12 +238,12 @@ def _retention_seconds(path: Path, value: Any) -> int:
     elif isinstance(value, str):
         match = _DURATION.fullmatch(value)
         if match is None:
-            raise ConfigError(path, key, f"must be a duration such as 1800, 30s, 30m, 2h or 1d (got {value!r})")
+            raise ConfigError(path, key, f"must be a duration such as 1800, 30s, 30m, 2h or 1d (got {show_value(value)})")
         seconds = float(match.group("value")) * _UNIT_SECONDS[match.group("unit").lower()]
     else:
         raise ConfigError(path, key, f"must be a duration in seconds or like 30m, not {_type_name(value)}")
     if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(path, key, f"must be a finite positive duration (got {value!r})")
+        raise ConfigError(path, key, f"must be a finite positive duration (got {show_value(value)})")
     return math.ceil(seconds)
 
 
@@ -239,17 +268,17 @@ def load_config(path: Path | None) -> TracemlConfig:
 
     for key in raw:
         if not isinstance(key, str):
-            raise ConfigError(path, None, f"setting names must be strings, found {key!r}")
+            raise ConfigError(path, None, f"setting names must be strings, found {show_value(key)}")
     unknown = sorted(key for key in raw if key not in _KNOWN_KEYS)
     if unknown:
         known = ", ".join(_KNOWN_KEYS)
-        raise ConfigError(path, ascii(unknown[0])[1:-1], f"unknown setting (known: {known})")
+        raise ConfigError(path, _key_name(unknown[0]), f"unknown setting (known: {known})")
 
     mode = raw.get("mode", GUARD_MODE)
     if not isinstance(mode, str):
         raise ConfigError(path, "mode", f"must be a string, not {_type_name(mode)}")
     if mode not in SUPPORTED_MODES:
-        raise ConfigError(path, "mode", f"must be one of {', '.join(SUPPORTED_MODES)} (got {mode!r})")
+        raise ConfigError(path, "mode", f"must be one of {', '.join(SUPPORTED_MODES)} (got {show_value(mode)})")
 
     history_enabled = _bool(path, "history_enabled", raw.get("history_enabled", True))
     retention = (
@@ -272,7 +301,7 @@ def load_config(path: Path | None) -> TracemlConfig:
     if "dashboard_port" in raw:
         port = raw["dashboard_port"]
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ConfigError(path, "dashboard_port", f"must be an integer port 1-65535 (got {port!r})")
+            raise ConfigError(path, "dashboard_port", f"must be an integer port 1-65535 (got {show_value(port)})")
 
     hygiene = raw.get("hygiene")
     if "hygiene" in raw and not isinstance(hygiene, Mapping):
@@ -285,7 +314,7 @@ def load_config(path: Path | None) -> TracemlConfig:
         except ContractError as exc:
             raise ConfigError(path, exc.field, exc.rule) from None
         if mode != GUARD_MODE:
-            raise ConfigError(path, "mode", f"must be {GUARD_MODE!r} when a guard is declared (got {mode!r})")
+            raise ConfigError(path, "mode", f"must be {GUARD_MODE!r} when a guard is declared (got {show_value(mode)})")
         if not history_enabled:
             raise ConfigError(path, "history_enabled", "must be true when a guard is declared")
 
@@ -311,7 +340,7 @@ def check_trace_max_steps(contract: dict, trace_max_steps: int | None) -> None:
     if trace_max_steps is None:
         return
     if isinstance(trace_max_steps, bool) or not isinstance(trace_max_steps, int) or trace_max_steps < 1:
-        raise ConfigError(None, "--trace-max-steps", f"must be a positive integer (got {trace_max_steps!r})")
+        raise ConfigError(None, "--trace-max-steps", f"must be a positive integer (got {show_value(trace_max_steps)})")
     end = measurement_end(contract)
     if trace_max_steps < end:
         start = contract["measurement"]["start_step"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import reprlib
 import unicodedata
 from collections.abc import Mapping
 from typing import Any
@@ -52,13 +53,43 @@ class ContractError(ValueError):
         return f"{self.field}: {self.rule}"
 
 
+#: Longest rendering of a user-supplied value or key in an error message.
+MAX_SHOWN_CHARS = 80
+
+# Bounded rendering: a few items, a few levels, short strings — built without ever
+# rendering the whole value (a YAML value can be huge; repr() of it is not bounded).
+_BOUNDED = reprlib.Repr()
+_BOUNDED.maxlevel = 2
+_BOUNDED.maxdict = _BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxset = _BOUNDED.maxfrozenset = 4
+_BOUNDED.maxstring = _BOUNDED.maxother = MAX_SHOWN_CHARS
+_BOUNDED.maxlong = 40
+
+
+def show_value(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``repr``-like rendering of a user-supplied value for an error message: one line, at most ``limit`` chars.
+
+    Never renders more of the value than it shows, so a huge (or self-referencing)
+    value costs nothing; control and format characters are escaped.
+    """
+    try:
+        text = _BOUNDED.repr(value)
+    except (ValueError, RecursionError):  # e.g. an integer beyond Python's digit limit
+        text = f"<{type(value).__name__}>"
+    text = text.encode("ascii", "backslashreplace").decode("ascii") if not text.isprintable() else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _show(key: Any) -> str:
-    """Render a user-supplied key for an error message on one safe line."""
+    """Render a user-supplied key for an error message on one safe line (at most 80 characters)."""
     if isinstance(key, str) and key and key.isprintable() and key == key.strip() and "." not in key:
-        return key
+        return key if len(key) <= MAX_SHOWN_CHARS else key[: MAX_SHOWN_CHARS - 1] + "…"
     # ascii() escapes control/format characters and newlines, so a hostile key
     # cannot break the one-line error or hide itself in a terminal.
-    return ascii(key)
+    return show_value(key if not isinstance(key, str) else key[: MAX_SHOWN_CHARS + 1])
+
+
+#: The public name of :func:`_show` (the hygiene block's validator words keys the same way).
+show_key = _show
 
 
 def _has_category_c(text: str) -> bool:
@@ -158,7 +189,7 @@ def _step_int(value: Any, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ContractError(field, f"must be an integer, not {_type_name(value)}")
     if value < 1:
-        raise ContractError(field, f"must be at least 1 (got {value})")
+        raise ContractError(field, f"must be at least 1 (got {show_value(value)})")
     if value > INT64_MAX:
         raise ContractError(field, "must fit in a signed 64-bit value")
     return int(value)

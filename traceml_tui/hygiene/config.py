@@ -44,6 +44,7 @@ from typing import Any
 from traceml_tui.core.records import RECORD_VERSION
 from traceml_tui.core.rundir import LEARNING_CURVE
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
+from traceml_tui.guard.contract import show_key, show_value  # user values in messages: one line, <= 80 chars
 
 DIRECTIONS = ("min", "max")
 SECTIONS = ("history", "curve", "validation", "early_stopping", "qc")
@@ -67,7 +68,7 @@ def _mapping(value: Any, path: str) -> dict:
         raise HygieneConfigError(path, f"must be a mapping, got {type(value).__name__}")
     for key in value:
         if not isinstance(key, str):
-            raise HygieneConfigError(path, f"keys must be strings, got {key!r}")
+            raise HygieneConfigError(path, f"keys must be strings, got {show_value(key)}")
     return value
 
 
@@ -79,18 +80,18 @@ def _required(block: dict, key: str, path: str) -> Any:
 
 def _int(value: Any, path: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise HygieneConfigError(path, f"must be an integer, got {value!r}")
+        raise HygieneConfigError(path, f"must be an integer, got {show_value(value)}")
     if value < minimum:
-        raise HygieneConfigError(path, f"must be >= {minimum}, got {value}")
+        raise HygieneConfigError(path, f"must be >= {minimum}, got {show_value(value)}")
     return int(value)
 
 
 def _number(value: Any, path: str, *, minimum: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise HygieneConfigError(path, f"must be a number, got {value!r}")
+        raise HygieneConfigError(path, f"must be a number, got {show_value(value)}")
     number = float(value)
     if not math.isfinite(number) or number < minimum:
-        raise HygieneConfigError(path, f"must be a finite number >= {minimum:g}, got {value!r}")
+        raise HygieneConfigError(path, f"must be a finite number >= {minimum:g}, got {show_value(value)}")
     return number
 
 
@@ -103,7 +104,7 @@ def _text(value: Any, path: str) -> str:
 def _unknown_keys(block: dict, allowed: tuple[str, ...], path: str) -> None:
     for key in block:
         if key not in allowed:
-            raise HygieneConfigError(f"{path}.{key}", f"unknown key (allowed: {', '.join(allowed)})")
+            raise HygieneConfigError(f"{path}.{show_key(key)}", f"unknown key (allowed: {', '.join(allowed)})")
 
 
 def _relative_path(value: Any, path: str) -> str:
@@ -112,7 +113,7 @@ def _relative_path(value: Any, path: str) -> str:
     if pure.is_absolute() or ".." in pure.parts:
         # Outputs must stay inside the run directory (seed 004: the experiment's
         # output directory is authoritative) and artifacts hold no absolute paths.
-        raise HygieneConfigError(path, f"must be a path relative to the run directory, got {text!r}")
+        raise HygieneConfigError(path, f"must be a path relative to the run directory, got {show_value(text)}")
     return pure.as_posix()
 
 
@@ -182,7 +183,7 @@ def _early_stopping(raw: Any) -> dict:
     _unknown_keys(block, keys, path)
     enabled = block.get("enabled", True)
     if not isinstance(enabled, bool):
-        raise HygieneConfigError(f"{path}.enabled", f"must be true or false, got {enabled!r}")
+        raise HygieneConfigError(f"{path}.enabled", f"must be true or false, got {show_value(enabled)}")
     if not enabled:
         # A fixed-duration protocol may opt out, but only with its reason on record.
         reason = _text(_required(block, "reason", path), f"{path}.reason")
@@ -193,7 +194,7 @@ def _early_stopping(raw: Any) -> dict:
     metric = _text(_required(block, "metric", path), f"{path}.metric")
     direction = _required(block, "direction", path)
     if direction not in DIRECTIONS:
-        raise HygieneConfigError(f"{path}.direction", f"must be min or max, got {direction!r}")
+        raise HygieneConfigError(f"{path}.direction", f"must be min or max, got {show_value(direction)}")
     min_delta = _number(_required(block, "min_delta", path), f"{path}.min_delta", minimum=0.0)
     patience = _int(_required(block, "patience", path), f"{path}.patience", minimum=1)
     warmup = _int(block.get("warmup", 0) if block.get("warmup") is not None else 0, f"{path}.warmup", minimum=0)
@@ -217,7 +218,7 @@ def _qc(raw: Any) -> dict:
     if "collapse_factor" in block:
         factor = block["collapse_factor"]
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 < factor < 1.0:
-            raise HygieneConfigError(f"{path}.collapse_factor", f"must be a number between 0 and 1 (got {factor!r})")
+            raise HygieneConfigError(f"{path}.collapse_factor", f"must be a number between 0 and 1 (got {show_value(factor)})")
         out["collapse_factor"] = float(factor)
     return out
 
