@@ -86,6 +86,9 @@ def test_declaration_found_in_a_parent_directory(tmp_path, monkeypatch, capsys):
         ("", ["train.py", "--nnodes", "2", "--node-rank", "2", "--master-port", "29999", "--run-name", "x"], "--node-rank"),
         ("", ["train.py", "--nnodes", "0"], "--nnodes"),
         ("", ["train.py", "--run-name", "../escape"], "--run-name"),
+        ("", ["train.py", "--run-name", "foo\n"], "--run-name"),  # "$" would match before the newline
+        ("", ["train.py", "--run-name", ".hidden"], "--run-name"),
+        ("", ["train.py", "--run-name", "a/b"], "--run-name"),
         ("", ["train.py", "--trace-max-steps", "0"], "--trace-max-steps"),
         ("guard", ["train.py", "--trace-max-steps", "3"], "--trace-max-steps"),
         ("invalid-yaml", ["train.py"], "traceml.yaml"),

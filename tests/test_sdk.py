@@ -124,6 +124,55 @@ def test_outside_the_launcher_records_go_to_logs_run_name(tmp_path: Path) -> Non
     assert (tmp_path / "logs" / "demo" / "ranks" / "rank_0" / "steps-0.jsonl").exists()
 
 
+@pytest.mark.parametrize("name", ["../../x", "/tmp/x", "foo\n", "a/b", "..", ".hidden", "x" * 129])
+def test_init_outside_the_launcher_validates_the_name_like_the_launcher(tmp_path: Path, name: str) -> None:
+    from traceml_tui.core.rundir import validate_run_name
+    from traceml_tui.run.cli import parse_options
+    from traceml_tui.run.options import LaunchError
+
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    path = work / "plain.py"
+    path.write_text(
+        "import sys\nimport traceml_tui as traceml\n"
+        "try:\n    traceml.init(sys.argv[1])\nexcept ValueError as exc:\n    print('refused:', exc)\n"
+        "else:\n    with traceml.trace_step():\n        pass\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEML_")}
+    proc = subprocess.run([sys.executable, str(path), name], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("refused: run name ")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "plain.py"]  # nothing written anywhere
+    with pytest.raises(ValueError):
+        validate_run_name(name)
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(LaunchError, match="--run-name"):
+        parse_options([str(tmp_path / "t.py"), "--run-name", name])
+
+
+def test_one_name_rule_for_launcher_and_sdk() -> None:
+    from traceml_tui.core.rundir import validate_run_name
+
+    for good in ("r", "guard-reference", "exp_1.2", "A" * 128, "0run"):
+        assert validate_run_name(good) == good
+    for bad in ("", "-x", "_x", ".", "foo\n", "foo\r", "a b", "ü", "x\x00", None, 5):
+        with pytest.raises(ValueError):
+            validate_run_name(bad)
+
+
+def test_other_names_are_matched_whole() -> None:
+    from traceml_tui.export.mapping import lane_and_manager, registration_problems
+    from traceml_tui.hygiene.batch_grid import BatchGridError, save_batch_grid
+
+    with pytest.raises(ValueError):
+        lane_and_manager("vanguard-hal\n")
+    assert lane_and_manager("vanguard-hal") == ("vanguard", "hal")
+    assert registration_problems("vanguard-hal\n", "g", "d") and not registration_problems("vanguard-hal", "g", "d")
+    with pytest.raises(BatchGridError):
+        save_batch_grid(Path("unused"), None, step=1, name="inputs\n")
+
+
 def test_importing_the_package_does_not_import_torch() -> None:
     code = "import sys, traceml_tui, traceml_tui.sdk; print(json.dumps(['torch' in sys.modules, 'textual' in sys.modules]))"
     proc = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, timeout=60)

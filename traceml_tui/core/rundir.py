@@ -49,10 +49,31 @@ BACKLOG_KINDS: dict[str, str] = {"requests": "request", "claims": "claim", "rece
 _STEPS_RE = re.compile(r"steps-(\d+)\.jsonl")
 _RANK_RE = re.compile(r"rank_(\d+)")
 _NODE_RE = re.compile(r"node_(\d+)")
+#: A run name: one plain path component (no separators, no "..", no leading dot or dash).
+_RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_RUN_NAME_CHARS = 128
 #: What makes a folder a run directory (not through links).
 RUN_MARKERS = (MANIFEST, RANKS, NODES)
 #: Folders inside a run that never hold another run (discovery does not descend into them).
 RUN_SUBDIRS = frozenset({RANKS, NODES, VALIDATION, CHECKPOINTS, "qc", "__pycache__"})
+
+
+def validate_run_name(name: object) -> str:
+    """Return ``name`` if it is a valid run name, else raise ``ValueError`` (one plain sentence).
+
+    The one rule for run names, used by ``traceml run --run-name`` and
+    ``traceml.init(run_name=...)`` alike: letters, digits, ``.``, ``_`` and
+    ``-``, starting with a letter or digit, at most 128 characters — so a
+    name is always exactly one folder under the logs folder (no ``/``, no
+    ``..``, no trailing newline: the whole name must match).
+    """
+    if not isinstance(name, str) or _RUN_NAME_RE.fullmatch(name) is None:
+        shown = (ascii(name[:80]) + ("…" if len(name) > 80 else "")) if isinstance(name, str) else type(name).__name__
+        raise ValueError(
+            f"run name {shown} is not a plain name (letters, digits, '.', '_', '-', starting with a letter "
+            f"or digit; at most {MAX_RUN_NAME_CHARS} characters)"
+        )
+    return name
 
 
 def steps_file_name(attempt: int) -> str:

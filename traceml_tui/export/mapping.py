@@ -22,7 +22,7 @@ STEP_METRIC = "optimizer_updates"
 ROLES = ("train", "eval", "test")
 _ROLE_ALIASES = {"val": "eval", "valid": "eval", "validation": "eval", "eval": "eval", "train": "train",
                  "training": "train", "test": "test"}
-PROJECT_RE = re.compile(r"^([a-z0-9][a-z0-9_]*)-([a-z0-9][a-z0-9_-]*)$")
+PROJECT_RE = re.compile(r"([a-z0-9][a-z0-9_]*)-([a-z0-9][a-z0-9_-]*)")  # fullmatch only ("$" accepts "\n")
 _KEY_PART_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
 
 #: what the exporter publishes, by record source (recorded in the run config and checked by --validate-only)
@@ -112,7 +112,7 @@ def registration_problems(project: Any, group: Any, description: Any) -> list[st
     problems = []
     if not isinstance(project, str) or not project:
         problems.append("--project is required (<lane>-<manager>, lowercase)")
-    elif not PROJECT_RE.match(project):
+    elif not PROJECT_RE.fullmatch(project):
         problems.append(f"--project {project!r} must be <lane>-<manager>: lowercase letters, digits, '_' "
                         "(e.g. vanguard-hal)")
     if not isinstance(group, str) or not group.strip():
@@ -127,7 +127,7 @@ def registration_problems(project: Any, group: Any, description: Any) -> list[st
 
 def lane_and_manager(project: str) -> tuple[str, str]:
     """Split a valid project name ``<lane>-<manager>``."""
-    match = PROJECT_RE.match(project)
+    match = PROJECT_RE.fullmatch(project)
     if match is None:
         raise ValueError(f"not a <lane>-<manager> project name: {project!r}")
     return match.group(1), match.group(2)

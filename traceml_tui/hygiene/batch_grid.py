@@ -35,7 +35,7 @@ ROWS_PER_PAGE = 16
 MIN_CELL, MAX_CELL = 48, 160
 PAD = 4
 TITLE_H, HEADER_H, LABEL_W = 22, 20, 44
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: "$" would accept a trailing newline
 
 
 class BatchGridError(ValueError):
@@ -312,7 +312,7 @@ def save_batch_grid(run_dir: Path, batch: Any, *, step: int, name: str = "inputs
     grid name); the content digest is recorded too, so a batch that changes
     between QC points is visible.
     """
-    if not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise BatchGridError(f"grid name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
     inputs = split_roles(batch, roles)
     members = next(iter(inputs.values())).shape[0]

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Optional
 
+from traceml_tui.core.rundir import validate_run_name
 from traceml_tui.run.options import LaunchError, LaunchOptions
 
 EXIT_USAGE = 2
 EXIT_REFUSED = 1
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 __all__ = ["EXIT_REFUSED", "EXIT_USAGE", "LaunchError", "LaunchOptions", "build_parser", "main", "parse_options",
            "split_script_args"]
@@ -89,10 +88,10 @@ def parse_options(argv: list[str], config_logs_dir: Optional[str] = None, config
     if ns.run_name is not None and not ns.run_name:
         raise LaunchError("--run-name must not be empty")
     run_name = ns.run_name or f"{script.stem}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
-    if not _RUN_NAME.match(run_name):
-        raise LaunchError(
-            f"--run-name {run_name!r} is not a plain name (letters, digits, '.', '_', '-'; at most 128 characters)"
-        )
+    try:
+        validate_run_name(run_name)  # the one name rule (the SDK's init() applies it too)
+    except ValueError as exc:
+        raise LaunchError(f"--run-name: {exc}") from None
     logs_dir = Path(ns.logs_dir or config_logs_dir or "logs")
     return LaunchOptions(
         script=script,

@@ -18,7 +18,7 @@ from threading import get_ident
 from typing import Any, Optional
 
 from traceml_tui.core import atomic, records
-from traceml_tui.core.rundir import RunDir
+from traceml_tui.core.rundir import RunDir, validate_run_name
 from traceml_tui.sdk import env
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -383,7 +383,11 @@ def _metrics(raw: Any) -> Optional[dict[str, Optional[float]]]:
 
 
 def resolve_run(run_name: Optional[str], logs_dir: Optional[str]) -> tuple[Path, str]:
-    """Run directory and name: the launcher's (environment) or ``./logs/<run-name>``."""
+    """Run directory and name: the launcher's (environment) or ``./logs/<run-name>``.
+
+    Outside the launcher the name must pass :func:`traceml_tui.core.rundir.validate_run_name`
+    (``ValueError`` otherwise), exactly as ``traceml run --run-name`` requires.
+    """
     launched = os.environ.get(env.RUN_DIR)
     if launched:
         path = Path(launched)
@@ -391,6 +395,7 @@ def resolve_run(run_name: Optional[str], logs_dir: Optional[str]) -> tuple[Path,
     if not run_name:
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
         run_name = run_id if run_id and run_id != "none" else time.strftime("run-%Y%m%d-%H%M%S")
+    validate_run_name(run_name)  # the launcher's rule: one plain folder under the logs folder
     return Path(logs_dir or "logs") / run_name, run_name
 
 
