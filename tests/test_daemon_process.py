@@ -195,7 +195,8 @@ def test_fifo_does_not_block_and_status_reports(tmp_path, traceml_cmd, cli_env):
     assert runs["b"]["ranks"] == []
     line = subprocess.run([*traceml_cmd, "status", "--index", str(index), "--oneline", "--stall-after", "3600"],
                           env=cli_env, capture_output=True, text=True, timeout=60)
-    assert line.stdout.strip() == "traceml: 2 running"
+    # "a"'s records are stamped decades before the ingester read them: its ranks are stalled; "b" has no records
+    assert line.stdout.strip() == "traceml: 1 stalled · 1 running · silent r0,r1"
     missing = subprocess.run([*traceml_cmd, "status", "--index", str(tmp_path / "nope.sqlite")], env=cli_env,
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no index at" in missing.stderr and "Traceback" not in missing.stderr

@@ -61,8 +61,9 @@ def test_watch_in_tmux_shows_training_run_and_ranks(tmp_path, cli_env):
         for name in ("small", "large"):
             _tmux(sock, "send-keys", "-t", name, "Enter")
         for name in ("small", "large"):
-            text = _wait_pane(sock, name, r"^\s*1\s+\S+\s+\d+", 30)
-            assert re.search(r"^\s*0\s+\S+\s+\d+", text, re.MULTILINE), text
+            # rank, node, state ("running 0s" / "completed"), step
+            text = _wait_pane(sock, name, r"^\s*1\s+\d+\s+(running \S+|completed)\s+\d+", 30)
+            assert re.search(r"^\s*0\s+\d+\s+(running \S+|completed)\s+\d+", text, re.MULTILINE), text
             assert "Rank" in text and re.search(r"RUNNING|COMPLETED", text), text
         large = _tmux(sock, "capture-pane", "-p", "-t", "large")
         assert "Step time per rank" in large
