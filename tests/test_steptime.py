@@ -19,6 +19,7 @@ import pytest
 
 from traceml_tui.compare.core import compare_summaries
 from traceml_tui.core import records, steptime
+from traceml_tui.core.rundir import RunDir
 from traceml_tui.summary import build
 from traceml_tui.summary.text import render_text
 
@@ -182,7 +183,7 @@ def _write_run(root: Path, name: str, rng: random.Random, *, ranks: int = 2, ste
     for rank in range(ranks):
         step = 0
         for attempt in range(attempts):
-            path = run_dir / "ranks" / records.rank_dir_name(rank) / records.steps_file_name(attempt)
+            path = RunDir(run_dir).steps_file(rank, attempt)
             path.parent.mkdir(parents=True, exist_ok=True)
             lines = [records.encode(records.Header(v=1, run=name, rank=rank, attempt=attempt, uuid=f"{name}{rank}{attempt}",
                                                    ts=0.0))]

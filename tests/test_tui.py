@@ -321,3 +321,18 @@ def test_the_tui_holds_no_sql():
         text = path.read_text()
         for word in ("sqlite3", "SELECT ", "INSERT ", "UPDATE ", " FROM "):
             assert word not in text, f"{path.name} holds {word.strip()!r}"
+
+
+def test_compare_screen_shows_the_loss_ratio_of_real_summaries():
+    """The loss-ratio row reads our own typed ``training`` section (it once looked for keys never written)."""
+    import fixture_runs as fr
+
+    from traceml_tui.tui.source import compare_snapshot
+
+    ref = json.loads((fr.FIXTURE_RUNS / fr.name_of("completed") / "final_summary.json").read_text())
+    cand = json.loads((fr.FIXTURE_RUNS / fr.name_of("rank_sigkilled") / "final_summary.json").read_text())
+    rows = {row[0]: row for row in compare_snapshot(ref, cand, 5.0, ("ref", "cand")).rows}
+    label = "Loss ratio (1.0 = no skill)"
+    assert label in rows
+    mse = ref["training"]["components"]["mse"]
+    assert rows[label][1] != "–" and float(rows[label][1]) == pytest.approx(mse["ratio_recent_median"], rel=0.01)

@@ -239,16 +239,3 @@ def decode(line: bytes | str) -> Record:
         raise RecordError(f"invalid record: {exc}") from None
     except msgspec.DecodeError as exc:
         raise RecordError(f"malformed JSON: {exc}") from None
-
-
-def steps_file_name(attempt: int) -> str:
-    """File name of one rank's step stream for one attempt."""
-    return f"steps-{attempt}.jsonl"
-
-
-def rank_dir_name(rank: int) -> str:
-    return f"rank_{rank}"
-
-
-def node_dir_name(node_rank: int) -> str:
-    return f"node_{node_rank}"
