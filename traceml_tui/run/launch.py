@@ -5,7 +5,8 @@ Order of events (seed 000 "Saved artifacts and completion checks"):
 1. node 0 writes ``manifest.json`` (exclusively: an existing run is never
    touched) and prints the "Measurement contract captured" confirmation;
 2. the training command starts — the script itself for one process, else
-   ``torch.distributed.run`` — with the run directory in its environment;
+   ``torch.distributed.run`` — with the run directory in its environment and
+   a parent-death signal (``run/lifeline.py``: SIGTERM when the launcher dies);
    its stdout/stderr go to the terminal and to ``nodes/node_<k>/training.*.log``;
 3. a sampler appends ``nodes/node_<k>/system.jsonl`` at ~1 Hz;
 4. after training exits, a guarded launcher writes its node outcome; node 0
@@ -30,6 +31,7 @@ import msgspec
 
 from traceml_tui.core import artifacts, atomic
 from traceml_tui.core.rundir import RunDir
+from traceml_tui.run import lifeline
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.sdk import env as sdk_env
 
@@ -259,8 +261,10 @@ class Launcher:
         previous = {sig: signal.signal(sig, self._forward_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             try:
+                # The training command gets SIGTERM if this launcher dies (even by SIGKILL); torchrun
+                # then stops its ranks, and the ranks also watch torchrun itself (sdk init()).
                 self.child = subprocess.Popen(
-                    self.command(),
+                    lifeline.wrap(self.command()),
                     env=self.child_env(),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,

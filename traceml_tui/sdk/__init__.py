@@ -50,11 +50,21 @@ def init(
     when resuming from an older checkpoint (it may repeat steps, which the newer
     attempt supersedes, but may not leave a gap). ``time_dataloader=False`` (or
     ``TRACEML_TIME_DATALOADER=0``) leaves plain DataLoaders untimed.
+
+    Outside the launcher ``run_name`` must be a plain name (``ValueError``
+    otherwise; the rule of ``traceml run --run-name``). A rank that torchrun
+    started under ``traceml run`` gets SIGTERM if torchrun dies (Linux).
     """
     global _session
     if _session is not None and not _session.closed:
         return _session
     run_dir, name = resolve_run(run_name, logs_dir)
+    if os.environ.get(env.RUN_DIR) and os.environ.get("TORCHELASTIC_RUN_ID"):
+        # A rank torchrun started under `traceml run`: torchrun stops its ranks when it gets a
+        # signal, but not when it is SIGKILLed; then the kernel's parent-death signal does.
+        from traceml_tui.run.lifeline import set_parent_death_signal
+
+        set_parent_death_signal()
     rank, world = detect_rank()
     max_steps_env = os.environ.get(env.TRACE_MAX_STEPS)
     max_steps = int(max_steps_env) if max_steps_env and max_steps_env.isdigit() else None

@@ -1,0 +1,145 @@
+"""A killed launcher (or torchrun) leaves no training behind: real `traceml run`, real DDP ranks, SIGKILL.
+
+The launcher starts training with a parent-death signal (run/lifeline.py): when
+the launcher dies — even by SIGKILL, which nothing can forward — the kernel
+sends SIGTERM to torchrun (or to the single training process), and torchrun
+stops its ranks. The ranks themselves watch torchrun (sdk init()), so a
+SIGKILLed torchrun does not leave them running either.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from traceml_tui.core.rundir import RunDir
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")]
+
+TRACEML = [sys.executable, "-m", "traceml_tui"]
+
+LONG_DDP = """
+import time
+from datetime import timedelta
+import torch, torch.distributed as dist
+import traceml_tui as traceml
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+traceml.init()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1, 100_000):
+    with traceml.trace_step(model):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        opt.step(); opt.zero_grad()
+        traceml.log(loss=loss)
+    time.sleep(0.02)
+"""
+
+LONG_SINGLE = """
+import time
+import traceml_tui as traceml
+traceml.init()
+for step in range(1, 100_000):
+    with traceml.trace_step():
+        traceml.log(loss=1.0)
+    time.sleep(0.02)
+"""
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    env.pop("TRACEML_RUN_DIR", None)
+    return env
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def _start(tmp_path: Path, script: str, name: str, nproc: int) -> tuple[subprocess.Popen, Path]:
+    (tmp_path / "train.py").write_text(script)
+    launcher = subprocess.Popen(
+        [*TRACEML, "run", "train.py", "--run-name", name, "--nproc-per-node", str(nproc)],
+        cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return launcher, tmp_path / "logs" / name
+
+
+def _training_started(run_dir: Path, ranks: int) -> bool:
+    files = RunDir(run_dir).step_files()
+    return len(files) == ranks and all(f.path.stat().st_size > 600 for f in files)  # header + a few steps
+
+
+def _kill_leftovers(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@pytest.mark.parametrize(("script", "nproc"), [(LONG_DDP, 2), (LONG_SINGLE, 1)], ids=["ddp-2-ranks", "one-process"])
+def test_sigkill_of_the_launcher_leaves_no_process_of_the_run(tmp_path: Path, script: str, nproc: int) -> None:
+    launcher, run_dir = _start(tmp_path, script, "orphans", nproc)
+    procs: list[psutil.Process] = []
+    try:
+        assert _wait(lambda: _training_started(run_dir, nproc), 90), "training never started"
+        procs = psutil.Process(launcher.pid).children(recursive=True)
+        ranks = [p for p in procs if "train.py" in " ".join(p.cmdline())]
+        assert len(ranks) >= nproc, [p.cmdline() for p in procs]
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=10)
+        assert _wait(lambda: not any(_alive(p) for p in procs), 15), [
+            (p.pid, p.cmdline()) for p in procs if _alive(p)
+        ]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        _kill_leftovers(procs)
+
+
+def test_sigkill_of_torchrun_stops_its_ranks_and_the_run_is_finalized(tmp_path: Path) -> None:
+    launcher, run_dir = _start(tmp_path, LONG_DDP, "agent-killed", 2)
+    procs: list[psutil.Process] = []
+    try:
+        assert _wait(lambda: _training_started(run_dir, 2), 90), "training never started"
+        procs = psutil.Process(launcher.pid).children(recursive=True)
+        agents = [p for p in psutil.Process(launcher.pid).children() if "torch.distributed.run" in p.cmdline()]
+        assert len(agents) == 1, [p.cmdline() for p in procs]
+        ranks = agents[0].children()
+        assert len(ranks) == 2
+        agents[0].kill()
+        assert _wait(lambda: not any(_alive(p) for p in ranks), 15), [p.pid for p in ranks if _alive(p)]
+        launcher.wait(timeout=60)  # the launcher sees training end and finalizes the run
+        assert launcher.returncode != 0
+        manifest = (run_dir / "manifest.json").read_text()
+        assert '"status": "failed"' in manifest or '"status":"failed"' in manifest
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        _kill_leftovers(procs)
