@@ -128,6 +128,97 @@ def test_sigkilled_drainer_claim_is_recovered_only_after_its_owner_is_gone(tmp_p
     assert backlog.list_failures(run_dir) == {}
 
 
+def _stubborn_worker(log: Path, *, ignore_term: bool) -> list[str]:
+    """A worker that logs `start <pid>`; its first run then hangs (ignoring SIGTERM if asked), later runs finish."""
+    first = log.with_name("first-run")
+    trap = 'trap "" TERM; ' if ignore_term else ""
+    script = (
+        'echo "start $$" >> "$1"; '
+        f'if [ ! -f "{first}" ]; then touch "{first}"; {trap}while true; do sleep 0.1; done; fi; '
+        'echo "done $$" >> "$1"; printf \'{"loss": 1}\\n\''
+    )
+    return ["sh", "-c", script, "sh", str(log), "{checkpoint}"]
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("ignore_term", [False, True], ids=["worker-dies-with-drainer", "worker-ignores-sigterm"])
+def test_a_sigkilled_drainers_worker_never_runs_beside_the_next_one(tmp_path, traceml_cmd, cli_env, ignore_term):
+    run_dir = tmp_path / "run"
+    (ckpt,) = _publish(run_dir, [100])
+    log = tmp_path / "invocations.log"
+    worker = _stubborn_worker(log, ignore_term=ignore_term)
+    holder = subprocess.Popen(_drain_cmd(traceml_cmd, run_dir, worker), env=cli_env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert _wait_for(lambda: log.exists() and "start" in log.read_text()), "the first worker never started"
+        first_pid = int(log.read_text().split()[1])
+        claim = backlog.read_claim(run_dir, ckpt)
+        assert claim["worker"]["pgid"] == first_pid  # the claim names the worker's own process group
+        assert os.getpgid(first_pid) == first_pid
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=10)
+        if not ignore_term:  # the parent-death signal alone stops it
+            assert _wait_for(lambda: _gone(first_pid), 10), "the dead drainer's worker kept running"
+        else:
+            time.sleep(0.5)
+            assert not _gone(first_pid)  # it survived its SIGTERM: the next drainer must stop it
+        second = subprocess.run(_drain_cmd(traceml_cmd, run_dir, worker), env=cli_env, capture_output=True,
+                                text=True, timeout=60)
+        assert second.returncode == 0, second.stderr
+        assert _gone(first_pid), "the recovered claim's old worker still runs"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        for line in log.read_text().splitlines() if log.exists() else []:
+            pid = int(line.split()[1])
+            if line.startswith("start") and not _gone(pid):  # never leave a worker behind, even on failure
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+    lines = log.read_text().splitlines()
+    assert [line.split()[0] for line in lines] == ["start", "start", "done"], lines
+    assert lines[2].split()[1] == lines[1].split()[1]  # only the second worker finished
+    assert len(RunDir(run_dir).backlog_files("receipts")) == 1 and backlog.list_failures(run_dir) == {}
+    assert backlog.read_receipt(run_dir, ckpt)["metrics"] == {"loss": 1.0}
+    assert [p.name for p in RunDir(run_dir).backlog_dir("claims").iterdir()] == []  # no claim, no lock file left
+
+
+def test_leftover_recovery_lock_files_are_cleaned(tmp_path, traceml_cmd, cli_env):
+    run_dir = tmp_path / "run"
+    ckpts = _publish(run_dir, [10, 20])
+    layout = RunDir(run_dir)
+    layout.backlog_dir("claims").mkdir(parents=True, exist_ok=True)
+    for name in (*ckpts, "step-00000999"):
+        layout.claim_lock(name).write_bytes(b"")
+    (layout.backlog_dir("claims") / ".keep").write_bytes(b"")  # not a lock file: left alone
+    proc = subprocess.run(_drain_cmd(traceml_cmd, run_dir, _worker(tmp_path / "log")), env=cli_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in layout.backlog_dir("claims").iterdir()) == [".keep"]
+    # A lock someone holds is not removed under them.
+    import fcntl
+
+    held = layout.claim_lock(ckpts[0])
+    fd = os.open(held, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert backlog.clean_locks(run_dir) == 0 and held.exists()
+    finally:
+        os.close(fd)
+    assert backlog.clean_locks(run_dir) == 1 and not held.exists()
+
+
 def test_claims_of_other_hosts_are_judged_by_heartbeat_age(tmp_path):
     run_dir = tmp_path / "run"
     fresh, old = _publish(run_dir, [1, 2])

@@ -4,7 +4,7 @@ Any number of drainers on any node coordinate through small JSON files, one per
 checkpoint:
 
 * ``requests/<ckpt>.json``   ``{checkpoint, step, path, config_digest, created}``
-* ``claims/<ckpt>.json``     ``{checkpoint, owner: {host, pid, start_time}, claimed, heartbeat, lease_s}``
+* ``claims/<ckpt>.json``     ``{checkpoint, owner: {host, pid, start_time}, claimed, heartbeat, lease_s, worker: {pgid, start_time}}``
 * ``receipts/<ckpt>.json``   ``{checkpoint, step, config_digest, metrics, completed}``
 * ``failures/<ckpt>-<n>.json`` ``{checkpoint, attempt, error, failed}``
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -196,19 +198,158 @@ def try_claim(run_dir: Path, checkpoint: str, owner: dict, lease_s: float) -> Op
     return claim if _link_exclusive(path, claim) else None
 
 
+def _lock(lock_path: Path) -> int:
+    """Take the flock of ``lock_path`` (created if missing); returns the locked fd.
+
+    The holder removes the lock file before releasing it, so a waiter that
+    wins the lock re-checks that its fd is still the file at ``lock_path``
+    and otherwise locks the new one: no lock file is left behind, and two
+    processes never hold "the" lock on two different files.
+    """
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held, named = os.fstat(fd), os.stat(lock_path)
+            if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass  # removed by the holder before us: lock the next one
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def _unlock(lock_path: Path, fd: int) -> None:
+    """Remove the lock file while still holding it, then release it."""
+    try:
+        os.unlink(lock_path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def clean_locks(run_dir: Path) -> int:
+    """Remove lock files of claim recovery (``claims/.<checkpoint>.break``) nobody holds; returns how many.
+
+    They are left behind by a recoverer killed while holding one (or by
+    older versions, which never removed them).
+    """
+    layout = RunDir(run_dir)
+    prefix, suffix = layout.claim_lock("\0").name.split("\0")  # the name RunDir gives them
+    removed = 0
+    try:
+        names = [entry.name for entry in os.scandir(layout.backlog_dir("claims"))]
+    except OSError:
+        return 0
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(suffix)) or len(name) <= len(prefix) + len(suffix):
+            continue
+        lock_path = layout.claim_lock(name[len(prefix): -len(suffix)])
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held, named = os.fstat(fd), os.lstat(lock_path)
+            if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino):
+                os.unlink(lock_path)
+                removed += 1
+        except OSError:
+            pass  # held right now (or gone): its holder removes it
+        finally:
+            os.close(fd)
+    return removed
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def worker_identity(pid: int) -> dict:
+    """A validation worker as its claim records it: its process group (it leads one) and start time."""
+    import psutil
+
+    try:
+        started: Optional[float] = psutil.Process(pid).create_time()
+    except psutil.Error:
+        started = None
+    return {"pgid": pid, "start_time": started}
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` still runs (zombies do not count)."""
+    import psutil
+
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
+def stop_worker(claim: dict, *, timeout: float = 10.0) -> bool:
+    """Make sure the validation worker of an abandoned claim is gone; True when nothing of it runs.
+
+    The claim records the worker's process group (``worker.pgid``). On this
+    host the whole group gets SIGKILL, unless the group's leader pid now
+    belongs to a younger process (the pid was reused: not ours to kill).
+    A claim of another host, or one without a worker, has nothing to stop here.
+    """
+    import psutil
+
+    worker = claim.get("worker")
+    owner = claim.get("owner")
+    if not isinstance(worker, dict) or not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return True
+    pgid, started = worker.get("pgid"), worker.get("start_time")
+    if not isinstance(pgid, int) or isinstance(pgid, bool) or pgid <= 1 or pgid == os.getpgrp():
+        return True
+    try:
+        leader = psutil.Process(pgid)
+        if (isinstance(started, (int, float)) and leader.status() != psutil.STATUS_ZOMBIE
+                and abs(leader.create_time() - float(started)) > core_owner.START_TIME_SLACK_S):
+            return True  # a reused pid leads that group now
+    except psutil.Error:
+        pass  # the leader is gone; what is left of its group is still the worker's
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    deadline = time.monotonic() + timeout
+    while _group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
     """Remove a claim whose owner is gone; serialized by a per-checkpoint flock.
 
     The flock is released by the kernel if this process dies, so a crashed
     recoverer never wedges recovery. Under the lock the claim is re-read: if
-    it changed (another recoverer replaced it) it is left alone.
+    it changed (another recoverer replaced it) it is left alone. Before the
+    claim is removed, its worker is stopped (:func:`stop_worker`), so a
+    checkpoint is never validated by two workers at once.
     """
     layout = RunDir(run_dir)
     path = layout.claim(checkpoint)
     lock_path = layout.claim_lock(checkpoint)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _lock(lock_path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             with open(path, "rb") as handle:
                 raw = handle.read()
@@ -221,6 +362,8 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
         # A torn or foreign file cannot be a live claim: claims are never written in place.
         if isinstance(existing, dict) and not claim_is_stale(existing):
             return False
+        if isinstance(existing, dict) and not stop_worker(existing):
+            return False  # its worker still runs and cannot be stopped from here: leave the claim
         try:
             with open(path, "rb") as handle:
                 if handle.read() != raw:
@@ -231,7 +374,7 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
         fsync_dir(path.parent)
         return True
     finally:
-        os.close(fd)
+        _unlock(lock_path, fd)
 
 
 def heartbeat(run_dir: Path, claim: dict) -> bool:

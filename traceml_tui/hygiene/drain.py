@@ -1,7 +1,8 @@
 """A validation worker is a backlog drainer, not a one-checkpoint job (seed 004).
 
 On start it discovers every pending request (including those left by
-interrupted workers), claims one atomically, runs the worker command on it,
+interrupted workers), claims one atomically, runs the worker command on it
+(in its own process group, with a parent-death signal: run/lifeline.py),
 records a receipt or a failure, then rescans from the start so work is taken in
 checkpoint order as new requests arrive. It exits when no claimable work
 remains or when its runtime limit nears.
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +25,7 @@ from typing import Callable, Optional
 from traceml_tui.core.jsonsafe import NestingError, loads_bounded
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import resolve_checkpoint_path
+from traceml_tui.run import lifeline
 
 
 @dataclass
@@ -92,18 +96,38 @@ class _Heartbeat(threading.Thread):
         self.join()
 
 
-def _run_worker(argv: list[str], timeout: Optional[float]) -> tuple[Optional[int], str, str]:
-    """Run the command; returns (exit code or None on timeout, stdout, stderr tail)."""
+def _kill_group(proc: subprocess.Popen, signum: int) -> None:
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _run_worker(
+    argv: list[str], timeout: Optional[float], on_start: Optional[Callable[[subprocess.Popen], None]] = None
+) -> tuple[Optional[int], str, str]:
+    """Run the command; returns (exit code or None on timeout, stdout, stderr tail).
+
+    The worker leads its own process group (so it and its children can be
+    stopped together) and gets SIGTERM if this drainer dies, even by SIGKILL
+    (``run/lifeline.py``). ``on_start`` sees the process once it runs.
+    """
+    try:
+        proc = subprocess.Popen(lifeline.wrap(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     except OSError as exc:
         return 127, "", f"cannot start worker: {exc.strerror or exc}"
     try:
+        if on_start is not None:
+            on_start(proc)
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        _kill_group(proc, signal.SIGKILL)
         out, err = proc.communicate()
         return None, out, err
+    except BaseException:  # e.g. Ctrl-C: the worker's group does not see the terminal's signal
+        _kill_group(proc, signal.SIGTERM)
+        raise
     return proc.returncode, out, err
 
 
@@ -128,8 +152,14 @@ def drain(
     A request with ``max_attempts`` failures is blocked (reported, not retried
     automatically); one this worker already failed is not retried in the same
     session. ``on_receipt`` runs after each receipt (e.g. to refresh the curve).
+
+    Each worker runs in its own process group with a parent-death signal, and
+    the claim records that group: a drainer recovering the claim after this
+    one died stops whatever is left of the worker first. Recovery lock files
+    nobody holds are removed on the way in and out.
     """
     run_dir = Path(run_dir)
+    backlog.clean_locks(run_dir)
     started = time.monotonic()
     owner = backlog.current_owner()
     result = DrainResult()
@@ -160,13 +190,24 @@ def drain(
             took = (request, claim)
             break
         if took is None:
+            backlog.clean_locks(run_dir)
             result.reason = "no_work"
             return result
         request, claim = took
         ckpt = request["checkpoint"]
         tried.add(ckpt)
         beat = _Heartbeat(run_dir, claim, max(0.2, lease_s / 3.0))
-        beat.start()
+
+        def record_worker(proc: subprocess.Popen, claim: dict = claim, beat: _Heartbeat = beat) -> None:
+            # The claim names the worker's process group before the heartbeat starts rewriting it,
+            # so whoever recovers this claim after we die can make sure the worker is gone.
+            claim["worker"] = backlog.worker_identity(proc.pid)
+            try:
+                backlog.heartbeat(run_dir, claim)
+            except OSError:
+                pass  # the heartbeat thread writes it again
+            beat.start()
+
         t0 = time.monotonic()
         try:
             argv = substitute(
@@ -176,7 +217,7 @@ def drain(
                 run_dir=run_dir.resolve(),
             )
             left = remaining()
-            code, out, err = _run_worker(argv, None if left is None else max(0.1, left))
+            code, out, err = _run_worker(argv, None if left is None else max(0.1, left), record_worker)
             if code is None:
                 # Cut off by our own runtime limit: not the checkpoint's fault, so no
                 # failure record; releasing the claim leaves it pending for the next worker.
@@ -204,7 +245,8 @@ def drain(
                         if on_receipt is not None:
                             on_receipt(receipt)
         finally:
-            beat.stop()
+            if beat.is_alive():
+                beat.stop()
             backlog.release_claim(run_dir, claim)
         slowest = max(slowest, time.monotonic() - t0)
         if result.interrupted:
