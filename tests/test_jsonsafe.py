@@ -221,6 +221,18 @@ def test_summary_loader_skips_a_deep_line(tmp_path):
     stream.write_bytes(b"".join(records.encode(r) for r in good) + b'{"kind": "step", "x": ' + deep(50_000) + b"}\n")
     ranks = load_ranks(tmp_path)
     assert sorted(ranks[0].steps) == [1, 2]
+    # Every other reader of step lines outside the daemon skips it too.
+    from traceml_tui.compare.noise import read_step_times
+    from traceml_tui.hygiene.curve import load_curve_data
+    from traceml_tui.hygiene.field_qc import load_field_records
+    from traceml_tui.sdk.session import last_recorded_step
+
+    with open(stream, "ab") as handle:
+        handle.write(b'{"kind": "field_stats", "step": 3, "x": ' + deep(50_000) + b"}\n")
+    assert last_recorded_step(tmp_path, 0) == (0, 2)
+    assert load_field_records(tmp_path) == []
+    assert load_curve_data(tmp_path).attempts[0].steps == [1, 2]
+    assert read_step_times(tmp_path, "cpu", (None, None)) == []
     grid = layout.batch_grid / "inputs" / "step-1.json"
     grid.parent.mkdir(parents=True)
     grid.write_bytes(deep_object(100_000))

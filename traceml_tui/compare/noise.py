@@ -59,7 +59,7 @@ def read_step_times(run_dir: Path, clock: str, window: tuple[Optional[int], Opti
                         continue
                     try:
                         record = records.decode(line)
-                    except records.RecordError:
+                    except (records.RecordError, RecursionError):  # RecursionError: nested too deeply
                         continue
                     if not isinstance(record, records.Step):
                         continue

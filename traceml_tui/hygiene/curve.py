@@ -84,7 +84,7 @@ def load_curve_data(run_dir: Path) -> CurveData:
         for line in _complete_lines(path):
             try:
                 rec = records.decode(line)
-            except records.RecordError:
+            except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
                 continue  # a damaged line is an ingest error elsewhere, not a reason to lose the curve
             if isinstance(rec, records.Header):
                 run_name = rec.run or run_name

@@ -203,7 +203,7 @@ def load_field_records(run_dir: Path) -> list[records.FieldStats]:
                 continue
             try:
                 rec = records.decode(line)
-            except records.RecordError:
+            except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
                 continue
             if isinstance(rec, records.FieldStats):
                 out.append(rec)

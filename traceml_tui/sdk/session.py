@@ -104,7 +104,7 @@ def _last_step_in_file(path: Path) -> int:
     for line in reversed(data[:end].split(b"\n")):
         try:
             record = records.decode(line)
-        except records.RecordError:
+        except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
             continue
         if isinstance(record, (records.Step, records.RankEnd)) and record.step:
             return record.step
