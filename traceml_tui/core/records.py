@@ -239,3 +239,5 @@ def decode(line: bytes | str) -> Record:
         raise RecordError(f"invalid record: {exc}") from None
     except msgspec.DecodeError as exc:
         raise RecordError(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise RecordError("JSON nested too deeply") from None
