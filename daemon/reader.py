@@ -240,7 +240,7 @@ def _loads(text: Optional[str]) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: content stored before nesting was bounded
         return None
 
 

@@ -21,7 +21,7 @@ from typing import Iterable, NamedTuple, Optional, Union
 
 import msgspec
 
-from traceml_tui.core import artifacts, rundir, state
+from traceml_tui.core import artifacts, jsonsafe, rundir, state
 
 SIDE_MAX_BYTES = 64 << 20
 #: Side-file kinds of the validation backlog (``validation/<folder>/*.json``).
@@ -126,8 +126,8 @@ def decode_facts(kind: str, data: Union[bytes, str], key: Optional[str] = None) 
 def _why_not(data: bytes, kind: str) -> str:
     """The decoder's reason why ``data`` is not a valid ``kind`` (only called after a failed decode)."""
     try:
-        msgspec.json.decode(data, type=TYPED_KINDS[kind])
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        jsonsafe.decode_bounded(data, type=TYPED_KINDS[kind])
+    except (msgspec.ValidationError, msgspec.DecodeError, jsonsafe.NestingError) as exc:
         return str(exc)
     except RecursionError:
         return "nested too deeply"
@@ -146,7 +146,9 @@ def parse(kind: str, rel: str, key: Optional[str], data: bytes) -> SideRead:
     (readers may still show it raw), with an error and no facts.
     """
     try:
-        value = msgspec.json.decode(data)
+        # Nesting is bounded before decoding (core.jsonsafe): a file thousands of levels deep is this file's
+        # error, never a RecursionError that would abort the scan of everything else.
+        value = jsonsafe.decode_bounded(data)
         if not isinstance(value, dict):
             raise ValueError("not a JSON object")
         content = data.decode("utf-8")

@@ -157,8 +157,8 @@ def parse_block(block: bytes, base: int) -> Parsed:
     if utf8_ok and _lines_within_limit(block):
         try:
             recs = _list_decoder.decode(b"[" + block[:-1].replace(b"\n", b",") + b"]")
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            recs = None
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            recs = None  # RecursionError: a line nested thousands deep; line by line it is one error row
         # A line holding two objects would shift every record after it: count must match.
         if recs is not None and len(recs) == count:
             return Parsed(recs, None, [], block, base)
@@ -175,6 +175,8 @@ def decode_line(line: bytes):
         raise records.RecordError(f"invalid record: {exc}") from None
     except msgspec.DecodeError as exc:
         raise records.RecordError(f"malformed JSON: {exc}") from None
+    except RecursionError:  # as records.decode says it
+        raise records.RecordError("JSON nested too deeply") from None
 
 
 def _parse_slow(lines: list[bytes], base: int) -> Parsed:
