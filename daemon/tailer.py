@@ -8,6 +8,7 @@ after a ``\\n`` (docs/daemon.md rule 4), and re-reads from there next poll.
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 from typing import NamedTuple, Optional
 
@@ -160,7 +161,8 @@ def parse_block(block: bytes, base: int) -> Parsed:
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             recs = None  # RecursionError: a line nested thousands deep; line by line it is one error row
         # A line holding two objects would shift every record after it: count must match.
-        if recs is not None and len(recs) == count:
+        # An integer SQLite cannot store (64-bit) sends the block line by line too: that line is one error row.
+        if recs is not None and len(recs) == count and _ints_fit(recs):
             return Parsed(recs, None, [], block, base)
     return _parse_slow(block[:-1].split(b"\n"), base)
 
@@ -170,13 +172,55 @@ def decode_line(line: bytes):
     if len(line) > MAX_LINE:
         raise records.RecordError(f"line of {len(line)} bytes exceeds the {MAX_LINE}-byte limit")
     try:
-        return _line_decoder.decode(line)
+        rec = _line_decoder.decode(line)
     except msgspec.ValidationError as exc:
         raise records.RecordError(f"invalid record: {exc}") from None
     except msgspec.DecodeError as exc:
         raise records.RecordError(f"malformed JSON: {exc}") from None
     except RecursionError:  # as records.decode says it
         raise records.RecordError("JSON nested too deeply") from None
+    field = _int_out_of_range(rec)
+    if field is not None:
+        raise records.RecordError(f"invalid record: `{field}` is outside the 64-bit integer range the index stores")
+    return rec
+
+
+#: SQLite stores 64-bit integers; a record with a larger integer field is one error row (never clamped).
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+_step_int_fields = tuple(operator.attrgetter(n) for n in ("rank", "attempt", "step", "examples"))
+_mem_of = operator.attrgetter("mem")
+
+
+def _fits(values) -> bool:
+    """True when every non-None integer of ``values`` fits in 64 bits (C-level passes)."""
+    vals = list(filter(None, values))  # drops None (and 0, which fits)
+    return not vals or (max(vals) <= INT_MAX and min(vals) >= INT_MIN)
+
+
+def _ints_fit(recs: list) -> bool:
+    """True when no record of a fast-decoded block holds an integer SQLite cannot store."""
+    LeanStep = records.LeanStep
+    steps = recs if set(map(type, recs)) == {LeanStep} else [r for r in recs if type(r) is LeanStep]
+    if len(steps) != len(recs) and any(_int_out_of_range(r) for r in recs if type(r) is not LeanStep):
+        return False
+    if not all(_fits(map(get, steps)) for get in _step_int_fields):
+        return False
+    mems = list(filter(None, map(_mem_of, steps)))
+    return not mems or _fits(m.rss for m in mems)
+
+
+def _int_out_of_range(rec, prefix: str = "") -> Optional[str]:
+    """The first integer field of ``rec`` (nested structs too) outside 64 bits, or None."""
+    for name in rec.__struct_fields__:
+        value = getattr(rec, name)
+        if type(value) is int:
+            if not INT_MIN <= value <= INT_MAX:
+                return prefix + name
+        elif isinstance(value, msgspec.Struct):
+            inner = _int_out_of_range(value, f"{prefix}{name}.")
+            if inner is not None:
+                return inner
+    return None
 
 
 def _parse_slow(lines: list[bytes], base: int) -> Parsed:
