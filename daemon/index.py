@@ -2,7 +2,7 @@
 
 Exactly-once ingestion rests on three things kept here (docs/daemon.md rules
 2 and 3): every batch commits its rows, error rows and the file's new offset
-in one transaction; events and error rows are unique on (file identity,
+in one transaction; events and error rows are unique on (run, file identity,
 generation, byte offset) so that a stale offset can never insert a line
 twice; and step rows are unique on (run, rank, attempt, step).
 
@@ -129,7 +129,7 @@ CREATE TABLE IF NOT EXISTS events (
   run_id INTEGER NOT NULL, identity TEXT NOT NULL, generation INTEGER NOT NULL, offset INTEGER NOT NULL,
   kind TEXT NOT NULL, rank INTEGER, attempt INTEGER, step INTEGER, ts REAL,
   body TEXT NOT NULL,
-  PRIMARY KEY (identity, generation, offset)
+  PRIMARY KEY (run_id, identity, generation, offset)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS events_run ON events (run_id, kind, step);
 
@@ -149,7 +149,7 @@ CREATE TABLE IF NOT EXISTS errors (
   length INTEGER,
   message TEXT NOT NULL,
   seen REAL NOT NULL,
-  UNIQUE (identity, generation, offset)
+  UNIQUE (run_id, identity, generation, offset)
 );
 CREATE INDEX IF NOT EXISTS errors_run ON errors (run_id, error_id);
 
@@ -225,7 +225,7 @@ def connect_writer(path: str | Path) -> sqlite3.Connection:
         elif int(row[0]) > SCHEMA_VERSION:
             raise IndexSchemaError(f"index {path} has schema version {row[0]}, newer than this traceml's "
                                    f"{SCHEMA_VERSION}; use a newer traceml or another --index")
-        elif int(row[0]) < SCHEMA_VERSION or missing_columns(conn):
+        elif int(row[0]) < SCHEMA_VERSION or missing_columns(conn) or stale_keys(conn):
             upgrade(conn)
     except BaseException:
         conn.close()
@@ -245,12 +245,55 @@ def missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
     return out
 
 
+#: Tables whose key gained ``run_id`` after their first indexes were written (a copied run folder has the
+#: same stream headers, hence the same file identities, as its original): table → its columns, in order.
+REKEYED: dict[str, tuple[str, ...]] = {
+    "events": ("run_id", "identity", "generation", "offset", "kind", "rank", "attempt", "step", "ts", "body"),
+    "errors": ("error_id", "run_id", "path", "identity", "generation", "offset", "length", "message", "seen"),
+}
+
+
+def _key_columns(conn: sqlite3.Connection, table: str) -> set[frozenset[str]]:
+    """The column sets of ``table``'s primary key and UNIQUE constraints."""
+    keys = set()
+    pk = frozenset(r[1] for r in conn.execute(f"PRAGMA table_info({table})") if r[5])
+    if pk:
+        keys.add(pk)
+    for _, name, unique, origin, *_ in conn.execute(f"PRAGMA index_list({table})"):
+        if unique and origin in ("pk", "u"):
+            keys.add(frozenset(r[2] for r in conn.execute(f"PRAGMA index_info({name})")))
+    return keys
+
+
+def stale_keys(conn: sqlite3.Connection) -> list[str]:
+    """The tables of :data:`REKEYED` still keyed without ``run_id`` (rebuilt by :func:`upgrade`)."""
+    want = {"events": frozenset(("run_id", "identity", "generation", "offset")),
+            "errors": frozenset(("run_id", "identity", "generation", "offset"))}
+    return [t for t in REKEYED if want[t] not in _key_columns(conn, t)]
+
+
+def _rekey(conn: sqlite3.Connection, table: str) -> None:
+    """Rebuild ``table`` with the key of :data:`SCHEMA` (inside the caller's transaction); rows are kept."""
+    create = SCHEMA.split(f"CREATE TABLE IF NOT EXISTS {table} (", 1)[1].split(";", 1)[0]
+    cols = ", ".join(REKEYED[table])
+    conn.execute(f"CREATE TABLE {table}_rekeyed ({create}")
+    conn.execute(f"INSERT OR IGNORE INTO {table}_rekeyed ({cols}) SELECT {cols} FROM {table}")
+    conn.execute(f"DROP TABLE {table}")
+    conn.execute(f"ALTER TABLE {table}_rekeyed RENAME TO {table}")
+    for stmt in SCHEMA.split(";"):
+        if "INDEX IF NOT EXISTS" in stmt and f" ON {table} (" in stmt:
+            conn.execute(stmt)
+
+
 def upgrade(conn: sqlite3.Connection) -> None:
-    """Add the columns of :data:`ADDED_COLUMNS` that are missing, in one transaction, and flag the rederive."""
+    """Add the columns of :data:`ADDED_COLUMNS` that are missing and rebuild the tables of :func:`stale_keys`,
+    in one transaction, and flag the rederive."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         for table, column, decl in missing_columns(conn):
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        for table in stale_keys(conn):
+            _rekey(conn, table)
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('rederive', '1')")
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         conn.execute("COMMIT")
