@@ -65,7 +65,12 @@ def main(argv: list[str]) -> int:
             print(f"traceml daemon: pruned {removed} missing run(s)")
             return 0
         if args.once:
-            n = ingester.run_once()
+            try:
+                n = ingester.run_once()
+            except service.IndexWriteError as exc:
+                print(f"traceml daemon: {exc} (ingested {ingester.records_ingested} record(s) before that)",
+                      file=sys.stderr)
+                return 1
             print(f"traceml daemon: ingested {n} record(s) into {index_path}")
             return 0
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

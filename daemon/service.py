@@ -22,6 +22,7 @@ import hashlib
 import logging
 import operator
 import os
+import sqlite3
 import stat
 import threading
 import time
@@ -36,7 +37,7 @@ from . import index as idx
 from .lock import DaemonInfo, IndexLockedError, acquire_lock, find_running_daemon, lock_path
 
 __all__ = ["Ingester", "IndexLockedError", "DaemonInfo", "find_running_daemon", "acquire_lock", "lock_path",
-           "BATCH_ROWS", "MAX_DEPTH"]
+           "BATCH_ROWS", "MAX_DEPTH", "IndexWriteError"]
 
 log = logging.getLogger("traceml.daemon")
 
@@ -44,6 +45,19 @@ BATCH_ROWS = 10_000  # rows per transaction (measured in docs/daemon.md, "Cold-i
 MAX_DEPTH = 4  # run directories are looked for at most this many levels below a root
 SIDE_MAX_BYTES = sidefiles.SIDE_MAX_BYTES
 _body_encoder = msgspec.json.Encoder()
+
+
+class IndexWriteError(RuntimeError):
+    """The index cannot be written (disk full, I/O error, damaged file): nothing of the batch was committed."""
+
+
+def _index_failure(exc: BaseException) -> bool:
+    """True for an error of the index itself (full disk, I/O, corruption), not of one file's rows."""
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(
+        exc, (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError))
+
+
+BACKOFF_MAX_S = 60.0  # the live daemon retries a failing index at most this far apart
 
 
 class _File:
@@ -75,6 +89,7 @@ class _Batch:
 
     def __init__(self) -> None:
         self.rows = 0
+        self.records = 0  # step rows inserted; counted in records_ingested only once committed
         self.file_updates: dict[_File, dict] = {}
         self.ranks: set[tuple[int, int, int]] = set()
         self.runs: set[int] = set()
@@ -166,8 +181,10 @@ class Ingester:
                 self._commit()
                 break
             except Exception as exc:
-                log.error("traceml daemon: ingest pass failed: %s", exc)
                 self._rollback()
+                if _index_failure(exc):  # retrying cannot help; what was committed stays counted
+                    raise IndexWriteError(f"cannot write the index {self.index_path}: {exc}") from None
+                log.error("traceml daemon: ingest pass failed: %s", exc)
         return self.records_ingested - before
 
     def request_stop(self) -> None:
@@ -185,6 +202,7 @@ class Ingester:
                 log.warning("traceml daemon: inotify unavailable; polling only")
                 self._watcher = None
         next_scan = next_poll = 0.0
+        backoff = 0.0
         while not stop.is_set():
             now = time.monotonic()
             try:
@@ -199,9 +217,19 @@ class Ingester:
                     if self._poll_dirty():
                         next_scan = 0.0  # something new appeared under a root: look for it now
                 self._commit()
+                backoff = 0.0
             except Exception as exc:  # keep serving other files; a broken batch is retried from the index
-                log.error("traceml daemon: ingest cycle failed: %s", exc)
                 self._rollback()
+                if _index_failure(exc):
+                    # A full disk or a failing index: nothing was committed. Wait (doubling, up to a minute)
+                    # rather than retry every poll, and say so once per wait.
+                    backoff = min(BACKOFF_MAX_S, max(1.0, backoff * 2))
+                    log.error("traceml daemon: cannot write the index %s: %s; retrying in %.0f s",
+                              self.index_path, exc, backoff)
+                    stop.wait(backoff)
+                    next_scan = next_poll = 0.0
+                    continue
+                log.error("traceml daemon: ingest cycle failed: %s", exc)
             timeout = min(next_poll, next_scan) - time.monotonic()
             if timeout > 0:
                 self._wake.wait(timeout)
@@ -307,6 +335,7 @@ class Ingester:
             self._agg.write_run_rollup(run_id, version, now)
         self.conn.execute("COMMIT")
         self._batch = None
+        self.records_ingested += batch.records
         for f, changes in batch.file_updates.items():
             for k, v in changes.items():
                 setattr(f, k, v)
@@ -504,6 +533,8 @@ class Ingester:
                     log.warning("traceml daemon: cannot read %s: %s", f.path, exc)
                     more = False
                 except Exception as exc:
+                    if _index_failure(exc):
+                        raise  # the index, not this file: nothing to set aside
                     # An unexpected bug on one file must not stall the others: set it aside until restart.
                     log.error("traceml daemon: skipping %s until restart: %s", f.path, exc)
                     self._quarantine.add(f.path)
@@ -645,7 +676,7 @@ class Ingester:
             conn.executemany(idx.insert_steps_sql(run.run_id, keep), list(zip(*[cols[i] for i in keep])))
             inserted = conn.total_changes - before
             batch.rows += n
-            self.records_ingested += inserted
+            batch.records += inserted
             key = (run.run_id, rank, attempt)
             window = agg.window(key)
             window.add_columns(cols, inserted)
