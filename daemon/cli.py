@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
     except locations.NetworkFilesystemError as exc:
         print(f"traceml daemon: {exc}", file=sys.stderr)
         return 1
-    except (IndexLockedError, idx.IndexSchemaError) as exc:
+    except (IndexLockedError, idx.IndexSchemaError, idx.IndexDamagedError) as exc:
         print(f"traceml daemon: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

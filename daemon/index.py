@@ -204,6 +204,16 @@ class IndexSchemaError(RuntimeError):
     """The index was written by a newer traceml (its schema version is unknown here)."""
 
 
+class IndexDamagedError(RuntimeError):
+    """The index cannot be opened or checked (not a database, truncated, corrupt, unwritable)."""
+
+
+def damaged_message(path, what: str) -> str:
+    """One line naming the index, what is wrong and what to do (never: delete it)."""
+    return (f"the index {path} {what}; move it aside (do not delete it: it may be recoverable) "
+            f"or give --index another path")
+
+
 def connect_writer(path: str | Path) -> sqlite3.Connection:
     """Open (creating when missing) the index for the single writer: WAL, ``synchronous=FULL``.
 
@@ -212,8 +222,25 @@ def connect_writer(path: str | Path) -> sqlite3.Connection:
     one of a newer version raises :class:`IndexSchemaError`.
     """
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _connect_writer(path)
+    except sqlite3.DatabaseError as exc:
+        raise IndexDamagedError(damaged_message(path, f"cannot be opened for writing ({exc})")) from None
+
+
+def _connect_writer(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
     try:
+        check = conn.execute("PRAGMA quick_check").fetchall()
+        if check != [("ok",)]:
+            first = " ".join(" ".join(str(r[0]) for r in check[:3]).split())[:200] if check else "no answer"
+            raise IndexDamagedError(damaged_message(path, f"failed its integrity check (PRAGMA quick_check: {first})"))
+        # A newer index is refused before anything is written to it.
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
+                raise IndexSchemaError(f"index {path} has schema version {row[0]}, newer than this traceml's "
+                                       f"{SCHEMA_VERSION}; use a newer traceml or another --index")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA cache_size=-16000")  # 16 MB: enough for the hot B-tree pages

@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RankState, RunStatus, count_states
 
+from . import index as idx
 from . import locations
 from .reader import IndexVersionError, Reader
 
@@ -75,6 +76,9 @@ def main(argv: list[str]) -> int:
     except IndexVersionError as exc:
         print(f"traceml status: {exc}", file=sys.stderr)
         return 1
+    except sqlite3.DatabaseError as exc:
+        print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)
+        return 1
     try:
         now = time.time()
         runs = reader.list_runs(args.roots or None, now=now)
@@ -109,7 +113,7 @@ def main(argv: list[str]) -> int:
                   f"{_fmt(r.steps_per_s, '.2f'):>8} {r.errors:>6}  {r.dir}")
         return 0
     except sqlite3.DatabaseError as exc:
-        print(f"traceml status: cannot read the index {index_path}: {exc}", file=sys.stderr)
+        print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)
         return 1
     finally:
         reader.close()
