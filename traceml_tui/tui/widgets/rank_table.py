@@ -35,3 +35,4 @@ class RankTable(FedTable):
     # The state comes first: it must stay visible however narrow the terminal.
     COLUMNS = ("Rank", "Node", "State", "Step", steptime.STEP_LABEL, *(label for _, label in steptime.PARTS),
                "Δ median")
+    WIDTHS = {"State": 11}  # "running 59m", "STALLED 40s", "interrupted"

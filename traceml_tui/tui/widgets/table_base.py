@@ -12,6 +12,8 @@ class FedTable(DataTable):
     """Subclasses set ``COLUMNS`` (labels); the owner assigns ``table_rows``."""
 
     COLUMNS: tuple[str, ...] = ()
+    #: Fixed widths for columns whose text changes length between refreshes (auto width would cut it meanwhile).
+    WIDTHS: dict[str, int] = {}
 
     table_rows: reactive[tuple] = reactive((), always_update=False)
 
@@ -22,7 +24,7 @@ class FedTable(DataTable):
 
     def on_mount(self) -> None:
         for label in self.COLUMNS:
-            self.add_column(label, key=label)
+            self.add_column(label, key=label, width=self.WIDTHS.get(label))
         self._fill(self.table_rows)
 
     def watch_table_rows(self, rows: tuple) -> None:
