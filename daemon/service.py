@@ -420,7 +420,7 @@ class Ingester:
         """Read one side file (regular files only), store it, its error and its facts."""
         path = os.path.join(run.dir, side.rel)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = rundir.open_under(run.root, path)  # no link anywhere below the root (docs/security.md)
         except OSError:
             return
         try:
@@ -551,7 +551,7 @@ class Ingester:
     def _ingest_file(self, run: _Run, f: _File, st: os.stat_result) -> bool:
         """Read one file from its committed offset; True when more data may remain."""
         try:
-            fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = rundir.open_under(run.root, f.path)  # a folder swapped for a link is never followed
         except OSError:
             return False
         try:

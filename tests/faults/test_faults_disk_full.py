@@ -11,7 +11,7 @@ import pytest
 from test_daemon_support import write_steps
 
 from daemon import cli
-from daemon.service import Ingester, IndexWriteError
+from daemon.service import IndexWriteError, Ingester
 
 pytestmark = pytest.mark.faults
 

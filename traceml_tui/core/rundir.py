@@ -420,3 +420,32 @@ def run_dir_of(path: str, run_dirs) -> Optional[str]:
             return probe
         probe = os.path.dirname(probe)
     return None
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_under(root: os.PathLike[str] | str, path: os.PathLike[str] | str) -> int:
+    """Open ``path`` for reading only if no component between ``root`` and it is a link; return the descriptor.
+
+    Each folder below ``root`` is opened relative to its parent's descriptor
+    with ``O_NOFOLLOW|O_DIRECTORY``, and the file itself with ``O_NOFOLLOW|O_NONBLOCK``
+    (a FIFO never blocks; the caller checks ``fstat`` for a regular file). A
+    folder swapped for a link after discovery raises ``OSError`` instead of
+    leading outside the root (docs/security.md). ``root`` itself is trusted as given.
+    """
+    rel = os.path.relpath(os.fspath(path), os.fspath(root))
+    parts = rel.split(os.sep)
+    if rel.startswith("..") or os.path.isabs(rel) or "" in parts:
+        raise OSError(f"{path} is not under {root}")
+    fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    try:
+        for part in parts[:-1]:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        return os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+
