@@ -17,6 +17,7 @@ and ``lock_path`` are re-exported here for callers of the earlier layout.
 
 from __future__ import annotations
 
+import errno
 import gc
 import hashlib
 import logging
@@ -421,7 +422,8 @@ class Ingester:
         path = os.path.join(run.dir, side.rel)
         try:
             fd = rundir.open_under(run.root, path)  # no link anywhere below the root (docs/security.md)
-        except OSError:
+        except OSError as exc:
+            self._unreadable(run, side.rel, path, exc)
             return
         try:
             st = os.fstat(fd)
@@ -449,6 +451,18 @@ class Ingester:
         batch.runs.add(run.run_id)
         run.sides[side.rel] = (st.st_size, st.st_mtime_ns)
         self._apply_side_facts(run, side.kind, read.facts)
+
+    def _unreadable(self, run: _Run, rel: str, path: str, exc: OSError) -> None:
+        """A file we may not read is one error row naming it (per version), never a silent skip."""
+        if exc.errno not in (errno.EACCES, errno.EPERM):
+            return  # gone, or a link refused on the way: nothing to report
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return
+        batch = self._begin()
+        self._side_error(run.run_id, rel, st.st_mtime_ns, st.st_size, f"{rel}: cannot be read ({exc.strerror})")
+        batch.runs.add(run.run_id)
 
     def _side_error(self, run_id: int, rel: str, mtime_ns: int, size: int, message: str) -> None:
         """One error row per version (mtime, size) of a bad side file."""
@@ -552,7 +566,8 @@ class Ingester:
         """Read one file from its committed offset; True when more data may remain."""
         try:
             fd = rundir.open_under(run.root, f.path)  # a folder swapped for a link is never followed
-        except OSError:
+        except OSError as exc:
+            self._unreadable(run, f.rel, f.path, exc)
             return False
         try:
             fst = os.fstat(fd)
