@@ -11,6 +11,7 @@ import errno
 import fcntl
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +34,48 @@ class DaemonInfo:
 
 
 def lock_path(index_path: str | os.PathLike[str]) -> Path:
-    """The lock file beside the index."""
-    return Path(str(index_path) + ".lock")
+    """The lock file beside the index (its real path: a symlink to an index shares the index's lock)."""
+    return Path(os.path.realpath(index_path) + ".lock")
+
+
+def alias_lock_path(index_path: str | os.PathLike[str]) -> Optional[Path]:
+    """A lock named by the index file's device and inode, so that hard links to one index share it too."""
+    try:
+        st = os.stat(index_path)
+    except OSError:
+        return None  # no index yet: the first writer creates it under the path lock
+    return Path(tempfile.gettempdir()) / f"traceml-{os.getuid()}" / f"index-{st.st_dev}-{st.st_ino}.lock"
+
+
+#: Alias-lock descriptors held with each writer lock (closed by :func:`release_lock`).
+_alias_fds: dict[int, int] = {}
+
+
+def _take(path: Path, index_path: str, data: bytes) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            info = _read_lock_info(path, index_path)
+            who = f"pid {info.pid}" if info.pid else "another process"
+            raise IndexLockedError(
+                f"another traceml {info.mode} ({who}) already writes the index {index_path}"
+            ) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+    return fd
+
+
+def release_lock(fd: int) -> None:
+    """Release a writer lock taken by :func:`acquire_lock` (and its alias lock)."""
+    alias = _alias_fds.pop(fd, None)
+    if alias is not None:
+        os.close(alias)
+    os.close(fd)
 
 
 def _read_lock_info(path: Path, index_path: str) -> DaemonInfo:
@@ -73,24 +114,19 @@ def find_running_daemon(index_path: str | os.PathLike[str]) -> Optional[DaemonIn
 def acquire_lock(index_path: str | os.PathLike[str], roots: list[str], mode: str = "daemon") -> int:
     """Take the exclusive writer lock; raise :class:`IndexLockedError` naming the holder.
 
-    Returns the lock's file descriptor: closing it releases the lock.
+    Two locks: one beside the index's real path (symlinked aliases share it, and
+    ``find_running_daemon`` reads who holds it), one named by the index file's
+    device and inode (hard-linked aliases share that). Returns the first lock's
+    descriptor; :func:`release_lock` releases both.
     """
-    path = lock_path(index_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            info = _read_lock_info(path, str(index_path))
-            who = f"pid {info.pid}" if info.pid else "another process"
-            raise IndexLockedError(
-                f"another traceml {info.mode} ({who}) already writes the index {index_path}"
-            ) from None
-        raise
     data = json.dumps({"pid": os.getpid(), "roots": roots, "index": str(index_path), "mode": mode,
                        "started": time.time()}).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+    fd = _take(lock_path(index_path), str(index_path), data)
+    alias = alias_lock_path(index_path)
+    if alias is not None:
+        try:
+            _alias_fds[fd] = _take(alias, str(index_path), data)
+        except BaseException:
+            os.close(fd)
+            raise
     return fd

@@ -35,7 +35,7 @@ from traceml_tui.core import records, rundir
 
 from . import aggregates, live, locations, sidefiles, tailer, watcher
 from . import index as idx
-from .lock import DaemonInfo, IndexLockedError, acquire_lock, find_running_daemon, lock_path
+from .lock import DaemonInfo, IndexLockedError, acquire_lock, find_running_daemon, lock_path, release_lock
 
 __all__ = ["Ingester", "IndexLockedError", "DaemonInfo", "find_running_daemon", "acquire_lock", "lock_path",
            "BATCH_ROWS", "MAX_DEPTH", "IndexWriteError"]
@@ -167,7 +167,7 @@ class Ingester:
             self.conn = None
             self._agg = None
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            release_lock(self._lock_fd)
             self._lock_fd = None
 
     def run_once(self) -> int:
