@@ -207,6 +207,44 @@ class Aggregates:
             out.append((*vals, run_id, rank, int(b)))
         self.conn.executemany(f"UPDATE series SET {sets} WHERE run_id = ? AND rank = ? AND bucket = ?", out)
 
+    def rebuild_rank(self, key: RankKey) -> None:
+        """Rebuild one (run, rank, attempt)'s window from the step rows that remain (a file's generation changed:
+        its rows were re-supplied, so counts folded in before would be counted twice). The ``rank_end`` facts,
+        node and latest ratios (not stored per step) are kept."""
+        old = self.windows.pop(key, None) or self.window(key)
+        self.windows.pop(key, None)
+        w = live.RankWindow()
+        w.ended, w.exit_code, w.end_ts, w.node, w.ratios = old.ended, old.exit_code, old.end_ts, old.node, old.ratios
+        count, first, last = self.conn.execute(
+            "SELECT count(*), min(step), max(step) FROM steps WHERE run_id = ? AND rank = ? AND attempt = ?",
+            key).fetchone()
+        w.records, w.first_step, w.last_step = count, first, last
+        if last is not None:
+            w.last_ts, w.loss = self.conn.execute(
+                "SELECT ts, loss FROM steps WHERE run_id = ? AND rank = ? AND attempt = ? AND step = ?",
+                (*key, last)).fetchone()
+            tail = self.conn.execute(
+                f"SELECT {', '.join(live.WINDOW_COLUMNS)} FROM steps WHERE run_id = ? AND rank = ?"
+                " AND attempt = ? ORDER BY step DESC LIMIT ?", (*key, live.WINDOW)).fetchall()
+            w.add_stored(tail[::-1])
+        if w.node is None:
+            w.node = self.header_node(key)
+        self.windows[key] = w
+
+    def rebuild_series(self, run_id: int, rank: int, chunk: int = 65_536) -> None:
+        """Refold one rank's wide series from its stored step rows (every attempt), buckets emptied first.
+
+        The ``ratio/<component>`` series (``series_extra``) are not stored per step and are left as they are.
+        """
+        self.conn.execute("DELETE FROM series WHERE run_id = ? AND rank = ?", (run_id, rank))
+        names = ", ".join(idx.STEP_COLUMNS[1:])
+        cur = self.conn.execute(f"SELECT {names} FROM steps WHERE run_id = ? AND rank = ?", (run_id, rank))
+        while True:
+            rows = cur.fetchmany(chunk)
+            if not rows:
+                break
+            self.write_series(run_id, rank, list(zip(*rows)), {})
+
     def merge_series(self, run_id: int, rank: int, factor: int) -> None:
         """Merge every ``factor`` neighbouring buckets of one rank's series (the bucket width grew)."""
         aggs = ", ".join(f"min({m}_min), max({m}_max), sum({m}_sum), sum({m}_n)" for m in idx.SERIES_METRICS)

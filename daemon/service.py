@@ -94,6 +94,7 @@ class _Batch:
         self.file_updates: dict[_File, dict] = {}
         self.ranks: set[tuple[int, int, int]] = set()
         self.runs: set[int] = set()
+        self.rebuild: set[tuple[int, int, int]] = set()  # ranks whose rows a new generation re-supplied
 
 
 class Ingester:
@@ -328,6 +329,11 @@ class Ingester:
         if batch is None:
             return
         now = self.clock()
+        for key in batch.rebuild:  # re-supplied rows: recount from the rows that remain, never fold twice
+            self._agg.rebuild_rank(key)
+            batch.ranks.add(key)
+        for run_id, rank in {(k[0], k[1]) for k in batch.rebuild}:
+            self._agg.rebuild_series(run_id, rank)
         for key in batch.ranks:
             self._agg.write_rank_live(key, now)
             batch.runs.add(key[0])
@@ -650,6 +656,11 @@ class Ingester:
 
     def _error(self, run: _Run, f: _File, cur: dict, offset: int, length: int, message: str) -> None:
         batch = self._begin()
+        if cur["generation"] and self.conn.execute(
+                "SELECT 1 FROM errors WHERE run_id = ? AND identity = ? AND offset = ? AND length IS ? AND message = ?"
+                " AND generation < ?", (run.run_id, cur["identity"], offset, length, message,
+                                        cur["generation"])).fetchone():
+            return  # the same line of an earlier generation, reported already
         c = self.conn.execute(
             "INSERT OR IGNORE INTO errors (run_id, path, identity, generation, offset, length, message, seen)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -687,12 +698,26 @@ class Ingester:
             n = len(rows)
             # Columns NULL in the whole group are left out of the INSERT (same rows, far fewer None binds).
             keep = tuple(i for i, col in enumerate(cols) if col[0] is not None or col.count(None) != n)
-            before = conn.total_changes
-            conn.executemany(idx.insert_steps_sql(run.run_id, keep), list(zip(*[cols[i] for i in keep])))
-            inserted = conn.total_changes - before
+            key = (run.run_id, rank, attempt)
+            values = list(zip(*[cols[i] for i in keep]))
+            if cur["generation"]:
+                # A later generation re-supplies rows: its values win (REPLACE), and a row it replaced sends
+                # the rank's window and series to be rebuilt from the rows that remain (at commit).
+                span = (*key, min(cols[live.COL_STEP]), max(cols[live.COL_STEP]))
+                count_sql = ("SELECT count(*) FROM steps WHERE run_id = ? AND rank = ? AND attempt = ?"
+                             " AND step BETWEEN ? AND ?")
+                had = conn.execute(count_sql, span).fetchone()[0]
+                conn.executemany(idx.insert_steps_sql(run.run_id, keep).replace("OR IGNORE", "OR REPLACE", 1),
+                                 values)
+                inserted = conn.execute(count_sql, span).fetchone()[0] - had
+                if had:
+                    batch.rebuild.add(key)
+            else:
+                before = conn.total_changes
+                conn.executemany(idx.insert_steps_sql(run.run_id, keep), values)
+                inserted = conn.total_changes - before
             batch.rows += n
             batch.records += inserted
-            key = (run.run_id, rank, attempt)
             window = agg.window(key)
             window.add_columns(cols, inserted)
             latest = live.latest_ratios(group[-WINDOW_TAIL:])
@@ -735,6 +760,12 @@ class Ingester:
                 w.exit_code = rec.exit_code
                 w.end_ts = rec.ts
                 batch.ranks.add(key)
+        if events and cur["generation"]:
+            # Unique per (run, file identity, offset) across generations when the content is the same: a file
+            # that shrank and came back (a transient truncation) re-supplies the very same lines.
+            same = "SELECT 1 FROM events WHERE run_id = ? AND identity = ? AND offset = ? AND body = ? AND generation < ?"
+            events = [e for e in events
+                      if self.conn.execute(same, (e[0], e[1], e[3], e[9], e[2])).fetchone() is None]
         if samples:
             self.conn.executemany("INSERT OR IGNORE INTO system VALUES (?, ?, ?, ?, ?, ?, ?)", samples)
             batch.rows += len(samples)
