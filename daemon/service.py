@@ -58,6 +58,7 @@ def _index_failure(exc: BaseException) -> bool:
         exc, (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError, sqlite3.DataError))
 
 
+NUL_GRACE_S = 120.0  # a line starting with NUL bytes is waited for while its file changed this recently
 BACKOFF_MAX_S = 60.0  # the live daemon retries a failing index at most this far apart
 
 
@@ -132,6 +133,8 @@ class Ingester:
         self._watcher: Optional[watcher.Watcher] = None
         self._batch: Optional[_Batch] = None
         self._quarantine: set[str] = set()
+        self._held_back = False  # the last block stopped at a line of NUL bytes
+        self._nul_fresh = True  # the file being read changed within NUL_GRACE_S
         self.records_ingested = 0
 
     # ----------------------------------------------------------------- lifecycle
@@ -586,7 +589,15 @@ class Ingester:
             state = dict(batch.file_updates.get(f, {}))
             cur = {k: state.get(k, getattr(f, k)) for k in ("identity", "generation", "offset", "skipping", "tail")}
             new_gen = False
-            if cur["identity"] is None:
+            old_ino = state.get("ino", f.ino)
+            if cur["identity"] is not None and old_ino is not None and fst.st_ino != old_ino:
+                # Another file at the path (rotation: steps-1.jsonl moved to steps-1.jsonl.1, a new one made):
+                # first drain the rest of the old one, found by its inode in the same folder.
+                new_gen = self._drain_renamed(run, f, cur, old_ino, fst.st_dev)
+            if new_gen:
+                cur.update(identity=head.identity, generation=(cur["generation"] or 0) + 1, offset=0, skipping=0,
+                           tail=None)
+            elif cur["identity"] is None:
                 cur.update(identity=head.identity, offset=0, skipping=0, tail=None)
             elif (head.identity != cur["identity"] or fst.st_size < cur["offset"]
                   or not _tail_matches(fd, cur["offset"], cur["tail"])):
@@ -596,11 +607,14 @@ class Ingester:
                            tail=None)
             offset = cur["offset"]
             more = False
+            self._held_back = False
+            self._nul_fresh = time.time() - fst.st_mtime < NUL_GRACE_S
             data = tailer.read_block(fd, offset, fst.st_size)
             if data:
                 offset, skipping, tail, more = self._ingest_block(run, f, cur, data, offset, fst.st_size)
                 cur.update(offset=offset, skipping=skipping, tail=tail)
-            cur.update(size=fst.st_size if not more else None, mtime_ns=fst.st_mtime_ns, ino=fst.st_ino)
+            # Held back at a NUL line: stat may not change when the data lands (NFS), so look again next poll.
+            cur.update(size=fst.st_size if not (more or self._held_back) else None, mtime_ns=fst.st_mtime_ns, ino=fst.st_ino)
             self.conn.execute(
                 "UPDATE files SET identity=?, generation=?, offset=?, skipping=?, tail=?, size=?, mtime_ns=?, ino=?,"
                 " missing=0 WHERE file_id=?",
@@ -613,6 +627,44 @@ class Ingester:
             return more
         finally:
             os.close(fd)
+
+    def _drain_renamed(self, run: _Run, f: _File, cur: dict, ino: int, dev: int) -> bool:
+        """Read the rest of ``f``'s previous file, now renamed in the same folder (found by inode ``ino``).
+
+        True when it was found (and drained as far as its complete lines go): the path holds a new file.
+        """
+        folder = os.path.dirname(f.path)
+        try:
+            with os.scandir(folder) as it:
+                names = [e.name for e in it if e.inode() == ino and e.name != os.path.basename(f.path)]
+        except OSError:
+            return False
+        for name in names:
+            try:
+                fd = rundir.open_under(run.root, os.path.join(folder, name))
+            except OSError:
+                continue
+            try:
+                fst = os.fstat(fd)
+                if fst.st_ino != ino or fst.st_dev != dev or not stat.S_ISREG(fst.st_mode):
+                    continue
+                head = tailer.read_head(fd)
+                if (head is None or head.identity != cur["identity"] or fst.st_size < cur["offset"]
+                        or not _tail_matches(fd, cur["offset"], cur["tail"])):
+                    continue  # not the generation we were reading: nothing of it is ours to drain
+                while True:
+                    data = tailer.read_block(fd, cur["offset"], fst.st_size)
+                    if not data:
+                        break
+                    before = cur["offset"]
+                    offset, skipping, tail, more = self._ingest_block(run, f, cur, data, before, fst.st_size)
+                    cur.update(offset=offset, skipping=skipping, tail=tail)
+                    if not more or offset <= before:
+                        break
+                return True
+            finally:
+                os.close(fd)
+        return False
 
     def _ingest_block(self, run: _Run, f: _File, cur: dict, data: bytes, offset: int, size: int):
         """Consume complete lines of ``data`` (read at ``offset``); returns (offset, skipping, tail, more)."""
@@ -627,6 +679,19 @@ class Ingester:
             offset += nl + 1
             skipping = 0
             tail = None
+        # A line starting with a NUL byte is a region extended before its data landed (NFS): never commit past
+        # it; read it again next poll.
+        hole = 0 if data[:1] == b"\0" else data.find(b"\n\0") + 1 or None
+        if hole is not None:
+            end = data.find(b"\n", hole)
+            if (end >= 0 and not data[hole:end].strip(b"\0")) or not self._nul_fresh:
+                hole = None  # a complete line of NULs only, or a file quiet for NUL_GRACE_S: an error row as before
+        if hole is not None:
+            self._held_back = True
+            data = data[:hole]
+            size = read_end = offset + hole
+            if not data:
+                return offset, 0, tail, False
         cut = data.rfind(b"\n")
         if cut < 0:
             if len(data) > tailer.MAX_LINE:
