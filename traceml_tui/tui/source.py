@@ -17,9 +17,11 @@ The clock is injected (``clock``) so that snapshot tests are deterministic.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
@@ -198,6 +200,18 @@ def _training_ratio(summary: dict) -> Optional[float]:
 # --------------------------------------------------------------------------- the index adapter
 
 
+def _serialized(method):
+    """Run one source call at a time: the refresh worker's query and ``close`` never overlap (a connection
+    closed under a running query crashes SQLite's C code, not just Python)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class IndexSource:
     """:class:`Source` over the daemon's index through :class:`daemon.reader.Reader` (read-only, opened lazily).
 
@@ -210,6 +224,8 @@ class IndexSource:
         self.index_path = Path(index_path)
         self.clock = clock
         self.stall_floor_s = stall_floor_s
+        self._lock = threading.RLock()
+        self._closed = False  # after close() the index is never reopened (a late refresh gets "no index")
         self.ingester = ingester  # an embedded daemon.service.Ingester we own (stopped on close)
         self._reader: Any = None
         self._row_cache: dict[int, tuple[int, dict]] = {}  # run_id -> (updated_version, cached parts)
@@ -218,7 +234,7 @@ class IndexSource:
     def _db(self) -> Any:
         """The reader, or None while the index does not exist (or is not initialised) yet."""
         if self._reader is None:
-            if not self.index_path.is_file():
+            if self._closed or not self.index_path.is_file():
                 return None
             from daemon.reader import Reader
 
@@ -235,7 +251,9 @@ class IndexSource:
     def now(self) -> float:
         return self.clock()
 
+    @_serialized
     def close(self) -> None:
+        self._closed = True
         if self.ingester is not None:
             try:
                 self.ingester.stop()
@@ -245,6 +263,7 @@ class IndexSource:
             self._reader.close()
             self._reader = None
 
+    @_serialized
     def data_version(self) -> int:
         reader = self._db()
         if reader is None:
@@ -255,6 +274,7 @@ class IndexSource:
             return -1
 
     # -- runs
+    @_serialized
     def runs(self) -> RunsSnapshot:
         now = self.clock()
         reader = self._db()
@@ -301,6 +321,7 @@ class IndexSource:
                 "eval_step": reader.newest_evaluated_step(run.run_id)}
 
     # -- one run
+    @_serialized
     def run_detail(self, run_id: int, runs: Optional[RunsSnapshot] = None) -> Optional[RunDetail]:
         reader = self._db()
         if reader is None:
@@ -346,6 +367,7 @@ class IndexSource:
             now=now)
 
     # -- backlog
+    @_serialized
     def backlog(self, run_id: Optional[int] = None) -> BacklogSnapshot:
         now = self.clock()
         reader = self._db()
@@ -374,6 +396,7 @@ class IndexSource:
         return BacklogSnapshot(tuple(items), counts, newest, lag, train_step, now, run=label)
 
     # -- compare
+    @_serialized
     def summary(self, spec: str) -> tuple[dict, str]:
         from traceml_tui.compare.load import parse_summary_bytes, read_summary
         from traceml_tui.core.rundir import SUMMARY_JSON, RunDir
