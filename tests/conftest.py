@@ -55,3 +55,39 @@ def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     runs.prefetch(wanted)
     yield runs
     runs.close()
+
+
+_RESULTS: list[tuple[str, str, str]] = []
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Collect (case, expected, observed) of every ``faults``-marked test for the table printed at the end."""
+    if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
+        return
+    if "faults" not in report.keywords:
+        return
+    expected = getattr(report, "fault_expected", "")
+    _RESULTS.append((report.nodeid.split("::", 1)[-1], expected, report.outcome))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    doc = (item.function.__doc__ or item.module.__doc__ or "").strip().splitlines()
+    report.fault_expected = doc[0] if doc else ""
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The fault suite's table: case, observed, expected.
+
+    Point the suite at a new filesystem with ``pytest -m faults --basetemp /that/filesystem/tmp``.
+    """
+    if not _RESULTS:
+        return
+    tr = terminalreporter
+    tr.section("fault suite")
+    width = min(70, max(len(case) for case, _, _ in _RESULTS))
+    tr.write_line(f"{'case':<{width}}  {'observed':<8}  expected")
+    for case, expected, observed in _RESULTS:
+        tr.write_line(f"{case[:width]:<{width}}  {observed:<8}  {expected[:100]}")

@@ -41,6 +41,7 @@ def _run(index: Path, name: str):
         return run, r.step_count(run.run_id), r.errors(run.run_id), r.rank_rows(run.run_id)
 
 
+@pytest.mark.faults
 def test_partial_line_waits_until_complete(env):
     root, index, ingest = env
     path = write_steps(root / "r", 0, range(1, 3))
@@ -57,6 +58,7 @@ def test_partial_line_waits_until_complete(env):
     assert ranks[0].last_step == 3 and ranks[0].records == 3
 
 
+@pytest.mark.faults
 def test_truncate_and_regrow_starts_a_new_generation(env):
     root, index, ingest = env
     path = write_steps(root / "r", 0, range(1, 11))
@@ -70,6 +72,7 @@ def test_truncate_and_regrow_starts_a_new_generation(env):
     assert ranks[0].last_step == 40
 
 
+@pytest.mark.faults
 def test_rename_replace_is_read_from_the_start(env):
     root, index, ingest = env
     path = write_steps(root / "r", 0, range(1, 6))
@@ -82,6 +85,7 @@ def test_rename_replace_is_read_from_the_start(env):
     assert count == 8 and errors == () and ranks[0].last_step == 8
 
 
+@pytest.mark.faults
 def test_headers_identical_in_first_64_bytes_are_different_files(env):
     root, index, ingest = env
     prefix = '{"kind":"header","v":1,"run":"' + "x" * 60 + '",'
@@ -105,6 +109,7 @@ def test_headers_identical_in_first_64_bytes_are_different_files(env):
     assert count == 9
 
 
+@pytest.mark.faults
 def test_long_line_is_one_error_and_the_skip_persists(env):
     root, index, ingest = env
     path = write_steps(root / "r", 0, range(1, 3))
@@ -117,6 +122,7 @@ def test_long_line_is_one_error_and_the_skip_persists(env):
     assert len(errors) == 1 and "longer than" in errors[0].message
 
 
+@pytest.mark.faults
 def test_long_line_still_being_written_is_skipped_once(env):
     root, index, ingest = env
     path = write_steps(root / "r", 0, range(1, 2))
@@ -143,6 +149,7 @@ BAD_LINES = [
 ]
 
 
+@pytest.mark.faults
 def test_malformed_lines_become_error_rows_and_never_stall(env):
     root, index, ingest = env
     path = write_steps(root / "r", 0, range(1, 3))
@@ -160,6 +167,7 @@ def test_malformed_lines_become_error_rows_and_never_stall(env):
     assert len(_run(index, "r")[2]) == len(BAD_LINES)
 
 
+@pytest.mark.faults
 def test_nul_padding_and_crlf(env):
     root, index, ingest = env
     path = write_steps(root / "r", 0, range(1, 3))
@@ -174,6 +182,7 @@ def test_nul_padding_and_crlf(env):
     assert {k.rank: k.last_step for k in ranks} == {0: 2, 1: 4}
 
 
+@pytest.mark.faults
 def test_symlinks_out_of_the_root_and_fifos_are_not_followed(env, tmp_path):
     root, index, ingest = env
     outside = tmp_path / "outside"
@@ -193,6 +202,7 @@ def test_symlinks_out_of_the_root_and_fifos_are_not_followed(env, tmp_path):
         assert [(k.rank, k.attempt) for k in r.rank_rows(run.run_id)] == [(0, 0)]
 
 
+@pytest.mark.faults
 def test_a_linked_run_subfolder_is_not_followed(env, tmp_path):
     root, index, ingest = env
     outside = tmp_path / "outside"
@@ -205,6 +215,7 @@ def test_a_linked_run_subfolder_is_not_followed(env, tmp_path):
         assert r.backlog(r.find_run("r").run_id) == ()
 
 
+@pytest.mark.faults
 def test_removed_run_keeps_rows_and_is_marked_missing(env):
     root, index, ingest = env
     write_steps(root / "gone", 0, range(1, 6))

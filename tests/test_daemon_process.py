@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from test_daemon_support import append_raw, step_line, steps_path, write_steps
 
 from daemon.lock import find_running_daemon
@@ -54,6 +55,7 @@ def _lines_on_disk(path: Path) -> set[int]:
     return steps
 
 
+@pytest.mark.faults
 def test_sigkilled_daemon_ingests_every_line_exactly_once(tmp_path, traceml_cmd, cli_env):
     root = tmp_path / "logs"
     index = tmp_path / "idx" / "index.sqlite"
@@ -134,6 +136,7 @@ def _last_step(index: Path):
         return None
 
 
+@pytest.mark.faults
 def test_second_daemon_on_the_same_index_refuses(tmp_path, traceml_cmd, cli_env):
     root = tmp_path / "logs"
     root.mkdir()
@@ -171,6 +174,7 @@ def test_index_on_a_network_filesystem_is_refused(tmp_path, traceml_cmd, cli_env
     assert ok.returncode == 0, ok.stderr
 
 
+@pytest.mark.faults
 def test_fifo_does_not_block_and_status_reports(tmp_path, traceml_cmd, cli_env):
     root = tmp_path / "logs"
     write_steps(root / "a", 0, range(1, 11))
@@ -227,6 +231,7 @@ def test_bad_arguments_give_one_line_and_exit_2(tmp_path, traceml_cmd, cli_env):
     assert not Path(cli_env["XDG_STATE_HOME"], "traceml", "index.sqlite").exists()
 
 
+@pytest.mark.faults
 def test_run_folder_deleted_while_the_daemon_reads_it(tmp_path, traceml_cmd, cli_env):
     root = tmp_path / "logs"
     index = tmp_path / "index.sqlite"

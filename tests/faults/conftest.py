@@ -45,35 +45,3 @@ class Env:
 def env(tmp_path: Path) -> Env:
     return Env(tmp_path)
 
-
-_RESULTS: list[tuple[str, str, str]] = []
-
-
-def pytest_runtest_logreport(report) -> None:
-    """Collect (case, expected, observed) for the fault table printed at the end."""
-    if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
-        return
-    if "/faults/" not in report.nodeid.replace("\\", "/"):
-        return
-    expected = getattr(report, "fault_expected", "")
-    _RESULTS.append((report.nodeid.split("::", 1)[-1], expected, report.outcome))
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    doc = (item.function.__doc__ or item.module.__doc__ or "").strip().splitlines()
-    report.fault_expected = doc[0] if doc else ""
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    """The fault suite's table: case, expected, observed (point it at a new filesystem with -m faults)."""
-    if not _RESULTS:
-        return
-    tr = terminalreporter
-    tr.section("fault suite")
-    width = min(70, max(len(case) for case, _, _ in _RESULTS))
-    tr.write_line(f"{'case':<{width}}  {'observed':<8}  expected")
-    for case, expected, observed in _RESULTS:
-        tr.write_line(f"{case[:width]:<{width}}  {observed:<8}  {expected[:100]}")
