@@ -85,7 +85,7 @@ async def _screens(run, tmp_path: Path) -> tuple[str, list[str], list[str]]:
         await d.settle(pilot)
         assert isinstance(pilot.app.screen, RunScreen)
         ranks = pilot.app.screen.query_one(RankTable)
-        states = [str(ranks.get_row_at(i)[2].plain).split()[0].lower() for i in range(ranks.row_count)]
+        states = [d.status_word(ranks.get_row_at(i)[2]).lower() for i in range(ranks.row_count)]
     source.close()
     return status_cell, states, alerts
 
@@ -119,7 +119,7 @@ def test_every_surface_says_the_same_word(case, real_runs, tmp_path, cli_env):
     assert line[25:].split()[0] == want_status, line
 
     status_cell, screen_ranks, alerts = asyncio.run(_screens(run, tmp_path))
-    assert status_cell.split()[0] == want_status
+    assert d.status_word(status_cell) == want_status
     assert screen_ranks == [rank_states[r] for r in sorted(rank_states)]
     assert bool(alerts) == (want_status in ALERTING), alerts
     if alerts:
@@ -151,7 +151,7 @@ def test_backlog_words_agree_across_validate_status_index_and_screen(real_runs, 
             await d.settle(pilot, rounds=3)
             assert isinstance(pilot.app.screen, BacklogScreen)
             table = pilot.app.screen.query_one(BacklogTable)
-            out = {table.get_row_at(i)[1]: table.get_row_at(i)[3].plain for i in range(table.row_count)}
+            out = {table.get_row_at(i)[1]: d.status_word(table.get_row_at(i)[3]) for i in range(table.row_count)}
         source.close()
         return out
 

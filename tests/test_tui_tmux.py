@@ -56,15 +56,15 @@ def test_watch_in_tmux_shows_training_run_and_ranks(tmp_path, cli_env):
             cwd=tmp_path, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # The run appears, with its topology, without a keypress.
         for name in ("small", "large"):
-            _wait_pane(sock, name, r"(running|completed)\s+tmux-ddp\s+.*1×2", 90)
+            _wait_pane(sock, name, r"[▶✓] (running|completed)\s+tmux-ddp\s+.*1×2", 90)
         seen_running = train.poll() is None
         for name in ("small", "large"):
             _tmux(sock, "send-keys", "-t", name, "Enter")
         for name in ("small", "large"):
             # rank, node, state ("running 0s" / "completed"), step
-            text = _wait_pane(sock, name, r"^\s*1\s+\d+\s+(running \S+|completed)\s+\d+", 30)
-            assert re.search(r"^\s*0\s+\d+\s+(running \S+|completed)\s+\d+", text, re.MULTILINE), text
-            assert "Rank" in text and re.search(r"RUNNING|COMPLETED", text), text
+            text = _wait_pane(sock, name, r"^\s*1\s+\d+\s+[▶✓]\s+(running \S+|completed)\s+\d+", 30)
+            assert re.search(r"^\s*0\s+\d+\s+[▶✓]\s+(running \S+|completed)\s+\d+", text, re.MULTILINE), text
+            assert "Rank" in text and re.search(r"[▶✓] (RUNNING|COMPLETED)", text), text
         large = _tmux(sock, "capture-pane", "-p", "-t", "large")
         assert "Step time per rank" in large
         assert seen_running, "training had already finished before the run showed up"

@@ -233,3 +233,17 @@ def build_fixture(tmp: Path) -> tuple[Path, Path]:
 
 #: The clock the snapshots see: 1 s after the newest record of vit-hang.
 FIXED_NOW = T0 + 41.0
+
+
+def strip_glyph(cell) -> str:
+    """A state cell's text without the glyph before its word: ``"⚠ stalled r2"`` → ``"stalled r2"``."""
+    from traceml_tui.tui.glyphs import ALL_GLYPHS
+
+    text = str(getattr(cell, "plain", cell)).strip()
+    head, _, rest = text.partition(" ")
+    return rest.strip() if head in ALL_GLYPHS else text
+
+
+def status_word(cell) -> str:
+    """The first word after a state cell's glyph: ``"⚠ stalled r2"`` → ``"stalled"``."""
+    return strip_glyph(cell).split()[0]

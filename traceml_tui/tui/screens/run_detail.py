@@ -12,6 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from traceml_tui.tui import textplot
+from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RunDetail
 from traceml_tui.tui.widgets.heatmap import Heatmap
 from traceml_tui.tui.widgets.info_panel import InfoPanel
@@ -35,7 +36,7 @@ def headline(detail: RunDetail) -> list:
         facts.append(f"eval @{r.eval_step} (lag {r.eval_lag})")
     if r.backlog:
         facts.append(f"backlog {r.backlog}")
-    return [(status, STATUS_STYLE.get(r.status, "")), " · ".join(facts)]
+    return [(run_label(r.status, status), STATUS_STYLE.get(r.status, "")), " · ".join(facts)]
 
 
 def node_lines(detail: RunDetail) -> list:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from traceml_tui.tui import textplot
+from traceml_tui.tui.glyphs import backlog_label
 from traceml_tui.tui.snapshots import BacklogItem
 from traceml_tui.tui.widgets.table_base import FedTable
 
@@ -13,7 +14,7 @@ STATE_STYLE = {"pending": "yellow", "claimed": "green", "completed": "cyan", "fa
 
 
 def backlog_cells(i: BacklogItem) -> tuple:
-    state = Text(i.state, style=STATE_STYLE.get(i.state, ""))
+    state = Text(backlog_label(i.state), style=STATE_STYLE.get(i.state, ""))
     beat = "–" if i.heartbeat_age_s is None else textplot.duration(i.heartbeat_age_s)
     if i.lease_s is not None and i.heartbeat_age_s is not None:
         beat += f"/{textplot.duration(i.lease_s)}"

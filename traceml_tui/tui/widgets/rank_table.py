@@ -7,6 +7,7 @@ from rich.text import Text
 from traceml_tui.core import steptime
 from traceml_tui.core.state import RankState
 from traceml_tui.tui import textplot
+from traceml_tui.tui.glyphs import rank_label
 from traceml_tui.tui.snapshots import RankRow
 from traceml_tui.tui.widgets.table_base import FedTable
 
@@ -17,13 +18,13 @@ def rank_cells(r: RankRow) -> tuple:
     delta = "–" if r.delta_pct is None else f"{r.delta_pct:+.0f}%"
     delta_style = "bold red" if r.delta_pct is not None and r.delta_pct >= 20 else ""
     if r.state == RankState.STALLED:
-        silent = Text(f"STALLED {textplot.duration(r.silent_s)}", style="bold yellow")
+        silent = Text(rank_label(r.state, f"STALLED {textplot.duration(r.silent_s)}"), style="bold yellow")
     elif r.state == RankState.LOST:
-        silent = Text(f"LOST {textplot.duration(r.silent_s)}", style="bold red")
+        silent = Text(rank_label(r.state, f"LOST {textplot.duration(r.silent_s)}"), style="bold red")
     elif r.state in (RankState.COMPLETED, RankState.FAILED, RankState.INTERRUPTED):
-        silent = Text(str(r.state), style=STATE_STYLE.get(r.state, ""))
+        silent = Text(rank_label(r.state), style=STATE_STYLE.get(r.state, ""))
     else:
-        silent = Text(f"running {textplot.duration(r.silent_s)}", style="green")
+        silent = Text(rank_label(r.state, f"running {textplot.duration(r.silent_s)}"), style="green")
     return (
         str(r.rank), "–" if r.node is None else str(r.node), silent, "–" if r.step is None else str(r.step),
         textplot.fmt_num(r.step_ms), *(textplot.fmt_num(v) for v in r.parts), Text(delta, style=delta_style),
@@ -35,4 +36,4 @@ class RankTable(FedTable):
     # The state comes first: it must stay visible however narrow the terminal.
     COLUMNS = ("Rank", "Node", "State", "Step", steptime.STEP_LABEL, *(label for _, label in steptime.PARTS),
                "Δ median")
-    WIDTHS = {"State": 11}  # "running 59m", "STALLED 40s", "interrupted"
+    WIDTHS = {"State": 13}  # "▶ running 59m", "⚠ STALLED 40s", "■ interrupted"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from traceml_tui.tui import textplot
+from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RUN_STATES, RunRow
 from traceml_tui.tui.widgets.table_base import FedTable
 
@@ -31,7 +32,7 @@ COLUMNS: tuple[tuple[str, object], ...] = (
 
 
 def status_text(row: RunRow) -> Text:
-    label = row.status
+    label = run_label(row.status)
     if row.silent_ranks:
         label += " " + ",".join(f"r{r}" for r in row.silent_ranks)
     return Text(label, style=STATUS_STYLE.get(row.status, ""))
