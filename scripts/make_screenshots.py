@@ -60,6 +60,7 @@ async def _shoot(out: Path, tmp: Path) -> list[Path]:
         await shoot(source, "run_detail_stalled", (120, 50), run=fr.name_of("hung"))
         await shoot(straggler, "run_detail", (120, 50), run="resnet-ok")
         await shoot(source, "backlog", (120, 24), key="b")
+        await shoot(source, "help", (100, 40), key="question_mark")
         app = create_app(source, poll_interval=0.02, compare=(str(ref), str(cand)), threshold_pct=5.0)
         async with app.run_test(size=(100, 30)) as pilot:
             await d.settle(pilot)

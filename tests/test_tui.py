@@ -83,9 +83,9 @@ async def test_statuses_failed_and_stalled_rank_named(fixture_index):
         await d.settle(pilot)
         table = pilot.app.screen.query_one(RunsTable)
         by_name = {cells(table, i)[1]: cells(table, i) for i in range(table.row_count)}
-        assert by_name["bert-crash"][0] == "failed"
-        assert by_name["vit-hang"][0] == "stalled r2"
-        assert by_name["resnet-ok"][0] == "completed"
+        assert d.strip_glyph(by_name["bert-crash"][0]) == "failed"
+        assert d.strip_glyph(by_name["vit-hang"][0]) == "stalled r2"
+        assert d.strip_glyph(by_name["resnet-ok"][0]) == "completed"
         assert by_name["resnet-ok"][3] == "1×4"
         assert by_name["resnet-ok"][4] == "60/60"
         assert by_name["resnet-ok"][11] == "3"  # three requests without a receipt
@@ -104,7 +104,7 @@ async def test_stalled_run_screen_names_silent_rank(fixture_index):
         assert isinstance(screen, RunScreen) and screen.detail is not None
         assert "silent rank 2" in panel_text(screen, "#headline")
         ranks = screen.query_one(RankTable)
-        silent = column(ranks, 2)
+        silent = [d.strip_glyph(c) for c in column(ranks, 2)]
         assert silent[2].startswith("STALLED") and not silent[0].startswith("STALLED")
         assert column(ranks, 3) == ["400", "400", "5"]
         assert "vit-hang" in names
@@ -121,7 +121,7 @@ async def test_failed_run_shows_outcome_reason_and_failed_rank(fixture_index):
         screen = pilot.app.screen
         assert "FAILED" in panel_text(screen, "#headline")
         assert "node_training_failed" in panel_text(screen, "#outcomes")
-        assert column(screen.query_one(RankTable), 2) == ["completed", "failed"]
+        assert [d.status_word(c) for c in column(screen.query_one(RankTable), 2)] == ["completed", "failed"]
 
 
 @aio
@@ -197,9 +197,9 @@ async def test_backlog_stuck_claim_stands_out(fixture_index):
         table = screen.query_one(BacklogTable)
         first = cells(table, 0)
         # The stale claim (another host's, heartbeat older than its lease) is sorted first, with its owner.
-        assert first[1] == "step-00000016" and first[3] == "stale-claim" and first[5] == "worker-b:777"
+        assert first[1] == "step-00000016" and d.status_word(first[3]) == "stale-claim" and first[5] == "worker-b:777"
         assert first[6] == "7m/1m"
-        states = column(table, 3)
+        states = [d.status_word(c) for c in column(table, 3)]
         assert states.count("completed") == 2 and states.count("claimed") == 1 and states.count("failed") == 1
         summary = panel_text(screen, "#backlog-summary")
         assert "stale-claim: 1 claim" in summary
@@ -336,3 +336,54 @@ def test_compare_screen_shows_the_loss_ratio_of_real_summaries():
     assert label in rows
     mse = ref["training"]["components"]["mse"]
     assert rows[label][1] != "–" and float(rows[label][1]) == pytest.approx(mse["ratio_recent_median"], rel=0.01)
+
+
+def test_every_state_word_has_a_glyph():
+    from traceml_tui.core.state import BacklogState, RankState, RunStatus
+    from traceml_tui.tui import glyphs
+
+    assert set(glyphs.RUN_GLYPHS) == {s.value for s in RunStatus}
+    assert set(glyphs.RANK_GLYPHS) == {s.value for s in RankState}
+    assert set(glyphs.BACKLOG_GLYPHS) == {s.value for s in BacklogState}
+    assert glyphs.run_label("stalled") == "⚠ stalled" and glyphs.backlog_label("stale-claim") == "⚠ stale-claim"
+    assert d.status_word("⚠ stalled r2") == "stalled" and d.strip_glyph("? LOST 2m") == "LOST 2m"
+
+
+@aio
+async def test_help_explains_columns_states_parts_and_keys(fixture_index):
+    import io
+
+    from rich.console import Console
+
+    from traceml_tui.core import steptime
+    from traceml_tui.core.state import BacklogState, RunStatus
+    from traceml_tui.tui.screens.help import HelpScreen, help_renderable
+    from traceml_tui.tui.screens.runs import RunsScreen
+    from traceml_tui.tui.widgets.runs_table import COLUMNS
+
+    _, _, source = fixture_index
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await d.settle(pilot)
+        for close in ("escape", "question_mark", "q"):
+            await pilot.press("question_mark")
+            await pilot.pause()
+            assert isinstance(pilot.app.screen, HelpScreen)
+            assert pilot.app.screen.query_one("#help-text").region.height > 40  # the help is drawn, scrollable
+            await pilot.press(close)
+            await pilot.pause()
+            assert isinstance(pilot.app.screen, RunsScreen), close
+        assert pilot.app.is_running
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(help_renderable())
+    text = console.export_text()
+    for label, _ in COLUMNS:
+        assert label in text
+    for word in (*RunStatus, *BacklogState):
+        assert word.value in text
+    for _, label in steptime.PARTS:
+        assert label in text
+    assert "Straggler" in text or "straggler" in text
+    assert "1.0 = no better than predicting zero" in text
+    for key in ("Filter", "Threshold", "Backlog", "Quit"):
+        assert key in text

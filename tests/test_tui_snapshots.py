@@ -111,3 +111,20 @@ def test_compare_screen_slower(snap_compare, tmp_path):
         assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
     finally:
         src.close()
+
+
+def test_help_screen(snap_compare, source):
+    async def run_before(pilot) -> None:
+        await d.settle(pilot)
+        await pilot.press("question_mark")
+        await d.settle(pilot)
+
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(100, 40), run_before=run_before)
+
+
+def test_runs_screen_no_color(snap_compare, source, monkeypatch):
+    # Textual reads NO_COLOR when the App is created (App.__init__) and renders monochrome: the glyphs carry the state.
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = create_app(source, poll_interval=0.02)
+    assert app.no_color
+    assert snap_compare(app, terminal_size=(120, 24), run_before=_open(""))

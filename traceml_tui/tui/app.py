@@ -24,6 +24,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from traceml_tui.tui.messages import BacklogUpdated, CompareUpdated, RunsUpdated, RunUpdated
 from traceml_tui.tui.screens.backlog import BacklogScreen
 from traceml_tui.tui.screens.compare import CompareScreen
+from traceml_tui.tui.screens.help import HelpScreen
 from traceml_tui.tui.screens.run_detail import RunScreen
 from traceml_tui.tui.screens.runs import RunsScreen
 from traceml_tui.tui.snapshots import ATTENTION_WORDS, CompareSnapshot, RunsSnapshot
@@ -42,6 +43,7 @@ class WatchApp(App):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("a", "toggle_alerts", "Alerts"),
+        Binding("question_mark", "help", "Help"),
         Binding("r", "show_runs", "Runs", show=False),
     ]
 
@@ -209,6 +211,13 @@ class WatchApp(App):
         self.alerts = not self.alerts
         self.notify(f"alerts {'on' if self.alerts else 'off'}", timeout=3)
 
+    def action_help(self) -> None:
+        """`?` anywhere: open the help screen (or close it when it is open)."""
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+        else:
+            self.push_screen(HelpScreen())
+
     def action_show_runs(self) -> None:
         while len(self.screen_stack) > 2:
             self.pop_screen()
@@ -219,6 +228,7 @@ class WatchApp(App):
                             self.action_toggle_alerts)
         yield SystemCommand("Validation backlog", "All runs' validation requests", lambda: self.open_backlog(None))
         yield SystemCommand("Runs", "Back to the list of runs", self.action_show_runs)
+        yield SystemCommand("Help", "What every column, glyph and state means; the keys", self.action_help)
 
 
 

@@ -1,0 +1,187 @@
+"""Help screen (`?`): what every column, glyph and state word means, and the keys of each screen.
+
+The words, glyphs, column labels, step-time parts and key bindings are read
+from where they are defined (the core's enums and ``steptime.PARTS``, the
+widgets' columns, the screens' ``BINDINGS``), so this screen cannot drift from
+what the other screens show; only the explanations are written here.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static
+
+from traceml_tui.core import steptime
+from traceml_tui.core.state import BACKLOG_ORDER, RUN_ATTENTION, BacklogState, RunStatus
+from traceml_tui.tui.glyphs import BACKLOG_GLYPHS, RUN_GLYPHS
+from traceml_tui.tui.widgets.rank_table import RankTable
+from traceml_tui.tui.widgets.runs_table import COLUMNS as RUNS_COLUMNS
+
+#: The Runs table's columns (labels from widgets/runs_table.py).
+RUNS_COLUMN_HELP: dict[str, str] = {
+    "Status": "the run's state word after its glyph, then the ranks that went silent (e.g. ⚠ stalled r0,r1)",
+    "Run": "run name",
+    "Workload": "the guard contract's workload name",
+    "Topo": "nodes × processes per node",
+    "Step": "newest step / declared steps",
+    "Step ms": "median step time (ms) over the recent steps",
+    "Trend": "step time over the recent steps (sparkline; rising = getting slower)",
+    "Steps/s": "training steps per second",
+    "Ex/s": "examples per second",
+    "Loss/0": "latest scale-free loss ratio of the worst loss component: its loss over what predicting zero "
+              "scores; 1.0 = no better than predicting zero (red at ≥ 1.0)",
+    "Eval": "@S −L: S = newest evaluated checkpoint step, L = steps training is ahead of it (– = none yet)",
+    "Backlog": "validation requests without a receipt (pending, claimed, failed, blocked, stale-claim)",
+    "Err": "ingest errors: records or files the index could not read (listed on the Run screen)",
+}
+
+#: What each run state means (the rules of traceml_tui/core/state.py), in attention order.
+RUN_STATUS_HELP: dict[str, str] = {
+    RunStatus.FAILED: "a rank raised, exited non-zero or was killed by a signal, or a guard outcome failed",
+    RunStatus.LOST: "a rank has no end record and nothing more can come from it (the run or its node is done, "
+                    "or every other rank ended long ago)",
+    RunStatus.STALLED: "a rank that has not ended is silent for the stall limit: max(30 s, 10 × median step "
+                       "interval) behind the run's newest record, or behind now while nothing new is ingested",
+    RunStatus.INTERRUPTED: "stopped by Ctrl-C (the ranks that did not complete were interrupted)",
+    RunStatus.RUNNING: "still writing records, no rank silent",
+    RunStatus.COMPLETED: "every rank ended cleanly (and the guard outcomes, if any, completed)",
+    RunStatus.MISSING: "its folder is gone from disk; the index keeps its rows",
+}
+
+#: What each validation request state means (core/state.py decide_backlog), in backlog order.
+BACKLOG_STATE_HELP: dict[str, str] = {
+    BacklogState.STALE_CLAIM: "claimed, but the owner is gone (same host: process gone; other host: heartbeat "
+                              "older than its lease)",
+    BacklogState.BLOCKED: "every allowed attempt failed",
+    BacklogState.FAILED: "an attempt failed; a retry is left",
+    BacklogState.CLAIMED: "a live evaluator is working on it",
+    BacklogState.PENDING: "waiting for an evaluator",
+    BacklogState.COMPLETED: "evaluated: a receipt is written",
+}
+
+#: The step-time parts (labels from core/steptime.PARTS).
+PART_HELP: dict[str, str] = {
+    "data_wait": "time in next() of an instrumented loader (0 and unmeasured without one)",
+    "between_steps": "the rest of the gap since the previous step: checkpoints, logging, eval, other input",
+    "h2d": "host-to-device copies",
+    "forward": "forward pass",
+    "backward": "backward pass",
+    "optimizer": "optimizer step",
+    "residual": "traced time no measured phase covers",
+}
+
+_KEY_NAMES = {"escape": "Esc", "enter": "Enter", "slash": "/", "question_mark": "?", "ctrl+p": "Ctrl+P"}
+
+
+def key_name(key: str) -> str:
+    return _KEY_NAMES.get(key, key)
+
+
+def binding_lines(bindings, extra: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, str]]:
+    """(key, description) of each binding (first key of a comma list), then ``extra``."""
+    out = []
+    for b in bindings:
+        if isinstance(b, Binding):
+            key, desc, action = b.key, b.description, b.action
+        else:
+            key, action, desc = (tuple(b) + ("",))[:3]
+        out.append((" ".join(key_name(k.strip()) for k in key.split(",")), desc or action.replace("_", " ")))
+    return out + list(extra)
+
+
+def screen_keys() -> list[tuple[str, list[tuple[str, str]]]]:
+    """Each screen's keys, from its BINDINGS (imported here to avoid a cycle with app.py)."""
+    from traceml_tui.tui.app import WatchApp
+    from traceml_tui.tui.screens.backlog import BacklogScreen
+    from traceml_tui.tui.screens.compare import CompareScreen
+    from traceml_tui.tui.screens.run_detail import RunScreen
+    from traceml_tui.tui.screens.runs import RunsScreen
+
+    return [
+        ("Everywhere", binding_lines(WatchApp.BINDINGS, (("Ctrl+P", "command palette"),))),
+        ("Runs", binding_lines(RunsScreen.BINDINGS, (("click", "a header sorts by that column"),))),
+        ("Run", binding_lines(RunScreen.BINDINGS)),
+        ("Backlog", binding_lines(BacklogScreen.BINDINGS)),
+        ("Compare", binding_lines(CompareScreen.BINDINGS)),
+        ("Help", binding_lines(HelpScreen.BINDINGS)),
+    ]
+
+
+class _Doc:
+    """Titled sections of (name, explanation) rows; explanations wrap under themselves."""
+
+    def __init__(self) -> None:
+        self.parts: list = []
+        self.grid: Table | None = None
+
+    def section(self, title: str) -> None:
+        if self.parts:
+            self.parts.append(Text(""))
+        self.parts.append(Text(title, style="bold underline"))
+        self.grid = None
+
+    def rows(self, rows) -> None:
+        if self.grid is None:
+            self.grid = Table.grid(padding=(0, 1))
+            self.grid.add_column(style="bold", no_wrap=True, min_width=15)
+            self.grid.add_column(ratio=1)
+            self.parts.append(Padding(self.grid, (0, 0, 0, 2)))
+        for name, text in rows:
+            self.grid.add_row(name, text)
+
+    def note(self, text: str) -> None:
+        self.parts.append(Padding(Text(text, style="dim"), (0, 0, 0, 2)))
+        self.grid = None
+
+
+def help_renderable() -> Group:
+    doc = _Doc()
+    doc.section("Runs screen: columns")
+    doc.rows((label, RUNS_COLUMN_HELP[label]) for label, _ in RUNS_COLUMNS)
+    doc.section("Run states (Runs status, Run headline, rank State), most urgent first")
+    doc.rows((f"{RUN_GLYPHS[s]} {s}", RUN_STATUS_HELP[s]) for s in RUN_ATTENTION)
+    doc.note("A rank's State adds how long it has been silent: ▶ running 3s, ⚠ STALLED 40s, ? LOST 2m.")
+    doc.section("Run screen: rank table")
+    doc.rows([("State", "the rank's state (above) and the time since its newest record"),
+              ("Step", "the rank's newest step"),
+              (steptime.STEP_LABEL, "mean step time over the last 64 steps; the parts below sum to it")])
+    doc.rows((label, PART_HELP[name]) for name, label in steptime.PARTS)
+    doc.rows((col, "this rank's step time vs the median rank") for col in RankTable.COLUMNS[-1:])
+    doc.section("Run screen: straggler heatmap")
+    doc.rows([("rows", "one per rank; columns are stretches of steps, oldest left"),
+              ("░▒▓█", "1.1–1.5× the median rank's step time there (darker = slower)"),
+              ("dark row", "a rank slow again and again: a recurring straggler")])
+    doc.section("Backlog states (validation requests), first shown first")
+    doc.rows((f"{BACKLOG_GLYPHS[s]} {s}", BACKLOG_STATE_HELP[s]) for s in BACKLOG_ORDER)
+    for title, keys in screen_keys():
+        doc.section(f"Keys: {title}")
+        doc.rows(keys)
+    return Group(*doc.parts)
+
+
+class HelpScreen(Screen):
+    """What every column, glyph and state means, and the keys of each screen."""
+
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Close"),
+        Binding("question_mark", "app.pop_screen", "Close", show=False),
+        Binding("q", "app.pop_screen", "Close", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with VerticalScroll(id="help-body"):
+            yield Static(help_renderable(), id="help-text")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "traceml watch"
+        self.sub_title = "help"
+        self.query_one("#help-body").focus()
