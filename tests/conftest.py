@@ -57,6 +57,25 @@ def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     runs.close()
 
 
+
+@pytest.fixture
+def env(tmp_path: Path):
+    """(root, index, ingest): an empty log root, an index path, and one pass of the real ingester over them."""
+    from daemon.service import Ingester
+
+    root = tmp_path / "logs"
+    root.mkdir()
+    index = tmp_path / "state" / "index.sqlite"
+
+    def ingest() -> int:
+        ing = Ingester(index, [str(root)], poll_interval=0.05, use_inotify=False)
+        try:
+            return ing.run_once()
+        finally:
+            ing.close()
+
+    yield root, index, ingest
+
 _RESULTS: list[tuple[str, str, str]] = []
 
 

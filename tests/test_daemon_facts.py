@@ -18,27 +18,12 @@ from test_daemon_support import append_raw, step_line, steps_path
 from daemon import index as idx
 from daemon import sidefiles
 from daemon.reader import Reader
-from daemon.service import Ingester
 from traceml_tui.core import artifacts, records
 from traceml_tui.core.atomic import atomic_write_bytes, atomic_write_json
 
 DAEMON = Path(__file__).resolve().parents[1] / "daemon"
 
 
-@pytest.fixture
-def env(tmp_path: Path):
-    root = tmp_path / "logs"
-    root.mkdir()
-    index = tmp_path / "state" / "index.sqlite"
-
-    def ingest() -> int:
-        ing = Ingester(index, [str(root)], poll_interval=0.05, use_inotify=False)
-        try:
-            return ing.run_once()
-        finally:
-            ing.close()
-
-    yield root, index, ingest
 
 
 def _rank(run_dir: Path, rank: int, steps, *, node=None, end=None, exit_code=None, end_ts=None, header=True) -> None:

@@ -11,27 +11,8 @@ import pytest
 from test_daemon_support import append_raw, header_line, step_line, steps_path, write_steps
 
 from daemon.reader import Reader
-from daemon.service import Ingester
 from traceml_tui.core import records
 from traceml_tui.core.atomic import atomic_write_json
-
-
-@pytest.fixture
-def env(tmp_path: Path):
-    root = tmp_path / "logs"
-    root.mkdir()
-    index = tmp_path / "state" / "index.sqlite"
-    ingesters = []
-
-    def ingest() -> int:
-        ing = Ingester(index, [str(root)], poll_interval=0.05, use_inotify=False)
-        ingesters.append(ing)
-        try:
-            return ing.run_once()
-        finally:
-            ing.close()
-
-    yield root, index, ingest
 
 
 def _run(index: Path, name: str):

@@ -37,20 +37,6 @@ from traceml_tui.core import records, steptime
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def env(tmp_path: Path):
-    root = tmp_path / "logs"
-    root.mkdir()
-    index = tmp_path / "state" / "index.sqlite"
-
-    def ingest() -> int:
-        ing = Ingester(index, [str(root)], poll_interval=0.05, use_inotify=False)
-        try:
-            return ing.run_once()
-        finally:
-            ing.close()
-
-    yield root, index, ingest
 
 
 def _rows(index: Path, sql: str, params=()) -> list:
