@@ -250,6 +250,33 @@ def test_watch_rejects_bad_input(tmp_path, cli_env, traceml_cmd):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_watch_that_loses_the_lock_race_joins_the_winner(tmp_path, monkeypatch):
+    """Two `traceml watch` started together both see no writer; the loser shows the winner's index."""
+    from daemon import service
+    from traceml_tui.tui import cli as watch_cli
+
+    root = tmp_path / "logs"
+    root.mkdir()
+    index = tmp_path / "index.sqlite"
+    winner = service.Ingester(index, [str(root)], mode="watch")
+    winner.start()
+    try:
+        real_find = service.find_running_daemon
+        calls = []
+
+        def find_before_the_winner_locked(path):
+            calls.append(path)
+            return None if len(calls) == 1 else real_find(path)
+
+        monkeypatch.setattr(service, "find_running_daemon", find_before_the_winner_locked)
+        ingester, running = watch_cli._embed_or_join(service, index, [str(root)])
+        assert ingester is None
+        assert running is not None and running.mode == "watch" and running.roots == (str(root),)
+        assert len(calls) == 2
+    finally:
+        winner.stop()
+
+
 def test_headless_commands_do_not_import_textual():
     code = ("import sys, traceml_tui.cli, traceml_tui.tui.source, traceml_tui.tui.snapshots, "
             "traceml_tui.tui.textplot; print('textual' in sys.modules)")

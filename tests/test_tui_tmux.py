@@ -34,7 +34,11 @@ def _wait_pane(sock: str, target: str, pattern: str, timeout: float) -> str:
         if re.search(pattern, text, re.MULTILINE):
             return text
         time.sleep(0.3)
-    raise AssertionError(f"pane {target} never showed {pattern!r}; last screen:\n{text}")
+    # A blank screen alone says nothing: say whether the pane's program died (Textual draws on
+    # stderr, so it cannot be redirected; remain-on-exit keeps its last words on the pane).
+    pane = _tmux(sock, "list-panes", "-t", target, "-F", "dead=#{pane_dead} status=#{pane_dead_status}")
+    raise AssertionError(f"pane {target} never showed {pattern!r} ({pane.strip() or 'no pane'}); "
+                         f"last screen:\n{text}")
 
 
 def test_watch_in_tmux_shows_training_run_and_ranks(tmp_path, cli_env):
@@ -42,11 +46,15 @@ def test_watch_in_tmux_shows_training_run_and_ranks(tmp_path, cli_env):
     (tmp_path / "logs").mkdir()
     sock = f"traceml-test-{os.getpid()}"
     env = " ".join(f"{k}={shlex.quote(cli_env[k])}" for k in ("XDG_STATE_HOME", "OMP_NUM_THREADS", "PATH"))
-    watch = f"cd {shlex.quote(str(tmp_path))} && env {env} TERM=xterm-256color {shlex.quote(sys.executable)} -m traceml_tui watch logs"
+    watch = (f"cd {shlex.quote(str(tmp_path))} && env {env} TERM=xterm-256color "
+             f"{shlex.quote(sys.executable)} -m traceml_tui watch logs")
+    # No user tmux.conf, and a pane whose program exits stays visible for the failure message.
+    conf = tmp_path / "tmux.conf"
+    conf.write_text("set -g remain-on-exit on\n")
     train = None
     try:
         for name, (w, h) in (("small", (80, 24)), ("large", (200, 50))):
-            subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-s", name, "-x", str(w), "-y", str(h), watch],
+            subprocess.run(["tmux", "-L", sock, "-f", str(conf), "new-session", "-d", "-s", name, "-x", str(w), "-y", str(h), watch],
                            check=True, timeout=30)
         for name in ("small", "large"):
             _wait_pane(sock, name, r"No runs yet", 60)

@@ -36,6 +36,26 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
+def _embed_or_join(service, index: Path, roots: list[str]):
+    """Start the embedded ingester, or join the writer that holds the index: ``(ingester, running)``.
+
+    Two `traceml watch` started together (two tmux panes) both see no writer;
+    the one that loses the lock race shows the winner's index instead of exiting.
+    """
+    for attempt in range(3):
+        running = service.find_running_daemon(index)
+        if running is not None:
+            return None, running
+        ingester = service.Ingester(index, roots, poll_interval=0.5, use_inotify=True, mode="watch")
+        try:
+            ingester.start()
+            return ingester, None
+        except service.IndexLockedError:
+            if attempt == 2:  # held, yet nobody answers find_running_daemon (a hard-linked alias): refuse
+                raise
+    raise AssertionError("unreachable")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of `traceml watch`; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -64,20 +84,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             if (p.suffix == ".json" or os.sep in spec) and not p.exists():
                 return _fail(f"{spec} does not exist")
 
-    ingester = None
-    running = service.find_running_daemon(index)
+    try:
+        ingester, running = _embed_or_join(service, index, roots)
+    except (OSError, RuntimeError) as exc:
+        return _fail(str(exc))
     if running is not None:
         missing = [r for r in roots if not any(r == w or r.startswith(w.rstrip(os.sep) + os.sep) for w in running.roots)]
         if missing:
             print(f"traceml watch: a {running.mode} (pid {running.pid}) already writes {index} for "
                   f"{', '.join(running.roots) or 'other roots'}; showing its index ({', '.join(missing)} not watched)",
                   file=sys.stderr)
-    else:
-        try:
-            ingester = service.Ingester(index, roots, poll_interval=0.5, use_inotify=True, mode="watch")
-            ingester.start()
-        except (OSError, RuntimeError) as exc:
-            return _fail(str(exc))
 
     from traceml_tui.tui.app import create_app
     from traceml_tui.tui.source import IndexSource
