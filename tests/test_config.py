@@ -283,8 +283,10 @@ def alias_bomb(levels: int = 8, width: int = 9) -> str:
 HYGIENE_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hygiene" / "traceml.yaml"
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("where", ["dashboard_port", "hygiene.curve.cadence", "hygiene.early_stopping.direction"])
 def test_alias_bomb_is_refused_with_one_line(tmp_path, traceml_cmd, cli_env, where):
+    """Item 3: a YAML alias bomb is refused at once in one line; the script never starts."""
     import yaml
 
     config = yaml.safe_load(HYGIENE_EXAMPLE.read_text())

@@ -149,8 +149,10 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("ignore_term", [False, True], ids=["worker-dies-with-drainer", "worker-ignores-sigterm"])
 def test_a_sigkilled_drainers_worker_never_runs_beside_the_next_one(tmp_path, traceml_cmd, cli_env, ignore_term):
+    """Item 14: a SIGKILLed drainer's worker never validates beside the next drainer's."""
     run_dir = tmp_path / "run"
     (ckpt,) = _publish(run_dir, [100])
     log = tmp_path / "invocations.log"

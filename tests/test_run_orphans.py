@@ -101,8 +101,10 @@ def _kill_leftovers(procs: list[psutil.Process]) -> None:
             pass
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize(("script", "nproc"), [(LONG_DDP, 2), (LONG_SINGLE, 1)], ids=["ddp-2-ranks", "one-process"])
 def test_sigkill_of_the_launcher_leaves_no_process_of_the_run(tmp_path: Path, script: str, nproc: int) -> None:
+    """Item 13: SIGKILL of `traceml run` leaves no rank of the run alive (parent-death signal)."""
     launcher, run_dir = _start(tmp_path, script, "orphans", nproc)
     procs: list[psutil.Process] = []
     try:

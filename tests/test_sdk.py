@@ -124,8 +124,10 @@ def test_outside_the_launcher_records_go_to_logs_run_name(tmp_path: Path) -> Non
     assert (tmp_path / "logs" / "demo" / "ranks" / "rank_0" / "steps-0.jsonl").exists()
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("name", ["../../x", "/tmp/x", "foo\n", "a/b", "..", ".hidden", "x" * 129])
 def test_init_outside_the_launcher_validates_the_name_like_the_launcher(tmp_path: Path, name: str) -> None:
+    """Item 4: traceml.init() refuses the run names the launcher refuses (no path escapes, no newline)."""
     from traceml_tui.core.rundir import validate_run_name
     from traceml_tui.run.cli import parse_options
     from traceml_tui.run.options import LaunchError

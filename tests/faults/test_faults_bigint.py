@@ -1,4 +1,4 @@
-"""Item 2: an integer SQLite cannot store (64-bit) is one error row for its line; the file's other lines go in."""
+"""Item 5: an integer SQLite cannot store (64-bit) is one error row for its line; the file's other lines go in."""
 
 from __future__ import annotations
 

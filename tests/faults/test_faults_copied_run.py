@@ -1,4 +1,4 @@
-"""Item 3: a copied run folder (identical stream headers) gets its own events and error rows."""
+"""Item 6: a copied run folder (identical stream headers) gets its own events and error rows."""
 
 from __future__ import annotations
 

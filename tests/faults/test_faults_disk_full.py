@@ -1,4 +1,4 @@
-"""Item 4: a full disk under the index is an error (exit 1, committed counts only); the live daemon backs off."""
+"""Item 9: a full disk under the index is an error (exit 1, committed counts only); the live daemon backs off."""
 
 from __future__ import annotations
 
