@@ -177,6 +177,33 @@ class TrainingSection(msgspec.Struct):
         return best
 
 
+class ValidationSection(msgspec.Struct):
+    """Our ``validation`` section: what the run's validation backlog delivered (seed 004).
+
+    Built by :func:`traceml_tui.hygiene.report.validation_report` from the
+    backlog's state words and ``early_stopping.json``; ``status`` is
+    ``complete`` or ``missing`` (nothing published, or requests left without
+    a receipt). The counts are one per backlog state word (``stale_claim`` for
+    ``stale-claim``) and sum to ``requested``.
+    """
+
+    status: Optional[str] = None
+    missing: Optional[str] = None
+    recipe: Optional[str] = None
+    requested: int = 0
+    completed: int = 0
+    pending: int = 0
+    claimed: int = 0
+    stale_claim: int = 0
+    failed: int = 0
+    blocked: int = 0
+    newest_completed: Optional[dict[str, Any]] = None  # {checkpoint, step, metrics}
+    latest_requested: Optional[dict[str, Any]] = None  # {checkpoint, step}
+    best: Optional[dict[str, Any]] = None  # the selected checkpoint: {checkpoint, step, metric, value, selected_on, …}
+    early_stopping: Optional[dict[str, Any]] = None  # {enabled, state, reason, trigger_checkpoint, …}
+    curve: Optional[str] = None  # learning_curve.png, relative to the run directory, when rendered
+
+
 class Summary(msgspec.Struct, omit_defaults=False):
     """``final_summary.json``: the published schema-1.9 layout plus our own sections.
 
@@ -198,6 +225,7 @@ class Summary(msgspec.Struct, omit_defaults=False):
     step_memory: dict[str, Any] = msgspec.field(default_factory=dict)
     training: Optional[TrainingSection] = None
     qc: Optional[dict[str, Any]] = None
+    validation: Optional[ValidationSection] = None
     environment: Optional[dict[str, Any]] = None
     text: str = ""
 

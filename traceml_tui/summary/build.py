@@ -546,6 +546,14 @@ def _qc_section(ranks: dict[int, RankSteps]) -> dict:
     return field_qc.summarize_records(rec for series in ranks.values() for rec in series.fields)
 
 
+def _validation_section(run_dir: Path, manifest: dict) -> Optional[dict]:
+    """What the validation backlog delivered (seed 004), from the backlog and early-stopping files."""
+    from traceml_tui.hygiene.report import validation_report  # imported here: `traceml compare` loads this module
+
+    hygiene = manifest.get("hygiene") if isinstance(manifest.get("hygiene"), dict) else None
+    return validation_report(run_dir, hygiene)
+
+
 def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[float] = None) -> dict:
     """Build the complete summary payload for a run directory (``text`` left empty)."""
     manifest = manifest if isinstance(manifest, dict) else {}
@@ -599,6 +607,7 @@ def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[floa
         "step_memory": step_memory,
         "training": training_section(ranks, run_dir),
         "qc": _qc_section(loaded),
+        "validation": _validation_section(run_dir, manifest),
         "environment": environment_section(),
         "text": "",
     }
