@@ -111,6 +111,58 @@ def _last_step_in_file(path: Path) -> int:
     return 0
 
 
+def examples_before(run_dir: Path, rank: int, step: int) -> Optional[int]:
+    """Examples seen after update ``step - 1`` by one rank's earlier attempts (None: not recorded).
+
+    A resume continues counting from there (seed 004: examples seen are
+    cumulative across attempts), whether it starts right after the previous
+    attempt's last record or re-runs from an earlier checkpoint. The newest
+    attempt that recorded update ``step - 1`` is the one that counts.
+    """
+    if step <= 1:
+        return None
+    for stream in reversed(RunDir(run_dir).step_files(rank)):
+        found, examples = _examples_at(stream.path, step - 1)
+        if found:
+            return examples
+    return None
+
+
+def _examples_at(path: Path, step: int) -> tuple[bool, Optional[int]]:
+    """(whether the file records update ``step``, its ``examples``); the tail is read first."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            chunk = min(size, 1 << 20)
+            handle.seek(size - chunk)
+            data = handle.read(chunk)
+            if chunk < size and _first_step(data) > step:  # resumed from far back: read the whole file
+                handle.seek(0)
+                data = handle.read()
+    except OSError:
+        return False, None
+    for line in reversed(data[: data.rfind(b"\n") + 1].split(b"\n")):
+        try:
+            record = records.decode(line)
+        except (records.RecordError, RecursionError):
+            continue
+        if isinstance(record, records.Step) and record.step == step:
+            return True, record.examples
+    return False, None
+
+
+def _first_step(data: bytes) -> int:
+    for line in data.split(b"\n")[1:]:  # the first piece may be a partial line
+        try:
+            record = records.decode(line)
+        except (records.RecordError, RecursionError):
+            continue
+        if isinstance(record, records.Step):
+            return record.step
+    return 0
+
+
 class _StepState:
     """Timestamps and values gathered during one traced step (CPU perf_counter seconds)."""
 
@@ -183,7 +235,8 @@ class Session:
         self.data_pending: Optional[float] = None  # loader wait (s) since the previous step ended
         self.data_source: Optional[int] = None  # id() of the loader iterator that produced it
         self.carry: dict[str, Any] = {}  # values logged outside a step join the next one
-        self.examples: Optional[int] = None
+        # cumulative across attempts: a resume counts on from the previous attempts' record of the update before
+        self.examples: Optional[int] = examples_before(run_dir, rank, start_step)
         self.pending: deque = deque()  # steps waiting for their CUDA events
         self.cuda = False
         self._torch: Any = None
