@@ -407,6 +407,7 @@ def hygiene_config() -> dict:
                 "first_evaluation": 0,
                 "worker": ["python", "validator.py", "--checkpoint", "{checkpoint}", "--step", "{step}"],
                 "lease_s": 30,
+                "dispatcher": "external",  # the harness drives the drainers itself, after training
             },
             "early_stopping": {"enabled": False, "reason": "fixture run: a fixed 10 updates"},
             "qc": {"cadence": HYGIENE_CADENCE},

@@ -28,6 +28,7 @@ def r2(pred: torch.Tensor, target: torch.Tensor) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--no-publish", action="store_true", help="train without publishing any checkpoint")
     args = parser.parse_args()
 
     session = traceml.init()
@@ -44,7 +45,7 @@ def main() -> int:
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
-    if first == 0:
+    if first == 0 and not args.no_publish:
         traceml.publish_checkpoint(model.state_dict(), step=0)
     for step in range(1, args.steps + 1):
         x = torch.randn(32, 8)
@@ -57,7 +58,7 @@ def main() -> int:
             optimizer.step()
             traceml.log(loss=loss, lr=0.05, batch_size=32, components={"mse": (loss, y)},
                         metrics={"r2": r2(pred.detach(), y)})
-        if step >= first and step % cadence == 0:
+        if step >= first and step % cadence == 0 and not args.no_publish:
             traceml.publish_checkpoint(model.state_dict(), step=step)
     return 0
 

@@ -20,6 +20,7 @@ Shape (all cadences are in optimizer updates)::
         cadence: 100                 # publish a checkpoint + request every N updates
         first_evaluation: 0          # first checkpoint step (0 = at initialization)
         worker: [python, validate.py, --checkpoint, "{checkpoint}"]
+        dispatcher: launcher         # or external (optional; default launcher)
       early_stopping:
         metric: r2
         direction: max               # min | max
@@ -50,6 +51,12 @@ DIRECTIONS = ("min", "max")
 SECTIONS = ("history", "curve", "validation", "early_stopping", "qc")
 CURVE_FILE = LEARNING_CURVE  # relative to the run directory
 WORKER_PLACEHOLDERS = ("{checkpoint}", "{step}", "{run_dir}")
+#: ``hygiene.validation.dispatcher``: who drains the backlog. ``launcher`` (the default): `traceml run`
+#: starts the declared worker as a drainer while training runs and drains the rest after it;
+#: ``external``: drainers are started elsewhere (a scheduler's timer, another node).
+DISPATCH_LAUNCHER = "launcher"
+DISPATCH_EXTERNAL = "external"
+DISPATCHERS = (DISPATCH_LAUNCHER, DISPATCH_EXTERNAL)
 
 
 class HygieneConfigError(ValueError):
@@ -159,13 +166,17 @@ def _curve(raw: Any) -> dict:
 def _validation(raw: Any) -> dict:
     path = "hygiene.validation"
     block = _mapping(raw, path)
-    _unknown_keys(block, ("recipe", "cadence", "first_evaluation", "worker", "lease_s", "max_attempts"), path)
+    _unknown_keys(block, ("recipe", "cadence", "first_evaluation", "worker", "lease_s", "max_attempts", "dispatcher"),
+                  path)
     recipe = _text(_required(block, "recipe", path), f"{path}.recipe")
     cadence = _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)
     first = _int(_required(block, "first_evaluation", path), f"{path}.first_evaluation", minimum=0)
     worker = _worker(_required(block, "worker", path), f"{path}.worker")
     lease = _number(block.get("lease_s", 60), f"{path}.lease_s", minimum=1)
     attempts = _int(block.get("max_attempts", DEFAULT_MAX_ATTEMPTS), f"{path}.max_attempts", minimum=1)
+    dispatcher = block.get("dispatcher", DISPATCH_LAUNCHER)
+    if dispatcher not in DISPATCHERS:
+        raise HygieneConfigError(f"{path}.dispatcher", f"must be one of {', '.join(DISPATCHERS)}, got {show_value(dispatcher)}")
     return {
         "recipe": recipe,
         "cadence": cadence,
@@ -173,6 +184,7 @@ def _validation(raw: Any) -> dict:
         "worker": worker,
         "lease_s": lease,
         "max_attempts": attempts,
+        "dispatcher": dispatcher,
     }
 
 

@@ -258,6 +258,7 @@ class Launcher:
         sampler = SystemSampler(self.layout.system(opts.node_rank), opts.run_name, opts.node_rank)
         sampler.start()
         curve = self._start_curve_refresher()
+        validation = self._start_validation_drainer()
         previous = {sig: signal.signal(sig, self._forward_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             try:
@@ -291,6 +292,8 @@ class Launcher:
             sampler.stop()
             if curve is not None:
                 curve.set()
+        if validation is not None:
+            self._drain_after_training(*validation)
         try:
             self.finalize(exit_code)
         finally:
@@ -362,9 +365,9 @@ class Launcher:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self._finish_manifest(exit_code, training)
-        self._write_summary()
         if self.hygiene is not None:
-            self._render_curve()
+            self._render_curve()  # before the summary, which names the curve it finds
+        self._write_summary()
 
     def _finish_manifest(self, exit_code: int, training: Optional[dict]) -> None:
         try:
@@ -389,6 +392,7 @@ class Launcher:
 
             manifest = artifacts.to_builtins(self.manifest) if self.manifest is not None else None
             summary = build_summary(self.run_dir, manifest)
+            summary["failure"] = self._failure_section()
             summary["text"] = render_text(summary)
             artifacts.check_summary(summary)  # a payload readers could not decode is not published
             atomic.atomic_write_json(self.layout.summary_json, summary)
@@ -398,6 +402,21 @@ class Launcher:
             return
         print(summary["text"], file=sys.stderr, flush=True)
         print(f"[traceml] summary: {self.layout.summary_json}", file=sys.stderr, flush=True)
+        validation = summary.get("validation") or {}
+        if validation.get("status") == "missing":
+            _warn(f"validation missing: {validation.get('missing')}")
+
+    def _failure_section(self) -> Optional[dict]:
+        """Who failed first, where and why (run/failure.py); None for a clean run or when it cannot be told."""
+        if self.manifest is None or self.manifest.status == "interrupted":
+            return None
+        try:
+            from traceml_tui.run.failure import failure_section
+
+            return failure_section(self.run_dir, self.manifest.exit_code)
+        except Exception as exc:  # noqa: BLE001 - forensics must never cost the run its summary
+            _warn(f"could not analyse the failure: {type(exc).__name__}: {exc}")
+            return None
 
     # -- learning curve (hygiene) -------------------------------------------------------------
     def _curve_cmd(self) -> list[str]:
@@ -435,3 +454,62 @@ class Launcher:
 
         threading.Thread(target=loop, name="traceml-curve-refresh", daemon=True).start()
         return stop
+
+    # -- validation backlog (hygiene) -------------------------------------------------------------
+    def _start_validation_drainer(self) -> Optional[tuple[Any, threading.Event, threading.Thread]]:
+        """Node 0 drains the declared validation backlog while training runs (docs/hygiene.md).
+
+        When the run declares ``hygiene.validation`` with the default
+        ``dispatcher: launcher``, a thread starts the declared worker as a
+        ``traceml validate drain`` process whenever requests wait and none of
+        ours runs (:class:`traceml_tui.hygiene.dispatch.Dispatcher`; claims keep
+        it apart from any other drainer). The worker runs from the folder of
+        ``traceml.yaml``, where its relative paths were written.
+        """
+        validation = (self.hygiene or {}).get("validation")
+        if self.options.node_rank != 0 or not isinstance(validation, dict):
+            return None
+        from traceml_tui.hygiene.config import DISPATCH_LAUNCHER
+        from traceml_tui.hygiene.dispatch import Dispatcher
+
+        if validation.get("dispatcher", DISPATCH_LAUNCHER) != DISPATCH_LAUNCHER:
+            return None
+        cwd = self.config.path.parent if getattr(self.config, "path", None) is not None else Path.cwd()
+        dispatcher = Dispatcher.from_config(self.run_dir, self.hygiene, cwd=cwd)
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(1.0):
+                try:
+                    dispatcher.poke()
+                except OSError as exc:  # a drainer that cannot start now is retried at the next poke
+                    _warn(f"could not start a validation drainer: {exc}")
+
+        thread = threading.Thread(target=loop, name="traceml-validation-dispatch", daemon=True)
+        thread.start()
+        return dispatcher, stop, thread
+
+    def _drain_after_training(self, dispatcher: Any, stop: threading.Event, thread: threading.Thread) -> None:
+        """Drain what training left in the backlog; Ctrl-C (or a user's interrupt of training) leaves it pending."""
+        stop.set()
+        thread.join()
+        if self.interrupted:
+            proc = dispatcher.proc
+            if proc is not None and proc.poll() is None:  # its claim is recovered by the next drainer
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            return
+        print("[traceml] draining the validation backlog ...", file=sys.stderr, flush=True)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            dispatcher.drain_final()
+        except KeyboardInterrupt:
+            _warn("final validation drain interrupted; what is left stays pending for the next drainer")
+        except (OSError, subprocess.SubprocessError) as exc:
+            _warn(f"final validation drain failed: {exc}")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+

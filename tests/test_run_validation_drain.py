@@ -1,0 +1,68 @@
+"""`traceml run` drains the declared validation backlog itself (seed 004: validation is mandatory).
+
+Real launches of tests/scripts/hygiene_train.py, a script with no dispatcher
+code: it only publishes checkpoints. The declared worker is
+tests/scripts/validator.py (fast, no torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import realruns
+import yaml
+
+
+def _launch(tmp_path: Path, *script_args: str, dispatcher: str | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(realruns.VALIDATOR_SCRIPT, work / "validator.py")
+    config = copy.deepcopy(realruns.hygiene_config())
+    config["hygiene"]["validation"].pop("dispatcher", None)  # the default: the launcher drains
+    if dispatcher is not None:
+        config["hygiene"]["validation"]["dispatcher"] = dispatcher
+    (work / "traceml.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    args = [sys.executable, "-m", "traceml_tui", "run", str(realruns.HYGIENE_SCRIPT), "--run-name", "drained",
+            "--args", *script_args]
+    done = subprocess.run(args, cwd=work, env=realruns.subprocess_env(work / "state"), capture_output=True,
+                          text=True, timeout=180)
+    return done, work / "logs" / "drained"
+
+
+def _warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("traceml run: warning: validation")]
+
+
+@pytest.mark.slow
+def test_the_launcher_drains_every_request_of_a_script_without_a_dispatcher(tmp_path: Path) -> None:
+    done, run_dir = _launch(tmp_path, "--steps", "6")
+    assert done.returncode == 0, done.stderr[-3000:]
+    requests = sorted(p.stem for p in (run_dir / "validation" / "requests").glob("*.json"))
+    receipts = sorted(p.stem for p in (run_dir / "validation" / "receipts").glob("*.json"))
+    assert requests == ["step-00000000", "step-00000002", "step-00000004", "step-00000006"]
+    assert receipts == requests  # every request completed, the last ones by the drain after training
+    section = json.loads((run_dir / "final_summary.json").read_text())["validation"]
+    assert section["status"] == "complete" and section["completed"] == 4 and section["missing"] is None
+    assert section["newest_completed"]["checkpoint"] == "step-00000006"
+    assert section["curve"] == "learning_curve.png" and (run_dir / "learning_curve.png").is_file()
+    assert _warnings(done.stderr) == []
+    # the worker ran as a drainer from the launcher: its log is in the run directory
+    assert "drained:" in (run_dir / "validation" / "drainer.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_hygiene_run_that_publishes_nothing_ends_with_validation_missing(tmp_path: Path) -> None:
+    done, run_dir = _launch(tmp_path, "--steps", "3", "--no-publish")
+    assert done.returncode == 0, done.stderr[-3000:]  # training succeeded: the exit code stays its own
+    assert _warnings(done.stderr) == [
+        "traceml run: warning: validation missing: no checkpoint was published for validation"]
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary["validation"]["status"] == "missing" and summary["validation"]["requested"] == 0
+    assert "Validation: MISSING — no checkpoint was published for validation" in (
+        run_dir / "final_summary.txt").read_text()
