@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from traceml_tui.core.rundir import validate_run_name
 from traceml_tui.run.options import LaunchError, LaunchOptions
@@ -38,10 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-name", help="fresh name of this run (default: <script>-<timestamp>)")
     parser.add_argument("--logs-dir", help="folder holding run directories (default: traceml.yaml logs_dir, else ./logs)")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="processes (ranks) on this node")
-    parser.add_argument("--nnodes", type=int, default=1, help="number of nodes (one launcher per node)")
-    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
-    parser.add_argument("--master-addr", default="127.0.0.1", help="rendezvous address (multi-node)")
-    parser.add_argument("--master-port", type=int, help="rendezvous port (multi-node)")
+    parser.add_argument("--nnodes", type=int, help="number of nodes, one launcher per node (default 1; under srun: "
+                                                   "the step's node count)")
+    parser.add_argument("--node-rank", type=int, help="this node's rank, 0..nnodes-1 (default 0; under srun: SLURM_NODEID)")
+    parser.add_argument("--master-addr", help="rendezvous address, multi-node (default 127.0.0.1; under srun: the "
+                                              "step's first host)")
+    parser.add_argument("--master-port", type=int, help="rendezvous port, multi-node (under srun: derived from the job id)")
     parser.add_argument("--trace-max-steps", type=int, help="record at most this many steps per rank")
     parser.add_argument("--finalize-timeout", type=float, help="seconds node 0 waits for node outcomes (default 60)")
     parser.add_argument("--resume", action="store_true", help="continue an existing unguarded run directory as a new attempt")
@@ -57,10 +59,40 @@ def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def parse_options(argv: list[str], config_logs_dir: Optional[str] = None, config_timeout: Optional[float] = None) -> LaunchOptions:
-    """Parse and check the command line (usage errors exit 2; bad values raise LaunchError)."""
+def _apply_slurm(ns: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    """Fill the topology flags left out from Slurm's step variables; refuse flags that contradict them."""
+    from traceml_tui.run.slurm import SlurmError, step_of
+
+    try:
+        step = step_of(environ)
+    except SlurmError as exc:
+        raise LaunchError(f"Slurm: {exc}") from None
+    if step is None:
+        ns.nnodes = 1 if ns.nnodes is None else ns.nnodes
+        ns.node_rank = 0 if ns.node_rank is None else ns.node_rank
+        ns.master_addr = ns.master_addr or "127.0.0.1"
+        return
+    for flag, given, slurm, source in (("--nnodes", ns.nnodes, step.nnodes, "SLURM_STEP_NUM_NODES"),
+                                       ("--node-rank", ns.node_rank, step.node_rank, "SLURM_NODEID")):
+        if given is not None and given != slurm:
+            raise LaunchError(f"{flag} {given} contradicts Slurm's {source}={slurm}; leave {flag} out under srun")
+    ns.nnodes, ns.node_rank = step.nnodes, step.node_rank
+    ns.master_addr = ns.master_addr or step.master_addr
+    if ns.master_port is None and step.nnodes > 1:
+        ns.master_port = step.master_port
+    ns.run_name = ns.run_name or step.run_name  # the same on every node of the step, as multi-node needs
+
+
+def parse_options(argv: list[str], config_logs_dir: Optional[str] = None, config_timeout: Optional[float] = None,
+                  environ: Optional[Mapping[str, str]] = None) -> LaunchOptions:
+    """Parse and check the command line (usage errors exit 2; bad values raise LaunchError).
+
+    ``environ`` (default: none) supplies Slurm's variables: under ``srun`` the
+    topology and run name come from them when the flags are left out.
+    """
     own, script_args = split_script_args(argv)
     ns = build_parser().parse_args(own)
+    _apply_slurm(ns, environ or {})
     script = Path(ns.script)
     if not script.exists():
         raise LaunchError(f"training script not found: {ns.script}")
@@ -119,7 +151,7 @@ def main(argv: list[str]) -> int:
     try:
         config_path = find_config(Path.cwd())
         config = load_config(config_path)
-        options = parse_options(argv, config.logs_dir, config.finalize_timeout_sec)
+        options = parse_options(argv, config.logs_dir, config.finalize_timeout_sec, os.environ)
         if config.guard is not None:
             check_trace_max_steps(config.guard, options.trace_max_steps)
             if options.resume:
