@@ -400,8 +400,12 @@ def release_claim(run_dir: Path, claim: dict) -> None:
 # --------------------------------------------------------------------------- results
 
 
-def write_receipt(run_dir: Path, request: dict, metrics: dict) -> dict:
-    """Record a completed validation, bound to its checkpoint and config digest (never overwritten)."""
+def write_receipt(run_dir: Path, request: dict, metrics: dict, *, override: Optional[dict] = None) -> dict:
+    """Record a completed validation, bound to its checkpoint and config digest (never overwritten).
+
+    ``override`` (``{config_digest}``: what actually ran) marks a result produced
+    by another validation config than the request's, on the drainer's ``--recipe-override``.
+    """
     receipt = {
         "checkpoint": request["checkpoint"],
         "step": request.get("step"),
@@ -409,6 +413,8 @@ def write_receipt(run_dir: Path, request: dict, metrics: dict) -> dict:
         "metrics": metrics,
         "completed": time.time(),
     }
+    if override is not None:
+        receipt["override"] = override
     atomic_write_json(RunDir(run_dir).receipt(request["checkpoint"]), receipt, exclusive=True)
     return receipt
 

@@ -36,6 +36,17 @@ class DrainResult:
     reason: str = "no_work"  # no_work | runtime_limit
 
 
+class DigestMismatch(Exception):
+    """A request bound to another validation config than the one this drainer runs (nothing was claimed)."""
+
+    def __init__(self, checkpoint: str, requested: str, actual: str) -> None:
+        self.checkpoint, self.requested, self.actual = checkpoint, requested, actual
+        super().__init__(
+            f"{checkpoint} was requested for validation config {requested}, but this worker's recipe and command "
+            f"have {actual}; refused (--recipe-override runs it and records the override in its receipt)"
+        )
+
+
 def substitute(argv: list[str], *, checkpoint: Path, step: object, run_dir: Path) -> list[str]:
     """Fill ``{checkpoint}``, ``{step}`` and ``{run_dir}`` in each argument (plain text replace)."""
     values = {"{checkpoint}": str(checkpoint), "{step}": str(step), "{run_dir}": str(run_dir)}
@@ -146,6 +157,8 @@ def drain(
     max_attempts: int = backlog.DEFAULT_MAX_ATTEMPTS,
     on_receipt: Optional[Callable[[dict], None]] = None,
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
+    config_digest: Optional[str] = None,
+    override: bool = False,
 ) -> DrainResult:
     """Drain ``run_dir``'s validation backlog with ``command`` until no claimable work is left.
 
@@ -157,6 +170,12 @@ def drain(
     the claim records that group: a drainer recovering the claim after this
     one died stops whatever is left of the worker first. Recovery lock files
     nobody holds are removed on the way in and out.
+
+    ``config_digest`` is the digest of what this drainer runs (the recipe and
+    the command with its placeholders, :func:`traceml_tui.hygiene.config.validation_config_digest`).
+    A request bound to another digest raises :class:`DigestMismatch` before
+    it is claimed; with ``override`` it is run and its receipt records
+    ``override: {config_digest}`` (the digest actually run).
     """
     run_dir = Path(run_dir)
     backlog.clean_locks(run_dir)
@@ -180,6 +199,9 @@ def drain(
             ckpt = request["checkpoint"]
             if ckpt in tried or not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts):
                 continue
+            requested = request.get("config_digest")
+            if config_digest is not None and requested and requested != config_digest and not override:
+                raise DigestMismatch(ckpt, requested, config_digest)
             claim = backlog.try_claim(run_dir, ckpt, owner, lease_s)
             if claim is None:
                 continue
@@ -236,7 +258,11 @@ def drain(
                     log(f"traceml validate: {ckpt}: failed ({exc})")
                 else:
                     try:
-                        receipt = backlog.write_receipt(run_dir, request, metrics)
+                        requested = request.get("config_digest")
+                        overridden = config_digest is not None and bool(requested) and requested != config_digest
+                        receipt = backlog.write_receipt(
+                            run_dir, request, metrics,
+                            override={"config_digest": config_digest} if overridden else None)
                     except FileExistsError:
                         receipt = None  # completed elsewhere meanwhile; keep the first result
                     if receipt is not None:

@@ -1,10 +1,14 @@
 """`traceml validate drain|status`: the validation backlog from the command line.
 
-    traceml validate drain RUN_DIR [--max-runtime S] [--lease S] [--max-attempts N] [--no-curve] -- CMD ...{checkpoint}...
+    traceml validate drain RUN_DIR [--max-runtime S] [--lease S] [--max-attempts N] [--no-curve]
+                           [--recipe NAME] [--recipe-override] -- CMD ...{checkpoint}...
     traceml validate status RUN_DIR [--json]
 
 `drain` exits 0 when no claimable work is left or its runtime limit nears
-(failures are recorded in the backlog, not in the exit code); 2 on bad usage.
+(failures are recorded in the backlog, not in the exit code); 2 on bad usage,
+and 2 when a request is bound to another validation config than the recipe and
+command it runs (nothing claimed, no receipt; ``--recipe-override`` runs it and
+records the override in the receipt).
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ def _drain(argv: list[str]) -> int:
     parser.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
                         help="failures after which a request is blocked")
     parser.add_argument("--no-curve", action="store_true", help="do not refresh learning_curve.png after receipts")
+    parser.add_argument("--recipe", default=None,
+                        help="the validation recipe this command implements (default: the run's declared recipe)")
+    parser.add_argument("--recipe-override", action="store_true",
+                        help="run requests bound to another validation config; each receipt records the override")
     args = parser.parse_args(opts)
     if not command:
         return _fail("drain needs a worker command after `--` (with a {checkpoint} placeholder)")
@@ -68,7 +76,15 @@ def _drain(argv: list[str]) -> int:
     if not run_dir.is_dir():
         return _fail(f"run directory not found: {run_dir}")
 
-    from traceml_tui.hygiene.drain import drain
+    from traceml_tui.hygiene.config import validation_config_digest
+    from traceml_tui.hygiene.dispatch import load_effective_hygiene
+    from traceml_tui.hygiene.drain import DigestMismatch, drain
+
+    # The digest of what this drainer actually runs: the recipe and the command with its placeholders.
+    # Without a recipe (none declared in the manifest, no --recipe) there is nothing to bind to: no check.
+    declared = (load_effective_hygiene(run_dir) or {}).get("validation") or {}
+    recipe = args.recipe if args.recipe is not None else declared.get("recipe")
+    digest = validation_config_digest({"validation": {"recipe": recipe, "worker": command}}) if recipe else None
 
     state = {"last_render": 0.0, "dirty": False}
 
@@ -79,14 +95,21 @@ def _drain(argv: list[str]) -> int:
             _render(run_dir)
             state["last_render"], state["dirty"] = time.monotonic(), False
 
-    result = drain(
-        run_dir,
-        command,
-        max_runtime=args.max_runtime,
-        lease_s=args.lease,
-        max_attempts=args.max_attempts,
-        on_receipt=None if args.no_curve else refresh,
-    )
+    try:
+        result = drain(
+            run_dir,
+            command,
+            max_runtime=args.max_runtime,
+            lease_s=args.lease,
+            max_attempts=args.max_attempts,
+            on_receipt=None if args.no_curve else refresh,
+            config_digest=digest,
+            override=args.recipe_override,
+        )
+    except DigestMismatch as exc:
+        if state["dirty"]:
+            _render(run_dir)
+        return _fail(str(exc))
     if state["dirty"]:
         _render(run_dir)
     print(
