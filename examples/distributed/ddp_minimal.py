@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--extra-step-ms", type=float, default=0.0,
+                        help="sleep this long inside every step: a slower candidate, to see the guard fail")
     args = parser.parse_args()
 
     distributed = "WORLD_SIZE" in __import__("os").environ
@@ -44,6 +47,8 @@ def main() -> None:
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
+            if args.extra_step_ms > 0:
+                time.sleep(args.extra_step_ms / 1000)
             traceml.log(loss=loss, lr=0.05, batch_size=args.batch_size, components={"mse": (loss, y)})
     if distributed:
         # Free the DDP model (and its gloo buckets) before the group goes: a DDP model still alive when the
