@@ -62,13 +62,36 @@ def test_a_batch_of_one_and_a_batch_of_a_hundred_paged_with_nothing_dropped(tmp_
              "mask": rng.integers(0, 2, size=(100, 28, 28)).astype(bool),
              "context": rng.normal(size=(100, 64))}  # a 1-D context signal per member
     meta = json.loads(batch_grid.save_batch_grid(tmp_path, batch, step=5, name="big").read_text())
-    assert meta["pages"] == 7 and len(meta["files"]) == 7
-    assert meta["files"][0].endswith("step-00000005-p1of7.png")
+    assert meta["pages"] == 2 and len(meta["files"]) == 2  # 64 members per image, paged beyond
+    assert meta["files"][0].endswith("step-00000005-p1of2.png")
     assert len(meta["tiles"]) == 300
     assert {t["member"] for t in meta["tiles"]} == set(range(100))
-    assert [sum(1 for t in meta["tiles"] if t["page"] == p) for p in range(1, 8)] == [48] * 6 + [12]
+    assert [sum(1 for t in meta["tiles"] if t["page"] == p) for p in range(1, 3)] == [64 * 3, 36 * 3]
     last = _read_png(tmp_path / meta["files"][-1])
     assert last.shape[:2] == (meta["height"], meta["width"])
+
+
+@pytest.mark.parametrize("members", [20, 64])
+def test_a_batch_of_up_to_64_members_is_one_image_with_every_tile_inside_and_apart(tmp_path: Path, members: int):
+    """Seed 004: one image of one complete batch; past 16 rows the members continue in blocks side by side."""
+    levels = (np.arange(members * 2) % 200 + 30) / 255.0  # a grey level per tile, all distinct within a block
+    batch = np.ones((members, 2, 24, 24)) * levels.reshape(members, 2)[:, :, None, None]
+    meta = json.loads(batch_grid.save_batch_grid(tmp_path, batch, step=3, name="b", roles=["view", "aug"]).read_text())
+    assert meta["pages"] == 1 and meta["files"] == ["qc/batch_grid/b/step-00000003.png"]
+    assert meta["blocks"] == -(-members // 16) and meta["cell"] <= batch_grid.BLOCK_CELL
+    image = _read_png(tmp_path / meta["files"][0])
+    assert image.shape[:2] == (meta["height"], meta["width"])
+    boxes = [t["box"] for t in meta["tiles"]]
+    assert len(boxes) == members * 2 and len(set(map(tuple, boxes))) == len(boxes)
+    for t in meta["tiles"]:
+        x0, y0, x1, y1 = t["box"]
+        assert 0 <= x0 < x1 <= meta["width"] and 0 <= y0 < y1 <= meta["height"]
+        expected = levels[t["member"] * 2 + (0 if t["role"] == "view" else 1)]
+        assert image[(y0 + y1) // 2, (x0 + x1) // 2, :3] == pytest.approx([expected] * 3, abs=1.5 / 255)
+    for t in meta["tiles"]:  # every block has ink left of its first column: the member labels
+        if t["role"] == "view":
+            x0, y0, _, y1 = t["box"]
+            assert image[y0:y1, max(0, x0 - batch_grid.LABEL_W + batch_grid.PAD):x0, :3].min() < 0.5, t["member"]
 
 
 def test_grids_are_immutable_per_qc_step(tmp_path: Path):

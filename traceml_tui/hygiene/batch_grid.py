@@ -2,15 +2,17 @@
 
 Every batch member is a row and every consumed input (view, context/reference
 input, augmentation) is a column labelled by its role, so one image shows the
-whole batch the model saw. Large batches are paged (16 members per page by
-default) and nothing is dropped. Every experiment uses this one renderer.
+whole batch the model saw. Up to 64 members fit one image: past 16 rows the
+members continue in blocks side by side (each with its role headers and member
+labels) with smaller tiles; only larger batches are paged (64 members per page)
+and nothing is dropped. Every experiment uses this one renderer.
 
 Layout is pure (:func:`plan_grid`); rendering composes a pixel canvas with
 numpy and writes it through matplotlib (Agg) so tile boxes in the layout are
 exact PNG pixel coordinates. Files are immutable per QC step::
 
     qc/batch_grid/<name>/step-00000120.json           layout + batch identity
-    qc/batch_grid/<name>/step-00000120-p1of7.png      one file per page
+    qc/batch_grid/<name>/step-00000120-p1of2.png      one file per page (a batch over 64 members)
 
 A second grid at the same step (a resume) gets ``step-00000120-2``; nothing is
 overwritten. Accepts numpy arrays and CPU (or GPU) tensors; no torchvision.
@@ -31,8 +33,11 @@ from traceml_tui.core.rundir import BATCH_GRID, RunDir
 
 RENDERER = "traceml.batch_grid/1"
 GRID_DIR = BATCH_GRID  # relative to the run directory
-ROWS_PER_PAGE = 16
+MEMBERS_PER_PAGE = 64  # one image holds a whole batch up to this size (seed 004: one image of one batch)
+ROWS_PER_PAGE = MEMBERS_PER_PAGE  # the name save_batch_grid's rows_per_page keeps
+ROWS_PER_BLOCK = 16  # member rows before the next block starts beside them
 MIN_CELL, MAX_CELL = 48, 160
+BLOCK_CELL = 64  # largest tile of a page with several blocks: 64 members stay one readable image
 PAD = 4
 TITLE_H, HEADER_H, LABEL_W = 22, 20, 44
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: "$" would accept a trailing newline
@@ -58,10 +63,13 @@ class GridLayout:
     roles: list[str]
     members: int
     pages: int
-    rows_per_page: int
+    rows_per_page: int  # members per page
     cell: int
     width: int
     height: int
+    rows_per_block: int = ROWS_PER_BLOCK
+    blocks: int = 1  # blocks of member rows side by side on a page
+    block_width: int = 0
     tiles: list[Tile] = field(default_factory=list)
 
 
@@ -140,23 +148,32 @@ def batch_digest(inputs: dict[str, Any]) -> str:
 
 
 def plan_grid(name: str, roles: Sequence[str], members: int, shapes: dict[str, tuple[int, ...]],
-              *, cell: int, rows_per_page: int = ROWS_PER_PAGE, min_width: int = 0) -> GridLayout:
+              *, cell: int, rows_per_page: int = ROWS_PER_PAGE, rows_per_block: int = ROWS_PER_BLOCK,
+              min_width: int = 0) -> GridLayout:
     """Pixel layout of the grid: members down the rows, roles across the columns, paged.
 
-    ``min_width`` leaves room for the title line of a narrow grid.
+    ``rows_per_page`` members share one page; past ``rows_per_block`` rows they
+    continue in another block to the right (its own role headers and member
+    labels). ``min_width`` leaves room for the title line of a narrow grid.
     """
     per_page = max(1, int(rows_per_page))
+    per_block = max(1, min(int(rows_per_block), per_page))
     pages = -(-members // per_page)
+    on_page = min(members, per_page)
+    blocks = max(1, -(-on_page // per_block))
     cols = len(roles)
-    width = max(LABEL_W + cols * (cell + PAD) + PAD, int(min_width))
-    height = TITLE_H + HEADER_H + min(members, per_page) * (cell + PAD) + PAD
+    block_width = LABEL_W + cols * (cell + PAD) + PAD
+    width = max(blocks * block_width, int(min_width))
+    height = TITLE_H + HEADER_H + min(on_page, per_block) * (cell + PAD) + PAD
     layout = GridLayout(name=name, roles=list(roles), members=members, pages=pages, rows_per_page=per_page,
-                        cell=cell, width=width, height=height)
+                        cell=cell, width=width, height=height, rows_per_block=per_block, blocks=blocks,
+                        block_width=block_width)
     for member in range(members):
-        page, row = divmod(member, per_page)
+        page, index = divmod(member, per_page)
+        block, row = divmod(index, per_block)
         y0 = TITLE_H + HEADER_H + row * (cell + PAD)
         for col, role in enumerate(roles):
-            x0 = LABEL_W + col * (cell + PAD)
+            x0 = block * block_width + LABEL_W + col * (cell + PAD)
             shape = tuple(int(s) for s in shapes[role][1:])
             layout.tiles.append(Tile(page=page + 1, member=member, role=role, label=f"#{member} {role}",
                                      box=(x0, y0, x0 + cell, y0 + cell), shape=shape))
@@ -279,12 +296,14 @@ def render_pages(layout: GridLayout, inputs: dict[str, Any], *, title: str) -> l
             fig.text(x / W, 1.0 - y / H, s, fontsize=7, va="center", **kw)
 
         text(PAD, TITLE_H / 2, f"{title}   page {page}/{layout.pages}", ha="left", weight="bold")
-        for col, role in enumerate(layout.roles):
-            text(LABEL_W + col * (layout.cell + PAD) + layout.cell / 2, TITLE_H + HEADER_H / 2,
-                 role, ha="center")
+        blocks_here = -(-len({t.member for t in tiles}) // layout.rows_per_block)
+        for block in range(blocks_here):
+            for col, role in enumerate(layout.roles):
+                text(block * layout.block_width + LABEL_W + col * (layout.cell + PAD) + layout.cell / 2,
+                     TITLE_H + HEADER_H / 2, role, ha="center")
         for t in tiles:
             if t.role == layout.roles[0]:
-                text(LABEL_W - PAD, (t.box[1] + t.box[3]) / 2, f"#{t.member}", ha="right")
+                text(t.box[0] - PAD, (t.box[1] + t.box[3]) / 2, f"#{t.member}", ha="right")
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=dpi)
         pages.append(buf.getvalue())
@@ -318,8 +337,11 @@ def save_batch_grid(run_dir: Path, batch: Any, *, step: int, name: str = "inputs
     members = next(iter(inputs.values())).shape[0]
     ident = batch_id or name
     title = f"{name} · step {step} · batch {ident} · {members} members"
+    cell = choose_cell(inputs)
+    if min(members, rows_per_page) > ROWS_PER_BLOCK:
+        cell = min(cell, BLOCK_CELL)  # several blocks side by side: smaller tiles, the same 7 pt labels
     layout = plan_grid(name, list(inputs), members, {k: tuple(v.shape) for k, v in inputs.items()},
-                       cell=choose_cell(inputs), rows_per_page=rows_per_page,
+                       cell=cell, rows_per_page=rows_per_page,
                        min_width=PAD + 6 * (len(title) + 14))  # ~6 px per character at 7 pt, + " page n/m"
     digest = batch_digest(inputs)
     pngs = render_pages(layout, inputs, title=title)
