@@ -28,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-inotify", action="store_true", help="poll only (no watchdog hints)")
     p.add_argument("--once", action="store_true", help="ingest everything present and exit")
     p.add_argument("--prune-missing", action="store_true", help="delete the rows of runs whose folder is gone, then exit")
+    p.add_argument("--metrics", metavar="HOST:PORT",
+                   help="serve Prometheus metrics of the index here (for example 127.0.0.1:9464)")
+    p.add_argument("--metrics-retention", type=float, default=3600.0, metavar="S",
+                   help="seconds an ended run stays in the metrics after its last record (default 3600)")
     return p
 
 
@@ -44,6 +48,18 @@ def main(argv: list[str]) -> int:
     for root in args.roots:
         if not os.path.isdir(root):
             print(f"traceml daemon: root is not a folder: {root}", file=sys.stderr)
+            return 2
+    metrics_at = None
+    if args.metrics:
+        from .metrics import HostPortError, parse_host_port
+
+        try:
+            metrics_at = parse_host_port(args.metrics)
+        except HostPortError as exc:
+            print(f"traceml daemon: {exc}", file=sys.stderr)
+            return 2
+        if not args.metrics_retention >= 0:
+            print("traceml daemon: --metrics-retention must be zero or more seconds", file=sys.stderr)
             return 2
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     ingester = service.Ingester(index_path, args.roots, poll_interval=args.poll_interval,
@@ -73,6 +89,15 @@ def main(argv: list[str]) -> int:
                 return 1
             print(f"traceml daemon: ingested {n} record(s) into {index_path}")
             return 0
+        if metrics_at is not None:
+            from .metrics import serve as serve_metrics
+
+            try:
+                serve_metrics(index_path, *metrics_at, retention_s=args.metrics_retention)
+            except OSError as exc:
+                print(f"traceml daemon: cannot serve metrics on {args.metrics}: {exc.strerror or exc}", file=sys.stderr)
+                return 1
+            print(f"traceml daemon: metrics on http://{args.metrics}/metrics", file=sys.stderr, flush=True)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: ingester.request_stop())
         print(f"traceml daemon: watching {len(args.roots)} root(s) into {index_path} (pid {os.getpid()})",

@@ -1,0 +1,189 @@
+"""Prometheus metrics of the index, served by ``traceml daemon --metrics HOST:PORT`` (docs/cluster.md).
+
+Each scrape reads the index through :class:`daemon.reader.Reader` (read-only,
+states decided by the core rules), so a scrape shows the same words as
+``traceml status`` and ``traceml watch``. Cardinality is bounded: a run that
+has ended (or gone silent for good) drops out ``retention_s`` after its last
+record; live runs are always exported.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Optional
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from traceml_tui.core.state import BacklogState, RankState, RunStatus
+
+from .reader import Reader, RunSummary
+
+#: Default seconds a finished run stays exported after its last record.
+DEFAULT_RETENTION_S = 3600.0
+
+#: Run states whose run is still going (exported whatever its age).
+_LIVE = {RunStatus.RUNNING, RunStatus.STALLED}
+#: Rank states without an end record: their silence is worth a number.
+_SILENT_STATES = {RankState.RUNNING, RankState.STALLED, RankState.LOST}
+
+
+class HostPortError(ValueError):
+    """``--metrics`` is not ``HOST:PORT``."""
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``127.0.0.1:9464`` → ("127.0.0.1", 9464); ``[::1]:9464`` for IPv6; a bare ``:9464`` means loopback."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise HostPortError(f"--metrics {text[:80]!r} is not HOST:PORT (for example 127.0.0.1:9464)")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def _age(now: float, ts: Optional[float]) -> Optional[float]:
+    return None if ts is None else max(0.0, now - ts)
+
+
+class IndexCollector(Collector):
+    """Builds every metric family from the index at scrape time."""
+
+    def __init__(self, index_path: str, retention_s: float = DEFAULT_RETENTION_S,
+                 clock: Callable[[], float] = time.time, stall_floor_s: Optional[float] = None) -> None:
+        self.index_path = index_path
+        self.retention_s = retention_s
+        self.clock = clock
+        self.stall_floor_s = stall_floor_s
+
+    def _exported(self, run: RunSummary, now: float) -> bool:
+        if run.missing:
+            return False
+        if run.status in _LIVE:
+            return True
+        last = max((t for t in (run.last_seen, run.last_ts) if t is not None), default=None)
+        return last is None or now - last <= self.retention_s
+
+    def collect(self) -> Iterator:
+        now = self.clock()
+        kw = {} if self.stall_floor_s is None else {"stall_floor_s": self.stall_floor_s}
+        try:
+            reader = Reader(self.index_path, **kw)
+        except Exception:  # no index yet, or one being upgraded: say so, export nothing else
+            up = GaugeMetricFamily("traceml_index_up", "1 when the index could be read at this scrape")
+            up.add_metric([], 0)
+            yield up
+            return
+        with reader:
+            runs = [r for r in reader.list_runs(now=now) if self._exported(r, now)]
+            all_runs = reader.list_runs(now=now)
+            yield from self._run_families(runs, now)
+            yield from self._rank_families(reader, runs, now)
+            yield from self._backlog_families(reader, runs, now)
+            yield from self._ingest_families(all_runs, now)
+        up = GaugeMetricFamily("traceml_index_up", "1 when the index could be read at this scrape")
+        up.add_metric([], 1)
+        yield up
+
+    @staticmethod
+    def _labels(run: RunSummary) -> list[str]:
+        return [run.name, str(run.run_id)]
+
+    def _run_families(self, runs: list[RunSummary], now: float) -> Iterator:
+        status = GaugeMetricFamily("traceml_run_status", "1 for the run's state, 0 for the others",
+                                   labels=["run", "run_id", "status"])
+        sps = GaugeMetricFamily("traceml_run_steps_per_second", "Steps per second (rolling window)",
+                                labels=["run", "run_id"])
+        eps = GaugeMetricFamily("traceml_run_examples_per_second", "Examples per second (rolling window)",
+                                labels=["run", "run_id"])
+        strag = GaugeMetricFamily("traceml_run_straggler_score",
+                                  "Slowest rank's median step time over the median rank's (1 = even)",
+                                  labels=["run", "run_id"])
+        age = GaugeMetricFamily("traceml_run_last_record_age_seconds", "Seconds since the run's newest record",
+                                labels=["run", "run_id"])
+        step = GaugeMetricFamily("traceml_run_last_step", "Newest completed step of any rank", labels=["run", "run_id"])
+        for run in runs:
+            lab = self._labels(run)
+            for word in RunStatus:
+                status.add_metric([*lab, str(word)], 1.0 if run.status is word else 0.0)
+            if run.steps_per_s is not None:
+                sps.add_metric(lab, run.steps_per_s)
+            if run.examples_per_s is not None:
+                eps.add_metric(lab, run.examples_per_s)
+            if run.straggler_score is not None:
+                strag.add_metric(lab, run.straggler_score)
+            if (a := _age(now, run.last_ts)) is not None:
+                age.add_metric(lab, a)
+            if run.last_step is not None:
+                step.add_metric(lab, run.last_step)
+        yield from (status, sps, eps, strag, age, step)
+
+    def _rank_families(self, reader: Reader, runs: list[RunSummary], now: float) -> Iterator:
+        labels = ["run", "run_id", "rank"]
+        median = GaugeMetricFamily("traceml_rank_step_time_median_seconds", "Median step time of the rank's window",
+                                   labels=labels)
+        wait = GaugeMetricFamily("traceml_rank_input_wait_median_seconds",
+                                 "Median input wait before the rank's steps", labels=labels)
+        silence = GaugeMetricFamily("traceml_rank_silence_seconds", "Seconds since the rank's newest record",
+                                    labels=labels)
+        state = GaugeMetricFamily("traceml_rank_state", "1 for the rank's state, 0 for the others",
+                                  labels=[*labels, "state"])
+        for run in runs:
+            for row in reader.rank_rows(run.run_id, now=now):
+                if not row.latest:
+                    continue
+                lab = [*self._labels(run), str(row.rank)]
+                if row.median_step_ms is not None:
+                    median.add_metric(lab, row.median_step_ms / 1000.0)
+                if row.median_input_wait_ms is not None:
+                    wait.add_metric(lab, row.median_input_wait_ms / 1000.0)
+                if row.state in _SILENT_STATES and (a := _age(now, row.last_seen or row.last_ts)) is not None:
+                    silence.add_metric(lab, a)
+                if row.state is not None:
+                    for word in RankState:
+                        state.add_metric([*lab, str(word)], 1.0 if row.state is word else 0.0)
+        yield from (median, wait, silence, state)
+
+    def _backlog_families(self, reader: Reader, runs: list[RunSummary], now: float) -> Iterator:
+        backlog = GaugeMetricFamily("traceml_backlog_requests", "Validation requests by state",
+                                    labels=["run", "run_id", "state"])
+        oldest = GaugeMetricFamily("traceml_backlog_oldest_outstanding_age_seconds",
+                                   "Age of the oldest request not yet completed", labels=["run", "run_id"])
+        for run in runs:
+            items = reader.backlog(run.run_id, now=now)
+            if not items:
+                continue
+            lab = self._labels(run)
+            for word in BacklogState:
+                backlog.add_metric([*lab, str(word)], sum(1 for i in items if i.state is word))
+            waiting = [i.created for i in items if i.state is not BacklogState.COMPLETED and i.created is not None]
+            if waiting:
+                oldest.add_metric(lab, max(0.0, now - min(waiting)))
+        yield from (backlog, oldest)
+
+    def _ingest_families(self, runs: list[RunSummary], now: float) -> Iterator:
+        records = CounterMetricFamily("traceml_ingest_records", "Step records held by the index")
+        records.add_metric([], float(sum(r.records for r in runs)))
+        errors = CounterMetricFamily("traceml_ingest_errors", "Lines and files the daemon could not ingest")
+        errors.add_metric([], float(sum(r.errors for r in runs)))
+        seen = [r.last_seen for r in runs if r.last_seen is not None]
+        commit = GaugeMetricFamily("traceml_index_last_commit_age_seconds",
+                                   "Seconds since the newest record was committed to the index")
+        if seen:
+            commit.add_metric([], max(0.0, now - max(seen)))
+        lag = GaugeMetricFamily("traceml_ingest_lag_seconds",
+                                "Seconds between a run's newest record being written and being committed",
+                                labels=["run", "run_id"])
+        for run in runs:
+            if run.status in _LIVE and run.last_seen is not None and run.last_ts is not None:
+                lag.add_metric(self._labels(run), max(0.0, run.last_seen - run.last_ts))
+        yield from (records, errors, commit, lag)
+
+
+def serve(index_path: str, host: str, port: int, retention_s: float = DEFAULT_RETENTION_S,
+          stall_floor_s: Optional[float] = None):
+    """Serve the metrics on ``host:port`` in a background thread; returns ``(server, thread)``."""
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(IndexCollector(index_path, retention_s, stall_floor_s=stall_floor_s))
+    return start_http_server(port, addr=host, registry=registry)
