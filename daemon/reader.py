@@ -427,6 +427,11 @@ class Reader:
                           " AND content IS NOT NULL", (run_id,))
         return rows[0][0].encode("utf-8") if rows else None
 
+    def failure(self, run_id: int) -> Optional[artifacts.FailureSection]:
+        """The ``failure`` section of the run's final summary as ingested (who, where, why), or None."""
+        content = self.summary_bytes(run_id)
+        return artifacts.decode_failure(content) if content is not None else None
+
     def run_detail(self, run_id: int, now: Optional[float] = None) -> Optional[RunDetail]:
         """Summary, rank rows, outcomes, manifest and the metric names with series."""
         now = time.time() if now is None else now

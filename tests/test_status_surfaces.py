@@ -42,8 +42,9 @@ STALL_AFTER = 1.0
 EXPECTED: dict[str, tuple[str, dict[int, set[str]]]] = {
     "completed": ("completed", {0: {"completed"}, 1: {"completed"}}),  # rank_end "exited": a clean end
     "completed_finish": ("completed", {0: {"completed"}}),  # rank_end "completed" from traceml.finish()
-    "rank_raises": ("failed", {0: {"failed"}, 1: {"failed"}}),
-    "rank_sigkilled": ("failed", {0: {"failed"}, 1: {"lost"}}),  # no end record after the launcher finished
+    # the first failing rank keeps failed/lost; the peer that died in the next all-reduce is aborted (core/state.py)
+    "rank_raises": ("failed", {0: {"aborted"}, 1: {"failed"}}),
+    "rank_sigkilled": ("failed", {0: {"aborted"}, 1: {"lost"}}),  # rank 1: no end record, then rank 0 failed
     "interrupted": ("interrupted", {0: {"interrupted"}}),
     "hung": ("stalled", {0: {"stalled"}, 1: {"stalled"}}),
     "hygiene": ("completed", {0: {"completed"}}),

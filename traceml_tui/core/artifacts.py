@@ -204,6 +204,32 @@ class ValidationSection(msgspec.Struct):
     curve: Optional[str] = None  # learning_curve.png, relative to the run directory, when rendered
 
 
+class FailureSection(msgspec.Struct):
+    """Our ``failure`` section: who failed first, where and why (:mod:`traceml_tui.core.forensics`).
+
+    Written by the launcher for a failed run (docs/run.md "Failure forensics");
+    null for a clean one. No host names or absolute paths: ``exception`` is
+    scrubbed and capped, ``log`` is relative to the run directory.
+    """
+
+    cause: str = "unknown"  # one of core.forensics.CAUSES
+    rank: Optional[int] = None  # the first failing rank (None: no rank recorded anything)
+    node: Optional[int] = None
+    step: Optional[int] = None  # the step it was in: one past its last completed step
+    last_step: Optional[int] = None
+    state: Optional[str] = None  # its rank state word: failed | lost
+    cause_text: str = ""
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+    exception: Optional[str] = None
+    victims: list[int] = msgspec.field(default_factory=list)  # ranks aborted after it
+    log: Optional[str] = None
+
+
+class _FailureOnly(msgspec.Struct):
+    failure: Optional[FailureSection] = None
+
+
 class Summary(msgspec.Struct, omit_defaults=False):
     """``final_summary.json``: the published schema-1.9 layout plus our own sections.
 
@@ -227,6 +253,7 @@ class Summary(msgspec.Struct, omit_defaults=False):
     qc: Optional[dict[str, Any]] = None
     validation: Optional[ValidationSection] = None
     environment: Optional[dict[str, Any]] = None
+    failure: Optional[FailureSection] = None
     text: str = ""
 
     @property
@@ -260,6 +287,12 @@ def decode_outcome(data: Union[bytes, str, dict, None]) -> Optional[NodeOutcome]
 def decode_summary(data: Union[bytes, str, dict, None]) -> Optional[Summary]:
     """Our typed view of a final summary (ours or traceml-ai's); None when it is not one."""
     return _decode(data, Summary)
+
+
+def decode_failure(data: Union[bytes, str, dict, None]) -> Optional[FailureSection]:
+    """Only the ``failure`` section of a final summary (None when absent, null or not readable)."""
+    found = _decode(data, _FailureOnly)
+    return found.failure if found is not None else None
 
 
 def check_summary(payload: dict) -> dict:

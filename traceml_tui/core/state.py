@@ -15,6 +15,11 @@ The rules (docs/contracts.md, "state rules"):
 * A rank with no end record is **lost** once nothing more can come from it:
   the run is final (manifest or summary), its node's outcome is written, or
   every other rank ended and it stayed silent for the stall limit after that.
+* When several ranks failed or were lost, the first of them — by its end
+  record's time, else (no end record) by its newest record's time — keeps
+  ``failed``/``lost``; the others are **aborted** (they died because of it,
+  e.g. in their next collective). A rank SIGKILLed without an end record is so
+  the culprit and not its peers that failed in the all-reduce after it.
 * A rank that has not ended is **stalled** when it has been silent for the
   stall limit — ``max(STALL_FLOOR_S, STALL_INTERVALS × median step interval)`` —
   measured by record time against the run's newest record (the others go on
@@ -61,6 +66,7 @@ class RankState(StrEnum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     LOST = "lost"
+    ABORTED = "aborted"  # ended in failure after another rank failed first: a victim, not the cause
 
 
 class BacklogState(StrEnum):
@@ -195,7 +201,43 @@ def decide_ranks(facts: RunFacts) -> tuple[RankState, ...]:
             read_late = r.last_seen is not None and r.last_seen - r.last_ts > limit
             silent = newest - r.last_ts > limit or (facts.now - r.last_ts > limit and (ingest_idle or read_late))
         out.append(RankState.STALLED if silent else RankState.RUNNING)
-    return tuple(out)
+    return tuple(_mark_aborted(facts.ranks, out))
+
+
+#: Rank states of a rank that ended in failure (the first one keeps failed/lost; see :func:`first_failure`).
+FAILING_RANK_STATES: frozenset[RankState] = frozenset({RankState.FAILED, RankState.LOST, RankState.ABORTED})
+
+
+def failure_time(rank: RankFacts) -> Optional[float]:
+    """When a rank failed, as far as its records tell: its end record's time, else its newest record's."""
+    if rank.end_status is not None and rank.end_ts is not None:
+        return rank.end_ts
+    return rank.last_ts
+
+
+def first_failure(ranks: Sequence[RankFacts], states: Sequence[RankState]) -> Optional[int]:
+    """Index (into ``ranks``) of the rank that failed first, among those failed, lost or aborted; None if none.
+
+    Earliest :func:`failure_time` first (a rank with no time last); at the same
+    time a rank without an end record (it died silently) before one with, then
+    the lower rank.
+    """
+    candidates = [i for i, s in enumerate(states) if s in FAILING_RANK_STATES]
+    if not candidates:
+        return None
+
+    def key(i: int) -> tuple:
+        t = failure_time(ranks[i])
+        return (t is None, t or 0.0, ranks[i].end_status is not None, ranks[i].rank)
+
+    return min(candidates, key=key)
+
+
+def _mark_aborted(ranks: Sequence[RankFacts], states: list[RankState]) -> list[RankState]:
+    first = first_failure(ranks, states)
+    if first is None:
+        return states
+    return [RankState.ABORTED if i != first and s in FAILING_RANK_STATES else s for i, s in enumerate(states)]
 
 
 def decide_run(facts: RunFacts) -> RunVerdict:
@@ -214,10 +256,10 @@ def decide_run(facts: RunFacts) -> RunVerdict:
     word = final_run_word(facts.manifest_status) or final_run_word(facts.summary_status)
     guard_bad = (facts.guard_training_status not in (None, "completed")) or facts.outcome_failed > 0
     if word is not None:
-        if word is RunStatus.COMPLETED and (guard_bad or RankState.FAILED in ranks):
+        if word is RunStatus.COMPLETED and (guard_bad or RankState.FAILED in ranks or RankState.ABORTED in ranks):
             return RunVerdict(RunStatus.FAILED, ranks)
         return RunVerdict(word, ranks)
-    if RankState.FAILED in ranks or facts.outcome_failed > 0:
+    if RankState.FAILED in ranks or RankState.ABORTED in ranks or facts.outcome_failed > 0:
         return RunVerdict(RunStatus.FAILED, ranks)
     if RankState.LOST in ranks:
         return RunVerdict(RunStatus.LOST, ranks)

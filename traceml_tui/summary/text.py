@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from traceml_tui.core import steptime
+from traceml_tui.core import forensics, steptime
 
 
 def _ms(value: Optional[float]) -> str:
@@ -33,6 +33,11 @@ def render_text(summary: dict[str, Any]) -> str:
         f"Verdict: {diagnosis.get('status', 'NO DATA')} — {diagnosis.get('summary', '')}",
         f"Next:    {diagnosis.get('action', '')}",
     ]
+    failure = summary.get("failure")
+    if isinstance(failure, dict):  # who failed first, where and why (core/forensics.py)
+        first, *rest = forensics.section_lines(failure)
+        lines.insert(1, f"Failure: {first}")
+        lines[2:2] = [f"         {line}" for line in rest]
     declaration = context.get("declaration")
     execution = context.get("execution", {})
     if declaration:

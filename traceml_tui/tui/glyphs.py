@@ -19,7 +19,8 @@ RUN_GLYPHS: dict[str, str] = {
     RunStatus.COMPLETED.value: "✓",
     RunStatus.MISSING.value: "·",
 }
-RANK_GLYPHS: dict[str, str] = {s.value: RUN_GLYPHS[s.value] for s in RankState}
+#: A rank shares its run's glyphs; ``aborted`` (it failed because another rank failed first) is a rank's only.
+RANK_GLYPHS: dict[str, str] = {s.value: RUN_GLYPHS.get(s.value, "↯") for s in RankState}
 BACKLOG_GLYPHS: dict[str, str] = {
     BacklogState.FAILED.value: "✗",
     BacklogState.BLOCKED.value: "✗",
@@ -29,7 +30,7 @@ BACKLOG_GLYPHS: dict[str, str] = {
     BacklogState.COMPLETED.value: "✓",
 }
 #: Every glyph in use (a reader of a cell strips one of these before the word).
-ALL_GLYPHS: frozenset[str] = frozenset({*RUN_GLYPHS.values(), *BACKLOG_GLYPHS.values()})
+ALL_GLYPHS: frozenset[str] = frozenset({*RUN_GLYPHS.values(), *RANK_GLYPHS.values(), *BACKLOG_GLYPHS.values()})
 
 
 def _label(table: dict[str, str], word: str, shown: str | None = None) -> str:

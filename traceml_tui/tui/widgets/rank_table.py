@@ -11,7 +11,8 @@ from traceml_tui.tui.glyphs import rank_label
 from traceml_tui.tui.snapshots import RankRow
 from traceml_tui.tui.widgets.table_base import FedTable
 
-STATE_STYLE = {RankState.COMPLETED: "cyan", RankState.FAILED: "bold red", RankState.INTERRUPTED: "yellow"}
+STATE_STYLE = {RankState.COMPLETED: "cyan", RankState.FAILED: "bold red", RankState.INTERRUPTED: "yellow",
+               RankState.ABORTED: "red"}
 
 
 def rank_cells(r: RankRow) -> tuple:
@@ -21,7 +22,7 @@ def rank_cells(r: RankRow) -> tuple:
         silent = Text(rank_label(r.state, f"STALLED {textplot.duration(r.silent_s)}"), style="bold yellow")
     elif r.state == RankState.LOST:
         silent = Text(rank_label(r.state, f"LOST {textplot.duration(r.silent_s)}"), style="bold red")
-    elif r.state in (RankState.COMPLETED, RankState.FAILED, RankState.INTERRUPTED):
+    elif r.state in (RankState.COMPLETED, RankState.FAILED, RankState.INTERRUPTED, RankState.ABORTED):
         silent = Text(rank_label(r.state), style=STATE_STYLE.get(r.state, ""))
     else:
         silent = Text(rank_label(r.state, f"running {textplot.duration(r.silent_s)}"), style="green")

@@ -1,0 +1,95 @@
+"""The launcher's side of failure forensics: gather the facts, let the core decide (docs/run.md).
+
+Node 0 calls :func:`failure_section` when it finalizes a run; the result is
+the ``failure`` section of ``final_summary.json`` (None for a clean run). It
+reads only what it needs: each rank's newest step file's header (its node)
+and tail (last step, end record), and the tail of each node's
+``training.stderr.log``; :mod:`traceml_tui.core.forensics` does the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Optional
+
+from traceml_tui.core import forensics, records
+from traceml_tui.core.rundir import RunDir
+
+#: Bytes read from the end of a rank's step file: the newest records, the end record among them.
+_RANK_TAIL = 256 * 1024
+
+
+def _tail(path: Path, size: int) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            end = fh.tell()
+            fh.seek(max(0, end - size))
+            return fh.read(size)
+    except OSError:
+        return b""
+
+
+def _head_line(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.readline(1 << 20)
+    except OSError:
+        return b""
+
+
+def rank_trail(path: Path, rank: int) -> forensics.RankTrail:
+    """One rank's trail from its newest step file (complete lines only; malformed ones skipped)."""
+    node = None
+    try:
+        header = records.decode(_head_line(path))
+        if isinstance(header, records.Header):
+            node = header.node_rank
+    except (records.RecordError, RecursionError):
+        pass
+    data = _tail(path, _RANK_TAIL)
+    last_step = last_ts = end = None
+    for line in data[: data.rfind(b"\n") + 1].split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            record = records.decode(line)
+        except (records.RecordError, RecursionError):
+            continue  # a cut first line of the tail, or a malformed one: the daemon reports those
+        ts = getattr(record, "ts", None)
+        if isinstance(record, records.Header):
+            continue
+        if isinstance(ts, (int, float)):
+            last_ts = ts if last_ts is None else max(last_ts, ts)
+        if isinstance(record, records.Step):
+            last_step = record.step if last_step is None else max(last_step, record.step)
+        elif isinstance(record, records.RankEnd):
+            end = record
+    if end is not None:
+        last_step = end.step if last_step is None else max(last_step, end.step)
+    return forensics.RankTrail(rank=rank, node=node, last_step=last_step, last_ts=last_ts,
+                               end_status=end.status if end else None, end_exit_code=end.exit_code if end else None,
+                               end_ts=end.ts if end else None)
+
+
+def failure_section(run_dir: Path, exit_code: Optional[int]) -> Optional[dict]:
+    """The ``failure`` section for a finished run (None when nothing failed). Never raises on bad files."""
+    layout = RunDir(run_dir)
+    newest: dict[int, Path] = {}
+    for stream in layout.step_files():  # by rank, then attempt: the newest attempt wins
+        newest[stream.rank] = stream.path
+    trails = [rank_trail(path, rank) for rank, path in sorted(newest.items())]
+    logs = []
+    for node in layout.node_ranks():
+        path = layout.stderr_log(node)
+        text = _tail(path, forensics.TAIL_BYTES).decode("utf-8", errors="replace")
+        if text:
+            logs.append(forensics.NodeLog(node=node, path=path.relative_to(layout.path).as_posix(), text=text))
+    try:
+        hosts = {socket.gethostname(), socket.getfqdn()}
+    except OSError:
+        hosts = set()
+    failure = forensics.diagnose(trails, logs, exit_code=exit_code, hosts=hosts)
+    return failure.to_dict() if failure is not None else None
