@@ -57,6 +57,25 @@ class Guard(msgspec.Struct, omit_defaults=True):
     training: Optional[GuardTraining] = None
 
 
+class Telemetry(msgspec.Struct):
+    """What telemetry the run delivered (``telemetry``, beside ``status`` and ``guard.training``; seed 000).
+
+    Written by node 0 at the end (:mod:`traceml_tui.run.telemetry`): ``status``
+    is ``complete``, ``incomplete`` (``reasons``) or ``none``; ``records`` counts
+    each rank's step records (each step once).
+    """
+
+    status: Optional[str] = None
+    ranks_expected: Optional[int] = None
+    records: dict[str, int] = msgspec.field(default_factory=dict)
+    ranks_without_records: list[int] = msgspec.field(default_factory=list)
+    window: Optional[list[int]] = None  # the declared measurement window [start, end] of a guarded run
+    window_incomplete_ranks: list[int] = msgspec.field(default_factory=list)
+    window_span_s: Optional[float] = None
+    window_exceeds_retention: Optional[bool] = None
+    reasons: list[str] = msgspec.field(default_factory=list)
+
+
 class Manifest(msgspec.Struct, omit_defaults=False):
     """``manifest.json``: written by node 0's launcher at start and at the end (no paths, hosts, args, env)."""
 
@@ -75,6 +94,7 @@ class Manifest(msgspec.Struct, omit_defaults=False):
     attempts: int = 1
     guard: Union[Guard, msgspec.UnsetType] = msgspec.UNSET  # guarded runs only
     hygiene: Union[dict[str, Any], msgspec.UnsetType] = msgspec.UNSET  # runs with a hygiene: block
+    telemetry: Union[Telemetry, msgspec.UnsetType] = msgspec.UNSET  # written at the end by node 0
 
     @property
     def guarded(self) -> bool:

@@ -380,10 +380,33 @@ class Launcher:
                 manifest.guard = msgspec.structs.replace(
                     guard, training=msgspec.convert(training, artifacts.GuardTraining)
                 )
+            telemetry = self._telemetry(manifest)
+            if telemetry is not None:
+                manifest.telemetry = telemetry
             atomic.atomic_write_json(self.layout.manifest, artifacts.to_builtins(manifest))
             self.manifest = manifest
         except (OSError, msgspec.ValidationError) as exc:
             _warn(f"could not update the manifest: {exc}")
+
+    def _telemetry(self, manifest: artifacts.Manifest) -> Optional[artifacts.Telemetry]:
+        """What the ranks delivered (run/telemetry.py), with its warnings; None when it cannot be told."""
+        try:
+            from traceml_tui.run.telemetry import telemetry_section, telemetry_warnings
+
+            contract = manifest.guard.contract if isinstance(manifest.guard, artifacts.Guard) else None
+            measurement = contract.get("measurement") if isinstance(contract, dict) else None
+            window = None
+            if isinstance(measurement, dict):
+                window = (measurement["start_step"], measurement["start_step"] + measurement["completed_steps"] - 1)
+            retention = manifest.history_retention_s
+            section = telemetry_section(self.run_dir, expected_ranks=self.options.world_size, window=window,
+                                        retention_s=retention)
+            for line in telemetry_warnings(section, retention):
+                _warn(line)
+            return msgspec.convert(section, artifacts.Telemetry)
+        except Exception as exc:  # noqa: BLE001 - telemetry problems never change the exit code
+            _warn(f"could not count the delivered telemetry: {type(exc).__name__}: {exc}")
+            return None
 
     def _write_summary(self) -> None:
         try:
