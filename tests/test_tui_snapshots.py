@@ -85,6 +85,12 @@ def test_run_screen_lost_rank(snap_compare, source):
                         run_before=_open(fr.name_of("rank_sigkilled")))
 
 
+def test_failure_panel(snap_compare, source):
+    # 80×24: the failure panel (who, where, why) sits at the top of the Run screen, above the rank table
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(80, 24),
+                        run_before=_open(fr.name_of("rank_raises")))
+
+
 def test_run_screen_straggler(snap_compare, synthetic_source):
     assert snap_compare(create_app(synthetic_source, poll_interval=0.02), terminal_size=(120, 50),
                         run_before=_open("resnet-ok"))

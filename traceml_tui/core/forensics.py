@@ -44,7 +44,7 @@ CAUSE_TEXT: dict[str, str] = {
     "comm-timeout": "a collective (NCCL/gloo) timed out",
     "peer-lost": "a peer's connection closed (NCCL/gloo)",
     "exception": "Python exception",
-    "killed": "SIGKILL with no exception: the host's OOM killer or kill -9",
+    "killed": "no exception: the host's OOM killer or kill -9",
     "crash": "the process crashed (fatal signal)",
     "signal": "stopped by a signal from outside",
     "launcher-lost": "the launcher died before finalizing the run",
@@ -336,12 +336,12 @@ def section_lines(section: Mapping) -> list[str]:
         how.append(f"exit {section['exit_code']}")
     if section.get("state") == "lost":
         how.append("no end record")
-    first = f"{where} — {cause} ({section.get('cause_text') or CAUSE_TEXT.get(cause, '')})"
-    if how:
-        first += " · " + ", ".join(how)
-    lines = [first]
+    lines = [f"{where} — {cause} ({section.get('cause_text') or CAUSE_TEXT.get(cause, '')})"]
+    second = ", ".join(how)
     if section.get("exception"):
-        lines.append(str(section["exception"]))
+        second = f"{second}: {section['exception']}" if second else str(section["exception"])
+    if second:
+        lines.append(second)
     tail = []
     victims = section.get("victims") or []
     if victims:

@@ -128,6 +128,23 @@ class FieldVerdict:
 
 
 @dataclass(frozen=True)
+class FailureInfo:
+    """Who failed first, where and why: the run's ``failure`` summary section (core/forensics.py)."""
+
+    cause: str
+    rank: Optional[int] = None
+    node: Optional[int] = None
+    step: Optional[int] = None
+    state: Optional[str] = None  # the first failing rank's RankState word: failed | lost
+    cause_text: str = ""
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+    exception: Optional[str] = None
+    victims: tuple[int, ...] = ()
+    log: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class RunDetail:
     """Everything the Run screen shows for one run."""
 
@@ -146,6 +163,7 @@ class RunDetail:
     errors: tuple[IngestError, ...] = ()
     fields: tuple[FieldVerdict, ...] = ()
     now: float = 0.0
+    failure: Optional[FailureInfo] = None  # a failed run's forensics, from its final summary
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from traceml_tui.tui.snapshots import (
     BacklogSnapshot,
     CompareSnapshot,
     EvalPoint,
+    FailureInfo,
     FieldVerdict,
     NodeMetrics,
     Outcome,
@@ -364,7 +365,7 @@ class IndexSource:
             nodes=_nodes(reader.node_samples(run_id, limit=1)), outcomes=_outcomes(base.outcomes),
             errors=tuple(reversed(reader.errors(run_id, limit=MAX_ERRORS))),
             fields=field_verdicts(reader.events(run_id, kind="field_stats", limit=MAX_FIELD_EVENTS)),
-            now=now)
+            now=now, failure=_failure(reader.failure(run_id)))
 
     # -- backlog
     @_serialized
@@ -413,6 +414,16 @@ class IndexSource:
             if content is not None:
                 return parse_summary_bytes(content), run.name
         raise FileNotFoundError(f"no final summary for {spec!r} (not a file, a run directory, or a run in the index)")
+
+
+def _failure(section: Any) -> Optional[FailureInfo]:
+    """The reader's failure section as the Run screen's snapshot (None: no failure recorded)."""
+    if section is None:
+        return None
+    return FailureInfo(cause=section.cause, rank=section.rank, node=section.node, step=section.step,
+                       state=section.state, cause_text=section.cause_text, exit_code=section.exit_code,
+                       signal=section.signal, exception=section.exception, victims=tuple(section.victims),
+                       log=section.log)
 
 
 def _eval_points(events: Any) -> tuple[tuple[EvalPoint, ...], Optional[str]]:

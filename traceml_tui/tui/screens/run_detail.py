@@ -1,4 +1,4 @@
-"""Run screen: per-rank table, text charts, straggler heatmap, nodes, outcomes, ingest errors."""
+"""Run screen: failure panel, per-rank table, text charts, straggler heatmap, nodes, outcomes, ingest errors."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from textual.widgets import Footer, Header
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RunDetail
+from traceml_tui.tui.widgets.failure_panel import FailurePanel
 from traceml_tui.tui.widgets.heatmap import Heatmap
 from traceml_tui.tui.widgets.info_panel import InfoPanel
 from traceml_tui.tui.widgets.rank_table import RankTable, rank_cells
@@ -88,6 +89,7 @@ class RunScreen(Screen):
         yield Header(show_clock=False)
         with VerticalScroll(id="run-body"):
             yield InfoPanel(id="headline")
+            yield FailurePanel(id="failure")
             yield RankTable(id="ranks")
             yield TextChart(id="chart-step", chart_height=6)
             yield Heatmap(id="heatmap")
@@ -108,6 +110,7 @@ class RunScreen(Screen):
             return
         self.sub_title = detail.run.name
         self.query_one("#headline", InfoPanel).data = ("", headline(detail))
+        self.query_one(FailurePanel).data = detail.failure
         table = self.query_one(RankTable)
         table.table_rows = tuple((r.rank, rank_cells(r)) for r in detail.ranks)
         table.styles.height = min(10, len(detail.ranks) + 2)

@@ -1,0 +1,108 @@
+"""Failure forensics on real failed runs: the summary's ``failure`` section, the card, status and the Run screen.
+
+The runs come from the real SDK and ``traceml run`` (tests/realruns.py):
+``rank_raises`` (rank 1 raises ``RuntimeError("CUDA out of memory (simulated)")``
+in step 5; rank 0 then fails in its all-reduce) and ``rank_sigkilled`` (rank 1
+SIGKILLs itself after step 4; rank 0 fails in step 5's all-reduce). Every
+surface must name rank 1 as the first failure and rank 0 as aborted after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tui_data as d  # noqa: E402
+
+from traceml_tui.tui.app import create_app  # noqa: E402
+from traceml_tui.tui.source import IndexSource  # noqa: E402
+from traceml_tui.tui.widgets.failure_panel import FailurePanel  # noqa: E402
+from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+#: case -> (state, cause, signal, exception line) of rank 1, the first failure
+EXPECTED = {
+    "rank_raises": ("failed", "cuda-oom", None, "RuntimeError: CUDA out of memory (simulated)"),
+    "rank_sigkilled": ("lost", "killed", "SIGKILL", None),
+}
+
+
+def _summary(run) -> dict:
+    return json.loads((run.run_dir / "final_summary.json").read_text())
+
+
+@pytest.mark.realruns("rank_raises", "rank_sigkilled")
+@pytest.mark.parametrize("case", list(EXPECTED))
+def test_summary_failure_section_names_rank_1_first(real_runs, case) -> None:
+    run = real_runs[case]
+    state, cause, signal, exception = EXPECTED[case]
+    failure = _summary(run)["failure"]
+    assert (failure["rank"], failure["node"], failure["step"], failure["last_step"]) == (1, 0, 5, 4)
+    assert (failure["state"], failure["cause"], failure["signal"]) == (state, cause, signal)
+    assert failure["exception"] == exception
+    assert failure["victims"] == [0]
+    assert failure["log"] == "nodes/node_0/training.stderr.log" and (run.run_dir / failure["log"]).is_file()
+    # an artifact holds no absolute path and no host name
+    text = json.dumps(failure)
+    assert str(run.run_dir) not in text and "/work/" not in text and '"/' not in text
+    for host in {socket.gethostname(), "localhost", "127.0.0.1"}:
+        assert host not in text
+    card = (run.run_dir / "final_summary.txt").read_text()
+    assert f"Failure: rank 1 on node 0, in step 5 — {cause}" in card
+    assert "r0 aborted after r1" in card
+    if exception:
+        assert exception in card
+
+
+@pytest.mark.realruns("completed")
+def test_a_completed_run_has_no_failure_section(real_runs) -> None:
+    run = real_runs["completed"]
+    assert _summary(run)["failure"] is None
+    assert "Failure:" not in (run.run_dir / "final_summary.txt").read_text()
+
+
+@pytest.mark.realruns("rank_raises", "rank_sigkilled")
+@pytest.mark.parametrize("case", list(EXPECTED))
+def test_status_and_run_screen_show_culprit_and_victim(real_runs, case, tmp_path, cli_env) -> None:
+    run = real_runs[case]
+    state, cause, _signal, exception = EXPECTED[case]
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [run.logs_dir])
+
+    proc = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--json", "--index", str(index)],
+                          capture_output=True, text=True, env=cli_env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    (as_json,) = json.loads(proc.stdout)["runs"]
+    assert as_json["status"] == "failed"
+    assert as_json["rank_states"] == {"0": "aborted", "1": state}
+
+    async def screen() -> tuple[str, list[str]]:
+        source = IndexSource(index)
+        app = create_app(source, poll_interval=0.02)
+        try:
+            async with app.run_test(size=(120, 40)) as pilot:
+                await d.settle(pilot)
+                app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == run.name))
+                await d.settle(pilot)
+                panel = app.screen.query_one(FailurePanel)
+                assert panel.display
+                table = app.screen.query_one(RankTable)
+                words = [d.status_word(table.get_row_at(i)[2]).lower() for i in range(table.row_count)]
+                return panel.render().plain, words
+        finally:
+            source.close()
+
+    text, words = asyncio.run(screen())
+    assert f"Failure: rank 1 on node 0, in step 5 — {cause}" in text
+    assert "r0 aborted after r1" in text and "log: nodes/node_0/training.stderr.log" in text
+    if exception:
+        assert exception in text
+    assert words == ["aborted", state]
