@@ -74,8 +74,8 @@ class IndexCollector(Collector):
             yield up
             return
         with reader:
-            runs = [r for r in reader.list_runs(now=now) if self._exported(r, now)]
             all_runs = reader.list_runs(now=now)
+            runs = [r for r in all_runs if self._exported(r, now)]
             yield from self._run_families(runs, now)
             yield from self._rank_families(reader, runs, now)
             yield from self._backlog_families(reader, runs, now)
@@ -125,7 +125,8 @@ class IndexCollector(Collector):
                                  "Median input wait before the rank's steps", labels=labels)
         silence = GaugeMetricFamily("traceml_rank_silence_seconds", "Seconds since the rank's newest record",
                                     labels=labels)
-        state = GaugeMetricFamily("traceml_rank_state", "1 for the rank's state, 0 for the others",
+        # Only the current state (value 1): all seven per rank would be most of a 64-rank job's series.
+        state = GaugeMetricFamily("traceml_rank_state", "The rank's state (1; other states are absent)",
                                   labels=[*labels, "state"])
         for run in runs:
             for row in reader.rank_rows(run.run_id, now=now):
@@ -139,8 +140,7 @@ class IndexCollector(Collector):
                 if row.state in _SILENT_STATES and (a := _age(now, row.last_seen or row.last_ts)) is not None:
                     silence.add_metric(lab, a)
                 if row.state is not None:
-                    for word in RankState:
-                        state.add_metric([*lab, str(word)], 1.0 if row.state is word else 0.0)
+                    state.add_metric([*lab, str(row.state)], 1.0)
         yield from (median, wait, silence, state)
 
     def _backlog_families(self, reader: Reader, runs: list[RunSummary], now: float) -> Iterator:

@@ -1,0 +1,198 @@
+"""`traceml daemon --metrics`: a real daemon process over the committed real runs, scraped by a real
+Prometheus that answers PromQL with the same words `traceml status` shows; promtool checks the
+exposition and unit-tests the shipped alert rules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from fixture_runs import FIXTURE_RUNS, name_of
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.metrics import HostPortError, parse_host_port
+from daemon.reader import Reader
+
+REPO = Path(__file__).resolve().parents[1]
+RULES = REPO / "examples" / "prometheus"
+NEEDS_PROMETHEUS = pytest.mark.skipif(
+    shutil.which("prometheus") is None or shutil.which("promtool") is None,
+    reason="prometheus/promtool not installed (.ci/run installs Debian's prometheus package)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def _wait(fn, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as exc:  # not up yet
+            last = exc
+        time.sleep(0.3)
+    raise AssertionError(f"{what}: {last!r}")
+
+
+@pytest.mark.parametrize(("text", "want"), [("127.0.0.1:9464", ("127.0.0.1", 9464)), (":9464", ("127.0.0.1", 9464)),
+                                            ("[::1]:9000", ("::1", 9000)), ("0.0.0.0:80", ("0.0.0.0", 80))])
+def test_parse_host_port(text, want):
+    assert parse_host_port(text) == want
+
+
+@pytest.mark.parametrize("text", ["9464", "host:", "host:0", "host:70000", "host:http"])
+def test_bad_metrics_address_is_one_line_exit_2(text, tmp_path, traceml_cmd, cli_env):
+    with pytest.raises(HostPortError):
+        parse_host_port(text)
+    proc = subprocess.run([*traceml_cmd, "daemon", str(tmp_path), "--metrics", text, "--index",
+                           str(tmp_path / "i.sqlite")], env=cli_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--metrics" in proc.stderr
+
+
+@pytest.fixture
+def metrics_daemon(tmp_path, cli_env, traceml_cmd):
+    """A real `traceml daemon --metrics` over a copy of the committed real runs; yields (url, index, root)."""
+    root = tmp_path / "logs"
+    shutil.copytree(FIXTURE_RUNS, root, ignore=shutil.ignore_patterns("*.md", "facts.json"))
+    index = tmp_path / "state" / "index.sqlite"
+    port = _free_port()
+    proc = subprocess.Popen([*traceml_cmd, "daemon", str(root), "--index", str(index), "--no-inotify",
+                             "--metrics", f"127.0.0.1:{port}", "--metrics-retention", str(10 * 365 * 86400)],
+                            env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        _wait(lambda: 'status="completed"} 1.0' in _get(url) and "traceml_backlog_requests{" in _get(url), 60,
+              "the daemon's metrics never showed the runs")
+        yield url, index, root
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_say_what_the_reader_says(metrics_daemon):
+    url, index, _ = metrics_daemon
+    text = _get(url)
+    samples = _samples(text)
+    with Reader(index) as reader:
+        runs = reader.list_runs()
+        assert {r.name for r in runs} >= {name_of("completed"), name_of("rank_raises"), name_of("hygiene")}
+        for run in runs:
+            lab = (("run", run.name), ("run_id", str(run.run_id)), ("status", str(run.status)))
+            assert samples[("traceml_run_status", tuple(sorted(lab)))] == 1.0, (run.name, run.status)
+            others = [v for (name, labels), v in samples.items() if name == "traceml_run_status"
+                      and dict(labels)["run_id"] == str(run.run_id) and dict(labels)["status"] != str(run.status)]
+            assert others and set(others) == {0.0}
+        hygiene = reader.find_run(name_of("hygiene"))
+        by_state: dict[str, int] = {}
+        for item in reader.backlog(hygiene.run_id):
+            by_state[str(item.state)] = by_state.get(str(item.state), 0) + 1
+        completed = reader.find_run(name_of("completed"))
+        ranks = {r.rank: r for r in reader.rank_rows(completed.run_id) if r.latest}
+    for state, count in by_state.items():
+        key = ("traceml_backlog_requests", (("run", hygiene.name), ("run_id", str(hygiene.run_id)), ("state", state)))
+        assert samples[key] == count
+    assert len(ranks) == 2
+    for rank, row in ranks.items():
+        key = ("traceml_rank_step_time_median_seconds",
+               (("rank", str(rank)), ("run", completed.name), ("run_id", str(completed.run_id))))
+        assert samples[key] == pytest.approx(row.median_step_ms / 1000)
+    assert samples[("traceml_ingest_records_total", ())] > 0
+    assert samples[("traceml_index_up", ())] == 1.0
+
+
+@NEEDS_PROMETHEUS
+def test_promtool_accepts_the_exposition_and_the_rules(metrics_daemon):
+    url, _, _ = metrics_daemon
+    check = subprocess.run(["promtool", "check", "metrics"], input=_get(url), capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    rules = subprocess.run(["promtool", "check", "rules", "traceml.rules.yml"], cwd=RULES, capture_output=True,
+                           text=True, timeout=60)
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    unit = subprocess.run(["promtool", "test", "rules", "traceml.rules.test.yml"], cwd=RULES, capture_output=True,
+                          text=True, timeout=60)
+    assert unit.returncode == 0 and "SUCCESS" in unit.stdout, unit.stdout + unit.stderr
+
+
+@NEEDS_PROMETHEUS
+@pytest.mark.slow
+def test_real_prometheus_scrapes_the_daemon_and_answers_promql(metrics_daemon, tmp_path):
+    url, index, _ = metrics_daemon
+    target = urllib.parse.urlparse(url).netloc
+    port = _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: [{json.dumps(str(RULES / 'traceml.rules.yml'))}]\n"
+        f"scrape_configs:\n  - job_name: traceml\n    static_configs: [{{targets: ['{target}']}}]\n")
+    prom = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    api = f"http://127.0.0.1:{port}/api/v1"
+
+    def query(q: str) -> list:
+        body = json.loads(_get(f"{api}/query?query={urllib.parse.quote(q)}"))
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    try:
+        failed = _wait(lambda: query('traceml_run_status{status="failed"} == 1'), 90,
+                       "Prometheus never answered the failed runs")
+        with Reader(index) as reader:
+            want_failed = {r.name for r in reader.list_runs() if str(r.status) == "failed"}
+            completed = reader.find_run(name_of("completed"))
+            ranks = sorted(r.rank for r in reader.rank_rows(completed.run_id) if r.latest)
+        assert {s["metric"]["run"] for s in failed} == want_failed and want_failed
+        steps = query(f'traceml_run_last_step{{run="{completed.name}"}}')
+        assert [float(s["value"][1]) for s in steps] == [float(completed.last_step)]
+        per_rank = query(f'count by (run) (traceml_rank_step_time_median_seconds{{run="{completed.name}"}})')
+        assert [int(s["value"][1]) for s in per_rank] == [len(ranks)]
+        # The shipped rule fires for the failed runs (no `for:` delay).
+        alerts = _wait(lambda: [a for a in json.loads(_get(f"{api}/alerts"))["data"]["alerts"]
+                                if a["labels"]["alertname"] == "TracemlRunFailed" and a["state"] == "firing"], 30,
+                       "TracemlRunFailed never fired")
+        assert {a["labels"]["run"] for a in alerts} == want_failed
+    finally:
+        prom.terminate()
+        try:
+            prom.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+            prom.wait()
+
+
+def test_metrics_module_does_not_import_textual_or_torch():
+    code = "import sys, daemon.metrics; print('textual' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False False", out.stderr
