@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import asdict
 
+from traceml_tui.core import artifacts
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RankState, RunStatus, count_states
 
 from . import index as idx
@@ -101,6 +102,9 @@ def main(argv: list[str]) -> int:
                 d["rank_count"] = d.pop("ranks")
                 d["ranks"] = ranks
                 d["error_count"] = r.errors
+                # who failed first, where and why: the summary's failure section (docs/run.md "Failure forensics")
+                failure = reader.failure(r.run_id) if r.status in (RunStatus.FAILED, RunStatus.LOST) else None
+                d["failure"] = artifacts.to_builtins(failure) if failure is not None else None
                 out["runs"].append(d)
             print(json.dumps(out, indent=2))
             return 0

@@ -83,6 +83,13 @@ def test_status_and_run_screen_show_culprit_and_victim(real_runs, case, tmp_path
     (as_json,) = json.loads(proc.stdout)["runs"]
     assert as_json["status"] == "failed"
     assert as_json["rank_states"] == {"0": "aborted", "1": state}
+    failure = as_json["failure"]
+    assert (failure["rank"], failure["node"], failure["step"], failure["cause"]) == (1, 0, 5, cause)
+    assert failure["exception"] == exception and failure["victims"] == [0]
+    table = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--index", str(index)],
+                           capture_output=True, text=True, env=cli_env, timeout=120, check=False)
+    (line,) = [ln for ln in table.stdout.splitlines() if ln.startswith(run.name)]
+    assert line[25:].split()[:2] == ["failed", "r1"], line  # the culprit, not the aborted rank 0
 
     async def screen() -> tuple[str, list[str]]:
         source = IndexSource(index)
