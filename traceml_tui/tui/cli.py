@@ -28,6 +28,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="a silent rank is stalled after max(S, 10 typical step intervals) without records"
                         " (default 30, as `traceml status`)")
     p.add_argument("--no-alerts", action="store_true", help="start with the bell/notifications off (toggle: a)")
+    web = p.add_argument_group("browser", "serve the same app to a web browser (textual-serve) instead of this terminal")
+    web.add_argument("--web", action="store_true", help="serve the app over HTTP; each browser tab runs its own view")
+    web.add_argument("--host", help="address to bind with --web (default 127.0.0.1)")
+    web.add_argument("--port", type=int, help="port to bind with --web (default 8000)")
+    web.add_argument("--public", action="store_true",
+                     help="allow a --host other than loopback: the page has no authentication (prefer an SSH tunnel)")
     return p
 
 
@@ -56,6 +62,46 @@ def _embed_or_join(service, index: Path, roots: list[str]):
     raise AssertionError("unreachable")
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _serve_web(args: argparse.Namespace, roots: list[str], index: Path, host: str, port: int) -> int:
+    """Serve `traceml watch` to browsers; each connection runs the app as a child that reads this index.
+
+    The ingester (if this process embeds it) keeps running here, so every browser tab's app joins it as a
+    reader instead of racing for the writer lock.
+    """
+    import shlex
+
+    try:
+        from textual_serve.server import Server
+    except ImportError:
+        return _fail("--web needs textual-serve: pip install 'traceml-tui[web]'")
+
+    command = [sys.executable, "-m", "traceml_tui", "watch", *roots, "--index", str(index), "--poll", str(args.poll),
+               "--max-step-time-regression-pct", str(args.threshold)]
+    if args.stall_after is not None:
+        command += ["--stall-after", str(args.stall_after)]
+    if args.no_alerts:
+        command.append("--no-alerts")
+    if args.compare:
+        command += ["--compare", *args.compare]
+    if args.public:
+        print(f"traceml watch: warning: serving on {host}:{port} without authentication; anyone who can reach it "
+              "sees these runs (an SSH tunnel to 127.0.0.1 is safer)", file=sys.stderr)
+    print(f"traceml watch: serving the app on http://{host}:{port} (Ctrl+C stops)", file=sys.stderr, flush=True)
+    Server(shlex.join(command), host=host, port=port, title="traceml watch").serve()
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of `traceml watch`; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -72,6 +118,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             return _fail(f"--max-step-time-regression-pct: {exc}", 2)
     if not args.poll > 0:
         return _fail("--poll must be a positive number of seconds", 2)
+    if not args.web and (args.host is not None or args.port is not None or args.public):
+        return _fail("--host, --port and --public go with --web", 2)
+    host = args.host or "127.0.0.1"
+    port = 8000 if args.port is None else args.port
+    if args.web:
+        if not 0 < port < 65536:
+            return _fail(f"--port must be 1-65535 (got {port})", 2)
+        if not _is_loopback(host) and not args.public:
+            return _fail(f"--host {host} is reachable from other machines and the page has no authentication: "
+                         "add --public to mean it, or keep 127.0.0.1 and use an SSH tunnel", 2)
     explicit = bool(args.roots)
     roots = [os.path.abspath(r) for r in (args.roots or ["logs"])]
     for root in roots:
@@ -94,6 +150,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"traceml watch: a {running.mode} (pid {running.pid}) already writes {index} for "
                   f"{', '.join(running.roots) or 'other roots'}; showing its index ({', '.join(missing)} not watched)",
                   file=sys.stderr)
+
+    if args.web:
+        try:
+            return _serve_web(args, roots, index, host, port)
+        finally:
+            if ingester is not None:
+                ingester.stop()
 
     from traceml_tui.tui.app import create_app
     from traceml_tui.tui.source import IndexSource
