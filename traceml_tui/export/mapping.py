@@ -42,9 +42,21 @@ MAPPING: dict[str, str] = {
 }
 
 
+#: Metric roles refused (seed 004): "selection" hides that eval picked the checkpoint; use train/eval labels
+#: and say in the description that eval drives selection (it is then not an untouched test).
+REFUSED_ROLES = frozenset({"selection"})
+
+
 def normalize_role(role: Optional[str]) -> str:
-    """The published role of a role label: val/validation → eval (the one place that does it)."""
-    return _ROLE_ALIASES.get((role or "eval").strip().lower(), _clean(role or "eval"))
+    """The published role of a role label: val/validation → eval (the one place that does it).
+
+    Raises ``ValueError`` (one line) for a refused role such as ``selection``.
+    """
+    word = (role or "eval").strip().lower()
+    if word in REFUSED_ROLES:
+        raise ValueError(f"metric role {role!r} is refused: publish it as eval and say in the run's description "
+                         "that eval selects checkpoints (so it is not an untouched test)")
+    return _ROLE_ALIASES.get(word, _clean(role or "eval"))
 
 
 def _clean(part: str) -> str:
@@ -54,6 +66,8 @@ def _clean(part: str) -> str:
 def metric_key(name: str, role: str) -> str:
     """``<quantity>/<role>``; a name that already ends in a role keeps it, normalized (``auc/val`` → ``auc/eval``)."""
     parts = [p for p in str(name).split("/") if p]
+    if len(parts) > 1 and parts[-1].strip().lower() in REFUSED_ROLES:
+        normalize_role(parts[-1])  # raises
     if len(parts) > 1 and parts[-1].lower() in _ROLE_ALIASES:
         return "/".join(_clean(p) for p in parts[:-1]) + "/" + normalize_role(parts[-1])
     return "/".join(_clean(p) for p in parts or ["_"]) + "/" + normalize_role(role)

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,20 @@ def _read_json(path: Path) -> Optional[dict]:
     return value if isinstance(value, dict) else None
 
 
+#: Columns of the readouts table; "examples evaluated" is the readout's denominator (seed 004).
+READOUT_COLUMNS = ("checkpoint", "step", "role", "split", "status", "metrics", "examples evaluated")
+#: The metric key a validation worker (or ``traceml.log_eval``) reports its denominator under.
+DENOMINATOR_KEY = "examples"
+
+
+def denominator(metrics: Optional[dict]) -> str:
+    """Examples evaluated for one readout, when the worker reported them (``examples``); else ``unavailable``."""
+    value = metrics.get(DENOMINATOR_KEY) if isinstance(metrics, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+        return str(int(value)) if float(value).is_integer() else str(value)
+    return "unavailable"
+
+
 def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor_mod.Cursor]:
     """What to send since ``cur``, and the cursor to store once it is delivered."""
     from traceml_tui.hygiene import batch_grid, field_qc
@@ -140,6 +155,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
                 new.readouts[f"{rec.checkpoint or ''}@{rec.step}/{role}/{rec.split or ''}"] = [
                     rec.checkpoint or "", rec.step, role, rec.split or "", rec.status,
                     ", ".join(f"{k}={'unavailable' if v is None else v}" for k, v in sorted(rec.metrics.items())),
+                    denominator(rec.metrics),
                 ]
             elif isinstance(rec, records.FieldStats):
                 for key, value in mapping.field_points(rec).items():
@@ -168,7 +184,8 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
             detail = ", ".join(f"{k}={'unavailable' if v is None else v}" for k, v in sorted(metrics.items()))
         else:
             detail = str(row.get("last_error") or "")[:200]
-        readouts[f"{ckpt}@{step}/backlog"] = [ckpt, step, "eval", "validation", status, detail]
+        readouts[f"{ckpt}@{step}/backlog"] = [ckpt, step, "eval", "validation", status, detail,
+                                              denominator(row.get("metrics") if status == BacklogState.COMPLETED else None)]
 
     # counters and readouts: information tables, re-sent only when their content changes
     pending = sum(1 for row in readouts.values() if row[4] in _PENDING)
@@ -190,10 +207,11 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
         ["field QC failures", ", ".join(qc["failed_fields"]) or "none"],
         ["step metric", mapping.STEP_METRIC],
     ]
-    rows_readouts = [readouts[k] for k in sorted(readouts, key=lambda k: (readouts[k][1], k))]
+    # rows from a cursor of an older exporter have no denominator column yet
+    rows_readouts = [list(readouts[k]) + ["unavailable"] * (len(READOUT_COLUMNS) - len(readouts[k]))
+                     for k in sorted(readouts, key=lambda k: (readouts[k][1], k))]
     for key, columns, rows in (("info/run", ["quantity", "value"], info_rows),
-                               ("info/readouts", ["checkpoint", "step", "role", "split", "status", "metrics"],
-                                rows_readouts)):
+                               ("info/readouts", list(READOUT_COLUMNS), rows_readouts)):
         digest = _digest(rows)
         if rows and cur.tables.get(key) != digest:
             out.tables.append((key, columns, [[str(c) for c in r] for r in rows], last_step))
@@ -247,6 +265,11 @@ def export_run(run_dir: Path, registration: Registration, sink: Sink, *,
     except Exception as exc:  # noqa: BLE001 - any failure of the destination is an outage to retry
         raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from None
     cursor_mod.save(path, new)
+    read_back = getattr(sink, "saved_description", None)
+    saved = read_back(registration.project, run_dir.resolve().name) if read_back is not None else None
+    if saved is not None and saved != registration.description:
+        raise DescriptionMismatch(f"Trackio stored the description {saved[:80]!r}, not the one given; "
+                                  "the run's config was not updated")
     return delivery.counts()
 
 
@@ -299,7 +322,21 @@ class TrackioSink:
 
     def image(self, key: str, path: Path, step: int, caption: str) -> None:
         with self._quiet():
-            self._run.log({key: self._trackio.Image(str(path), caption=caption)}, step=int(step))
+            self._run.log({key: linked_image(self._trackio, path, caption)}, step=int(step))
+
+    def saved_description(self, project: str, run: str) -> Optional[str]:
+        """The description Trackio stored for the run, read back through its own storage (local store only).
+
+        None when it cannot be read from here (a remote server: its store is not this machine's).
+        """
+        if self.server_url is not None:
+            return None
+        with self._quiet():
+            from trackio.sqlite_storage import SQLiteStorage
+
+            config = SQLiteStorage.get_run_config(project, run)
+        value = config.get("description") if isinstance(config, dict) else None
+        return value if isinstance(value, str) else ""
 
     def close(self) -> None:
         try:
@@ -316,6 +353,31 @@ class TrackioSink:
                      if "Trackio warning" in line and _is_failure(line)]
         if failures:
             raise SinkUnavailable(failures[0].splitlines()[0][:300])
+
+
+def linked_image(trackio: Any, path: Path, caption: str) -> Any:
+    """A Trackio image whose stored file is a link to the run's PNG, not a copy (seed 004: pixels live once).
+
+    Trackio's own ``Image(path)`` copies the file into its media store. This one
+    is the same image type (read back by Trackio as any image) but stores a hard
+    link to the run directory's file — the same inode, so a curve replaced later
+    (``os.replace``) keeps the version that was published — or, across
+    filesystems, a symlink to it.
+    """
+
+    class LinkedImage(trackio.Image):
+        def _save_media(self, file_path: Path) -> None:
+            source = Path(self._value).resolve()
+            try:
+                os.link(source, file_path)
+            except OSError:  # another filesystem (EXDEV) or no hard links there: point at the file instead
+                os.symlink(source, file_path)
+
+    return LinkedImage(str(path), caption=caption)
+
+
+class DescriptionMismatch(ValueError):
+    """The description Trackio stored differs from the one registered (the run's tooltip would mislead)."""
 
 
 def _is_failure(message: str) -> bool:
