@@ -414,3 +414,210 @@ async def test_help_explains_columns_states_parts_and_keys(fixture_index):
     assert "1.0 = no better than predicting zero" in text
     for key in ("Filter", "Threshold", "Backlog", "Quit"):
         assert key in text
+
+
+# -- Tables that stay put (issue 11): in-place updates, columns chosen by width, whole names, sort, the marked run.
+
+
+def shown_columns(table) -> list[str]:
+    """Column keys (the labels of the widget's COLUMNS) in display order."""
+    return [c.key.value for c in table.ordered_columns]
+
+
+def visible_columns(table) -> list[str]:
+    """Columns wholly inside the table without scrolling."""
+    x, out = 0, []
+    for c in table.ordered_columns:
+        x += c.get_render_width(table)
+        if x <= table.scrollable_content_region.width:
+            out.append(c.key.value)
+    return out
+
+
+def column_of(table, key: str) -> list[str]:
+    """The cells of column ``key`` (as shown, plain text), top to bottom."""
+    return column(table, shown_columns(table).index(key))
+
+
+def headers(table) -> list[str]:
+    return [c.label.plain for c in table.ordered_columns]
+
+
+@aio
+async def test_refresh_updates_rows_in_place_keeping_cursor_and_scroll(tmp_path):
+    """A live run's refreshes change cells and the order, never the view: no clear, no snap back to column 0."""
+    root = tmp_path / "logs"
+    for k in range(24):
+        d.write_run(root, f"done-{k:02d}", ranks=1, steps=3, evals=False, t0=d.T0 + k)
+    live = d.write_run(root, "live", ranks=1, steps=3, finished=False, evals=False, t0=d.T0 - 600)
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [root])
+    source = IndexSource(index, clock=lambda: d.T0 + 5)
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await d.settle(pilot)
+        table = pilot.app.screen.query_one(RunsTable)
+        names = column_of(table, "Run")
+        assert names[-1] == "live"  # the least recent activity comes last
+        table.move_cursor(row=names.index("done-03"))  # near the bottom: the table scrolls down
+        await pilot.pause()
+        table.scroll_to(x=table.max_scroll_x, animate=False)
+        await pilot.pause()
+        scroll_x, key = table.scroll_x, table.selected_key()
+        on_screen = table.cursor_row - table.scroll_y  # the selected run's line in the view
+        assert scroll_x > 0 and table.scroll_y > 0
+        for last in (6, 9, 12):  # three refreshes with new data
+            d.append_steps(live, "live", 0, last - 2, last, t0=d.T0 + 100)
+            d.ingest(index, [root])
+            for _ in range(300):
+                await pilot.pause(0.02)
+                if column_of(table, "Step")[0] == f"{last}/3":
+                    break
+            assert column_of(table, "Run")[0] == "live"  # moved to the top (latest activity first)
+            assert column_of(table, "Step")[0] == f"{last}/3"
+            assert table.scroll_x == scroll_x and table.cursor_row - table.scroll_y == on_screen
+            assert table.selected_key() == key and column_of(table, "Run")[table.cursor_row] == "done-03"
+    source.close()
+
+
+@aio
+async def test_columns_fit_the_width_attention_first_name_pinned(fixture_index):
+    _, _, source = fixture_index
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await d.settle(pilot)
+        table = pilot.app.screen.query_one(RunsTable)
+        visible = visible_columns(table)
+        for key in ("Status", "Run", "Step", "Steps/s", "Err"):
+            assert key in visible, visible
+        assert shown_columns(table)[:2] == ["Status", "Run"] and table.fixed_columns == 2
+        # What does not fit follows to the right: every column is reachable by scrolling.
+        assert set(shown_columns(table)) == set(RunsTable.COLUMNS) - {"Folder"}
+        assert len(visible) < len(shown_columns(table)) and table.max_scroll_x > 0
+        await pilot.resize_terminal(120, 30)
+        await d.settle(pilot)
+        assert visible_columns(table) == shown_columns(table)  # all fit at 120: the natural order
+        assert shown_columns(table) == [k for k in RunsTable.COLUMNS if k != "Folder"]
+        pilot.app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == "vit-hang"))
+        await d.settle(pilot)
+        ranks = pilot.app.screen.query_one(RankTable)
+        assert "Δ median" in visible_columns(ranks) and ranks.fixed_columns == 3
+
+
+def test_middle_cut_keeps_both_ends():
+    from traceml_tui.tui.widgets.table_base import middle_cut
+
+    a, b = middle_cut("guard-candidate-20261130-133543", 18), middle_cut("guard-candidate-20261130-140102", 18)
+    assert a == "guard-can…-133543" or (len(a) == 18 and a.endswith("-133543") and "…" in a)
+    assert len(a) == 18 and a != b and b.endswith("140102")
+    assert middle_cut("short", 18) == "short" and middle_cut("abc", 1) == "…"
+
+
+@aio
+async def test_long_and_repeated_names_stay_distinguishable_and_compare_picks_by_run(tmp_path):
+    root = tmp_path / "logs"
+    long_a = "guard-candidate-resnet50-imagenet-lr-sweep-20261130-133543"
+    long_b = "guard-candidate-resnet50-imagenet-lr-sweep-20261130-140102"
+    d.write_run(root, long_a, ranks=1, steps=5, evals=False)
+    d.write_run(root, long_b, ranks=1, steps=5, evals=False, t0=d.T0 + 1)
+    d.write_run(root / "exp1", "same", ranks=1, steps=5, evals=False, t0=d.T0 + 2)
+    d.write_run(root / "exp2", "same", ranks=1, steps=9, evals=False, t0=d.T0 + 3)
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [root])
+    source = IndexSource(index, clock=lambda: d.FIXED_NOW)
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await d.settle(pilot)
+        table = pilot.app.screen.query_one(RunsTable)
+        names, folders = column_of(table, "Run"), column_of(table, "Folder")
+        cut = [n for n in names if "…" in n]
+        assert len(cut) == 2 and cut[0] != cut[1]  # cut in the middle: the distinguishing ends stay
+        assert {n[-6:] for n in cut} == {"133543", "140102"} and all(n.startswith("guard-") for n in cut)
+        # Two runs named "same": the Folder column tells them apart.
+        same = {folders[i]: i for i, n in enumerate(names) if n == "same"}
+        assert set(same) == {"logs/exp1", "logs/exp2"}
+        assert "Folder" in visible_columns(table)
+        # `m` marks the run under the cursor (a glyph, also without colour); `c` compares by run, not by name.
+        table.move_cursor(row=same["logs/exp1"])
+        await pilot.press("m")
+        await pilot.pause()
+        marked = [n for n in column_of(table, "Run") if n.startswith("◆ ")]
+        assert marked == ["◆ same"]
+        assert "reverse" in str(table.get_row_at(same["logs/exp1"])[1].style)
+        table.move_cursor(row=same["logs/exp2"])
+        await pilot.press("c")
+        await d.settle(pilot)
+        screen = pilot.app.screen
+        assert isinstance(screen, CompareScreen)
+        assert Path(screen.reference) == (root / "exp1" / "same").resolve()
+        assert Path(screen.candidate) == (root / "exp2" / "same").resolve()
+        await pilot.press("escape")
+        await d.settle(pilot)
+        # Filter by folder.
+        await pilot.press("slash", *"exp2")
+        await pilot.pause()
+        assert column_of(table, "Run") == ["same"] and column_of(table, "Folder") == ["logs/exp2"]
+    source.close()
+
+
+@aio
+async def test_sort_marker_reverse_default_and_attention_order(fixture_index):
+    from traceml_tui.core.state import RUN_ATTENTION
+
+    _, _, source = fixture_index
+    app = create_app(source, poll_interval=0.02)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await d.settle(pilot)
+        screen = pilot.app.screen
+        table = screen.query_one(RunsTable)
+        default = column_of(table, "Run")
+        assert not any(m in h for h in headers(table) for m in "▲▼")
+        await pilot.press("S")  # the default order turned round
+        await pilot.pause()
+        assert column_of(table, "Run") == default[::-1]
+        assert "oldest activity first" in str(screen.query_one("#runs-empty").render())
+        await pilot.press("o")
+        await pilot.pause()
+        assert column_of(table, "Run") == default
+        await pilot.press("s")  # Status: the core's attention order, not the alphabet
+        await pilot.pause()
+        assert headers(table)[0] == "Status ▲"
+        order = [RUN_ATTENTION.index(d.status_word(c)) for c in column_of(table, "Status")]
+        assert order == sorted(order) and [d.status_word(c) for c in column_of(table, "Status")] == [
+            "failed", "stalled", "completed"]
+        await pilot.press("S")
+        await pilot.pause()
+        assert headers(table)[0] == "Status ▼" and column_of(table, "Run")[0] == "resnet-ok"
+        for _ in range(len(RunsTable.COLUMNS) + 1):  # `s` goes through every column, then back to the default
+            await pilot.press("s")
+            await pilot.pause()
+            if not any(m in h for h in headers(table) for m in "▲▼"):
+                break
+        assert column_of(table, "Run") == default
+        # A click on a header sorts by that column, wherever the width put it.
+        x = sum(c.get_render_width(table) for c in table.ordered_columns[:shown_columns(table).index("Step")])
+        await pilot.click(RunsTable, offset=(x + 1, 0))
+        await pilot.pause()
+        assert headers(table)[shown_columns(table).index("Step")] == "Step ▲"
+        steps = [int(s.split("/")[0]) for s in column_of(table, "Step")]
+        assert steps == sorted(steps)
+
+
+@aio
+async def test_a_longer_cell_widens_its_column_in_place():
+    """Auto-width columns grow when a cell updated in place gets longer (the text is never cut meanwhile)."""
+    from textual.app import App
+
+    from traceml_tui.tui.widgets.compare_table import CompareTable
+
+    class One(App):
+        def compose(self):
+            yield CompareTable()
+
+    async with One().run_test(size=(100, 10)) as pilot:
+        table = pilot.app.query_one(CompareTable)
+        table.table_rows = (("a", ("Step", "1", "2", "+0.0%")),)
+        await pilot.pause()
+        table.table_rows = (("a", ("Step", "1", "a much longer reference text", "+0.0%")),)
+        await pilot.pause()
+        assert table.columns[shown_columns(table)[2]].get_render_width(table) >= len("a much longer reference text")

@@ -134,3 +134,19 @@ def test_runs_screen_no_color(snap_compare, source, monkeypatch):
     app = create_app(source, poll_interval=0.02)
     assert app.no_color
     assert snap_compare(app, terminal_size=(120, 24), run_before=_open(""))
+
+
+def test_runs_screen_80x24_marked_sorted_scrolled_no_color(snap_compare, source, monkeypatch):
+    """At 80×24 without colour: sorted by Status (▲ in its header), a marked reference (◆), scrolled right with
+    Status and Run pinned."""
+    monkeypatch.setenv("NO_COLOR", "1")
+
+    async def run_before(pilot) -> None:
+        await d.settle(pilot)
+        await pilot.press("s", "down", "m")
+        await d.settle(pilot)
+        table = pilot.app.screen.query_one("#runs")
+        table.scroll_to(x=table.max_scroll_x, animate=False)
+        await d.settle(pilot)
+
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(80, 24), run_before=run_before)

@@ -47,6 +47,8 @@ class RunRow:
     backlog: int = 0  # validation requests without a receipt
     errors: int = 0  # ingest error rows
     last_ts: Optional[float] = None
+    folder: str = ""  # where the run lives, from its root's name ("logs/exp1"): tells same-named runs apart
+    dir: str = ""  # the run directory (in memory only: compare picks a run by it, not by its name)
 
 
 @dataclass(frozen=True)

@@ -304,6 +304,7 @@ class IndexSource:
                 loss_ratio=worst_ratio(parts["ratios"])[1], eval_step=eval_step,
                 eval_lag=None if eval_step is None or step is None else max(0, step - eval_step),
                 backlog=backlog.get(rid, 0), errors=run.errors or 0, last_ts=run.last_ts,
+                folder=run_folder(run.dir, run.root, run.name), dir=run.dir,
             ))
         rows.sort(key=lambda r: (-(r.last_ts or 0.0), r.name))
         return RunsSnapshot(tuple(rows), now, version,
@@ -414,6 +415,20 @@ class IndexSource:
             if content is not None:
                 return parse_summary_bytes(content), run.name
         raise FileNotFoundError(f"no final summary for {spec!r} (not a file, a run directory, or a run in the index)")
+
+
+def run_folder(run_dir: str, root: str, name: str) -> str:
+    """Where a run lives, from its root's own name: ``logs/exp1``.
+
+    When the run's folder is not named as the run, the folder itself is named
+    (``logs/exp1/dir``), so two runs of the same name always read apart.
+    """
+    base = os.path.dirname(root.rstrip("/")) or "/"
+    where = run_dir if os.path.basename(run_dir) != name else os.path.dirname(run_dir)
+    try:
+        return os.path.relpath(where, base)
+    except ValueError:  # another drive (Windows): the folder's own name
+        return os.path.basename(where)
 
 
 def _failure(section: Any) -> Optional[FailureInfo]:

@@ -60,4 +60,10 @@ class BacklogScreen(Screen):
             self.sub_title = f"validation backlog — {snap.run}"
         self.query_one("#backlog-summary", InfoPanel).data = ("Validation backlog", backlog_summary(snap))
         items = sorted(snap.items, key=lambda i: (not i.stuck, _ORDER.get(i.state, 9), i.run, i.step or 0))
-        self.query_one(BacklogTable).table_rows = tuple((f"{i.run}/{i.checkpoint}", backlog_cells(i)) for i in items)
+        keys: dict[str, int] = {}
+        rows = []
+        for i in items:
+            key = f"{i.run}/{i.checkpoint}"
+            keys[key] = keys.get(key, 0) + 1  # two runs may share a name: their rows still need their own keys
+            rows.append((key if keys[key] == 1 else f"{key}#{keys[key]}", backlog_cells(i)))
+        self.query_one(BacklogTable).table_rows = tuple(rows)

@@ -1,4 +1,4 @@
-"""Runs screen: every run, one row each; filter as you type, sort by any column."""
+"""Runs screen: every run, one row each; filter as you type, sort by any column, mark a reference to compare."""
 
 from __future__ import annotations
 
@@ -10,18 +10,27 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from traceml_tui.tui.snapshots import ATTENTION_WORDS, RunsSnapshot
+from traceml_tui.tui.snapshots import ATTENTION_WORDS, RunRow, RunsSnapshot
 from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable, run_cells
+
+#: The default order (the source's): newest activity first; `S` turns it round.
+DEFAULT_ORDER = "latest activity"
+
+
+def repeated_names(rows) -> bool:
+    """Whether two runs share a name (then the Folder column tells them apart)."""
+    names = [r.name for r in rows]
+    return len(set(names)) != len(names)
 
 
 def filter_rows(rows, text: str):
-    """Rows whose name, workload or status contain every word of ``text`` (case-insensitive)."""
+    """Rows whose name, folder, workload or status contain every word of ``text`` (case-insensitive)."""
     words = text.lower().split()
     if not words:
         return list(rows)
     out = []
     for r in rows:
-        hay = f"{r.name} {r.workload or ''} {r.status}".lower()
+        hay = f"{r.name} {r.folder} {r.workload or ''} {r.status}".lower()
         if all(w in hay for w in words):
             out.append(r)
     return out
@@ -35,6 +44,7 @@ class RunsScreen(Screen):
         Binding("slash", "focus_filter", "Filter"),
         Binding("s", "next_sort", "Sort"),
         Binding("S", "reverse_sort", "Reverse", show=False),
+        Binding("o", "default_order", "Default order", show=False),
         Binding("b", "backlog", "Backlog"),
         Binding("m", "mark", "Mark ref"),
         Binding("c", "compare", "Compare"),
@@ -44,10 +54,11 @@ class RunsScreen(Screen):
     snapshot: reactive[Optional[RunsSnapshot]] = reactive(None)
     sort_column: reactive[int] = reactive(-1)  # -1: newest activity first (the source's order)
     sort_reverse: reactive[bool] = reactive(False)
+    marked: reactive[Optional[int]] = reactive(None)  # run id of the reference chosen with `m`
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
-        yield Input(placeholder="filter runs (name, workload, status) — press / to focus", id="filter")
+        yield Input(placeholder="filter runs (name, folder, workload, status) — press / to focus", id="filter")
         yield Static("", id="runs-empty")
         yield RunsTable(id="runs")
         yield Footer()
@@ -66,6 +77,9 @@ class RunsScreen(Screen):
     def watch_sort_reverse(self) -> None:
         self._redraw()
 
+    def watch_marked(self) -> None:
+        self._redraw()
+
     def on_input_changed(self, event: Input.Changed) -> None:
         self._redraw()
 
@@ -80,9 +94,12 @@ class RunsScreen(Screen):
         empty = self.query_one("#runs-empty", Static)
         rows = filter_rows(snap.rows if snap else (), self.query_one("#filter", Input).value)
         if self.sort_column >= 0:
-            key = COLUMNS[self.sort_column][1]
-            rows.sort(key=key, reverse=self.sort_reverse)
-        table.table_rows = tuple((r.run_id, run_cells(r)) for r in rows)
+            rows.sort(key=COLUMNS[self.sort_column][1], reverse=self.sort_reverse)
+        elif self.sort_reverse:
+            rows.reverse()
+        table.show_folder = repeated_names(snap.rows if snap else ())
+        table.sorted_by = (COLUMNS[self.sort_column][0], self.sort_reverse) if self.sort_column >= 0 else None
+        table.show(tuple((r.run_id, run_cells(r, r.run_id == self.marked)) for r in rows))
         if snap is None:
             empty.update("loading…")
         elif not snap.rows:
@@ -92,15 +109,22 @@ class RunsScreen(Screen):
         else:
             n = len(snap.rows)
             failing = sum(1 for r in snap.rows if r.status in ATTENTION_WORDS)
-            order = COLUMNS[self.sort_column][0] if self.sort_column >= 0 else "latest activity"
-            empty.update(f"{len(rows)}/{n} runs · {failing} need attention · sorted by {order}"
-                         f"{' ↓' if self.sort_reverse else ''}")
+            if self.sort_column >= 0:
+                order = f"{COLUMNS[self.sort_column][0]} {'▼' if self.sort_reverse else '▲'}"
+            else:
+                order = "oldest activity first (o: default)" if self.sort_reverse else DEFAULT_ORDER
+            reference = self._row(self.marked)
+            ref = f" · ◆ reference {reference.name}" if reference is not None else ""
+            empty.update(f"{len(rows)}/{n} runs · {failing} need attention · sorted by {order}{ref}")
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        if event.column_index == self.sort_column:
+        # The shown columns depend on the width: the header's key (its label in COLUMNS) names the column.
+        index = [label for label, _ in COLUMNS].index(str(event.column_key.value))
+        if index == self.sort_column:
             self.sort_reverse = not self.sort_reverse
         else:
-            self.sort_column = event.column_index
+            self.sort_column = index
+            self.sort_reverse = False
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.action_open_run()
@@ -118,29 +142,51 @@ class RunsScreen(Screen):
         self.query_one(RunsTable).focus()
 
     def action_next_sort(self) -> None:
-        self.sort_column = (self.sort_column + 1) % len(COLUMNS)
+        """The next column (Folder only when shown); after the last one, the default order again."""
+        shown_folder = self.query_one(RunsTable).show_folder
+        nxt = self.sort_column + 1
+        if nxt < len(COLUMNS) and COLUMNS[nxt][0] == "Folder" and not shown_folder:
+            nxt += 1
+        self.sort_reverse = False  # a new column starts ascending (`S` turns it round)
+        self.sort_column = nxt if nxt < len(COLUMNS) else -1
 
     def action_reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
 
-    def _selected_name(self) -> Optional[str]:
-        key = self.query_one(RunsTable).selected_key()
-        if key is None or self.snapshot is None:
+    def action_default_order(self) -> None:
+        """Back to the default order: latest activity first."""
+        self.sort_column = -1
+        self.sort_reverse = False
+
+    def _row(self, run_id: Optional[int]) -> Optional[RunRow]:
+        if run_id is None or self.snapshot is None:
             return None
-        return next((r.name for r in self.snapshot.rows if str(r.run_id) == key), None)
+        return next((r for r in self.snapshot.rows if r.run_id == run_id), None)
+
+    def _selected(self) -> Optional[RunRow]:
+        key = self.query_one(RunsTable).selected_key()
+        return None if key is None else self._row(int(key))
 
     def action_mark(self) -> None:
-        """Remember the run under the cursor as the reference of the next comparison."""
-        self.marked = self._selected_name()
-        if self.marked:
-            self.notify(f"reference: {self.marked} — move to the candidate and press c", timeout=4)
+        """Remember the run under the cursor (by its id) as the reference of the next comparison."""
+        row = self._selected()
+        if row is None:
+            return
+        if row.run_id == self.marked:  # `m` on the reference again: no reference
+            self.marked = None
+            self.notify("no reference", timeout=3)
+            return
+        self.marked = row.run_id
+        where = f" ({row.folder})" if row.folder else ""
+        self.notify(f"reference: {row.name}{where} — move to the candidate and press c", timeout=4)
 
     def action_compare(self) -> None:
-        candidate = self._selected_name()
-        if not getattr(self, "marked", None) or candidate is None:
+        reference, candidate = self._row(self.marked), self._selected()
+        if reference is None or candidate is None:
             self.notify("mark a reference run with m first", severity="warning", timeout=4)
             return
-        self.app.open_compare(self.marked, candidate)
+        # By directory, not by name: two runs may share a name (the source finds a run by its directory first).
+        self.app.open_compare(reference.dir or reference.name, candidate.dir or candidate.name)
 
     def action_backlog(self) -> None:
         self.app.open_backlog(None)

@@ -7,7 +7,7 @@ from rich.text import Text
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import backlog_label
 from traceml_tui.tui.snapshots import BacklogItem
-from traceml_tui.tui.widgets.table_base import FedTable
+from traceml_tui.tui.widgets.table_base import Col, FedTable
 
 STATE_STYLE = {"pending": "yellow", "claimed": "green", "completed": "cyan", "failed": "red",
                "blocked": "bold red", "stale-claim": "bold white on red"}
@@ -25,5 +25,17 @@ def backlog_cells(i: BacklogItem) -> tuple:
     )
 
 
+#: Widest the Run column gets; a longer name is cut in the middle, so its distinguishing end stays.
+RUN_MAX = 28
+
+
 class BacklogTable(FedTable):
     COLUMNS = ("Run", "Checkpoint", "Step", "State", "Age", "Owner", "Heartbeat", "Retries", "Last error")
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fixed_columns = 2  # Run and Checkpoint stay in view when scrolling right to the error
+
+    def layout(self, rows) -> tuple[Col, ...]:
+        return tuple(Col(k, k, RUN_MAX if k == "Run" and any(len(str(c[0])) > RUN_MAX for _, c in rows) else None,
+                         cut=k == "Run") for k in self.COLUMNS)

@@ -28,13 +28,18 @@ def rank_cells(r: RankRow) -> tuple:
         silent = Text(rank_label(r.state, f"running {textplot.duration(r.silent_s)}"), style="green")
     return (
         str(r.rank), "–" if r.node is None else str(r.node), silent, "–" if r.step is None else str(r.step),
-        textplot.fmt_num(r.step_ms), *(textplot.fmt_num(v) for v in r.parts), Text(delta, style=delta_style),
+        textplot.fmt_num(r.step_ms), Text(delta, style=delta_style), *(textplot.fmt_num(v) for v in r.parts),
     )
 
 
 class RankTable(FedTable):
     # The core's parts with the core's labels, as in the summary card and compare's phase table (ms, window mean).
-    # The state comes first: it must stay visible however narrow the terminal.
-    COLUMNS = ("Rank", "Node", "State", "Step", steptime.STEP_LABEL, *(label for _, label in steptime.PARTS),
-               "Δ median")
+    # The state comes first: it must stay visible however narrow the terminal; Δ median (the straggler's number)
+    # follows the step time so that the parts, not it, are what a narrow terminal scrolls to.
+    COLUMNS = ("Rank", "Node", "State", "Step", steptime.STEP_LABEL, "Δ median",
+               *(label for _, label in steptime.PARTS))
     WIDTHS = {"State": 13}  # "▶ running 59m", "⚠ STALLED 40s", "■ interrupted"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fixed_columns = 3  # Rank, Node and State stay in view when scrolling right to the parts

@@ -1,22 +1,31 @@
-"""The Runs table: one row per run."""
+"""The Runs table: one row per run; the columns that fit are chosen by width, Status and Run stay pinned."""
 
 from __future__ import annotations
+
+from typing import Any, Optional, Sequence
 
 from rich.text import Text
 
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RUN_STATES, RunRow
-from traceml_tui.tui.widgets.table_base import FedTable
+from traceml_tui.tui.widgets.table_base import Col, FedTable, cell_width
 
 STATUS_STYLE = {"failed": "bold red", "lost": "bold red", "stalled": "bold yellow", "interrupted": "yellow",
                 "running": "green", "completed": "cyan", "missing": "dim"}
 _ATTENTION = {state: n for n, state in enumerate(RUN_STATES)}
 
-#: (column label, sort key) in display order.
+#: Marks the reference run chosen with `m` (a glyph, so it reads without colour too).
+MARK = "◆"
+MARK_STYLE = "bold reverse"
+#: Sort markers in the sorted column's header: ascending, descending.
+ASCENDING, DESCENDING = "▲", "▼"
+
+#: (column label, sort key) in display order. Status sorts by the core's attention order (RUN_ATTENTION).
 COLUMNS: tuple[tuple[str, object], ...] = (
     ("Status", lambda r: (_ATTENTION.get(r.status, len(_ATTENTION)), r.silent_ranks)),
     ("Run", lambda r: r.name),
+    ("Folder", lambda r: (r.folder, r.name)),
     ("Workload", lambda r: r.workload or ""),
     ("Topo", lambda r: ((r.nodes or 0) * (r.procs_per_node or 0))),
     ("Step", lambda r: r.step or 0),
@@ -29,6 +38,24 @@ COLUMNS: tuple[tuple[str, object], ...] = (
     ("Backlog", lambda r: r.backlog),
     ("Err", lambda r: r.errors),
 )
+LABELS: tuple[str, ...] = tuple(label for label, _ in COLUMNS)
+
+#: Always shown, whatever the width (the attention columns): fitted first, in this order.
+MUST = ("Status", "Run", "Folder", "Step", "Steps/s", "Err")
+#: Then, while they fit, these; what does not fit follows to the right (reachable by scrolling).
+OPTIONAL = ("Loss/0", "Eval", "Backlog", "Step ms", "Trend", "Topo", "Workload", "Ex/s")
+#: Widest a column's content gets (Run and Folder are cut in the middle to fit).
+MAX_WIDTH = {"Status": 18, "Folder": 24, "Workload": 16}
+#: Run names get at least this many cells, and at most this share of the width.
+RUN_MIN, RUN_SHARE = 16, 0.45
+PADDING = 2  # a DataTable cell's padding, both sides
+#: Columns pinned at the left: scrolling right keeps the state and the name in view.
+PINNED = 2
+
+
+def sort_key(label: str):
+    """The sort key of the column ``label``."""
+    return COLUMNS[LABELS.index(label)][1]
 
 
 def status_text(row: RunRow) -> Text:
@@ -38,8 +65,8 @@ def status_text(row: RunRow) -> Text:
     return Text(label, style=STATUS_STYLE.get(row.status, ""))
 
 
-def run_cells(row: RunRow) -> tuple:
-    """The cells of one run, in COLUMNS order."""
+def run_cells(row: RunRow, marked: bool = False) -> tuple:
+    """The cells of one run, in COLUMNS order; ``marked``: the reference chosen with `m`."""
     topo = f"{row.nodes or 1}×{row.procs_per_node}" if row.procs_per_node else "–"
     step = "–" if row.step is None else str(row.step)
     if row.declared_steps:
@@ -50,14 +77,63 @@ def run_cells(row: RunRow) -> tuple:
         fresh = Text(f"@{row.eval_step} −{row.eval_lag or 0}", style="yellow" if (row.eval_lag or 0) > 0 else "")
     ratio = Text(textplot.fmt_num(row.loss_ratio),
                  style="red" if row.loss_ratio is not None and row.loss_ratio >= 1.0 else "")
+    name = Text(f"{MARK} {row.name}", style=MARK_STYLE) if marked else row.name
     return (
-        status_text(row), row.name, row.workload or "–", topo, step, textplot.fmt_num(row.median_step_ms),
-        Text(textplot.sparkline(row.trend, 8), style="blue"), textplot.fmt_num(row.steps_per_s),
-        textplot.fmt_num(row.examples_per_s), ratio, fresh,
+        status_text(row), name, row.folder or "–", row.workload or "–", topo, step,
+        textplot.fmt_num(row.median_step_ms), Text(textplot.sparkline(row.trend, 8), style="blue"),
+        textplot.fmt_num(row.steps_per_s), textplot.fmt_num(row.examples_per_s), ratio, fresh,
         Text(str(row.backlog), style="yellow" if row.backlog else "dim"),
         Text(str(row.errors), style="red" if row.errors else "dim"),
     )
 
 
+def choose_columns(widths: dict[str, int], available: int, *, folder: bool = False,
+                   labels: Optional[dict[str, str]] = None) -> tuple[Col, ...]:
+    """Which columns to show and how wide, for content ``widths`` (cells per column) in ``available`` cells.
+
+    The attention columns (``MUST``) always come first in the fit; Run takes what
+    they leave (at least ``RUN_MIN``, at most ``RUN_SHARE`` of the width, never
+    more than its longest name); then each ``OPTIONAL`` column, in that order,
+    that still fits. The fitted columns keep the natural order; the rest follow
+    them, reachable by scrolling right (Status and Run stay pinned).
+    """
+    labels = labels or {}
+    want = {k: max(widths.get(k, 0), Text(labels.get(k, k)).cell_len) for k in LABELS}
+    for k, cap in MAX_WIDTH.items():
+        want[k] = min(want[k], max(cap, Text(labels.get(k, k)).cell_len))
+    must = [k for k in MUST if folder or k != "Folder"]
+    others = sum(want[k] + PADDING for k in must if k != "Run")
+    run_room = max(RUN_MIN, min(int(available * RUN_SHARE), available - others - PADDING))
+    want["Run"] = min(want["Run"], max(run_room, Text(labels.get("Run", "Run")).cell_len))
+    used = sum(want[k] + PADDING for k in must)
+    fitted = set(must)
+    for k in OPTIONAL:
+        if used + want[k] + PADDING <= available:
+            fitted.add(k)
+            used += want[k] + PADDING
+    shown = [k for k in LABELS if k in fitted]
+    shown += [k for k in LABELS if k not in fitted and (folder or k != "Folder")]
+    return tuple(Col(k, labels.get(k, k), want[k], cut=k in ("Run", "Folder")) for k in shown)
+
+
 class RunsTable(FedTable):
-    COLUMNS = tuple(label for label, _ in COLUMNS)
+    COLUMNS = LABELS
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fixed_columns = PINNED
+        self.show_folder = False  # the owner turns it on when two runs share a name
+        self.sorted_by: Optional[tuple[str, bool]] = None  # (column label, descending) for the header marker
+
+    def layout(self, rows: Sequence[tuple[Any, tuple]]) -> tuple[Col, ...]:
+        widths = {label: 0 for label in LABELS}
+        for _, cells in rows:
+            for label, cell in zip(LABELS, cells):
+                w = cell_width(cell)
+                if w > widths[label]:
+                    widths[label] = w
+        labels = {}
+        if self.sorted_by is not None:
+            label, descending = self.sorted_by
+            labels[label] = f"{label} {DESCENDING if descending else ASCENDING}"
+        return choose_columns(widths, self.available_width(len(rows)), folder=self.show_folder, labels=labels)

@@ -1,15 +1,63 @@
-"""A DataTable fed through a reactive: ``table_rows`` = tuple of (key, cells); the cursor stays on its key."""
+"""A DataTable fed through a reactive: ``table_rows`` = tuple of (key, cells), updated in place.
+
+A refresh never clears the table: rows are matched by key, changed cells are
+rewritten, gone rows removed, new rows added and the order re-applied, so the
+cursor (on its key), the vertical and the horizontal scroll survive a live
+run's refreshes (docs/watch.md "Tables"). The columns shown are chosen by the
+subclass from the width it has (:meth:`FedTable.layout`); only a change of
+that choice rebuilds the columns, and the view is restored afterwards.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
+from rich.text import Text
+from textual import events
 from textual.reactive import reactive
 from textual.widgets import DataTable
+from textual.widgets.data_table import RowKey
+
+#: Columns a vertical scrollbar may take from the table's width.
+SCROLLBAR = 2
+
+
+class Col(NamedTuple):
+    """One shown column: its key (the label in ``COLUMNS``), the header text, its width (None: fit content).
+
+    ``cut``: text longer than the width is cut in the middle (:func:`middle_cut`), never at its end.
+    """
+
+    key: str
+    label: str
+    width: int | None
+    cut: bool = False
+
+
+def middle_cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells, cut in the middle (``guard-cand…-133543``): both ends stay readable."""
+    if width <= 0:
+        return ""
+    if len(text) <= width:
+        return text
+    if width == 1:
+        return "…"
+    tail = (width - 1) // 2
+    head = width - 1 - tail
+    return f"{text[:head]}…{text[len(text) - tail:]}" if tail else text[:head] + "…"
+
+
+def cell_width(cell: Any) -> int:
+    """Cells a cell's text takes (str or rich Text; one line)."""
+    return Text(cell).cell_len if isinstance(cell, str) else getattr(cell, "cell_len", len(str(cell)))
 
 
 class FedTable(DataTable):
-    """Subclasses set ``COLUMNS`` (labels); the owner assigns ``table_rows``."""
+    """Subclasses set ``COLUMNS`` (labels, also the column keys); the owner assigns ``table_rows``.
+
+    ``table_rows`` cells are in ``COLUMNS`` order; :meth:`layout` picks which
+    columns are shown, in which order and how wide.
+    """
 
     COLUMNS: tuple[str, ...] = ()
     #: Fixed widths for columns whose text changes length between refreshes (auto width would cut it meanwhile).
@@ -21,34 +69,150 @@ class FedTable(DataTable):
         kwargs.setdefault("cursor_type", "row")
         kwargs.setdefault("zebra_stripes", True)
         super().__init__(**kwargs)
+        self._layout: tuple[Col, ...] = ()
+        self._index = {label: i for i, label in enumerate(self.COLUMNS)}
 
+    # -- what to show (subclasses override layout)
+    def available_width(self, rows: int = 0) -> int:
+        """Cells the table may fill (its own width once laid out, else the screen's).
+
+        Less a vertical scrollbar when ``rows`` (and the header) are more than its height.
+        """
+        width = self.size.width or (self.parent.size.width if self.parent is not None else 0) or self.app.size.width
+        height = self.size.height
+        bar = SCROLLBAR if not height or rows + 1 > height else 0
+        return max(20, width - bar)
+
+    def layout(self, rows: Sequence[tuple[Any, tuple]]) -> tuple[Col, ...]:
+        """The columns to show for ``rows`` at :meth:`available_width`: by default all, with ``WIDTHS``."""
+        return tuple(Col(label, label, self.WIDTHS.get(label)) for label in self.COLUMNS)
+
+    # -- lifecycle
     def on_mount(self) -> None:
-        for label in self.COLUMNS:
-            self.add_column(label, key=label, width=self.WIDTHS.get(label))
         self._fill(self.table_rows)
 
     def watch_table_rows(self, rows: tuple) -> None:
-        if self.columns:
+        if self.is_mounted:
             self._fill(rows)
 
+    def on_resize(self, event: events.Resize) -> None:
+        # A new width may change which columns fit.
+        self._fill(self.table_rows)
+
+    # -- the in-place update
     def _fill(self, rows: tuple) -> None:
-        current = None
-        if self.row_count and 0 <= self.cursor_row < self.row_count:
-            try:
-                current = self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
-            except Exception:  # the cursor may point past the old rows
-                current = None
-        self.clear()
+        layout = self.layout(rows)
+        if tuple(c.key for c in layout) != tuple(c.key for c in self._layout):
+            self._rebuild(layout, rows)
+            return
+        if layout != self._layout:
+            self._relabel(layout)
+        self._update_rows(rows)
+
+    def _cells(self, cells: tuple) -> tuple:
+        out = []
+        for col in self._layout:
+            cell = cells[self._index[col.key]]
+            if col.cut and col.width is not None and cell_width(cell) > col.width:
+                plain = getattr(cell, "plain", None)
+                cell = middle_cut(str(cell), col.width) if plain is None else Text(
+                    middle_cut(plain, col.width), style=cell.style)
+            out.append(cell)
+        return tuple(out)
+
+    def show(self, rows: tuple) -> None:
+        """Show ``rows``; lays the table out again even when they are unchanged (the owner changed an option)."""
+        if rows == self.table_rows:
+            if self.is_mounted:
+                self._fill(rows)
+        else:
+            self.table_rows = rows
+
+    def _rebuild(self, layout: tuple[Col, ...], rows: tuple) -> None:
+        """New columns: rebuild the table, then put the cursor and the scroll back."""
+        key = self.selected_key()
+        scroll = (self.scroll_x, self.scroll_y)
+        self.clear(columns=True)
+        self._layout = layout
+        for col in layout:
+            self.add_column(col.label, key=col.key, width=col.width)
         target = 0
-        for i, (key, cells) in enumerate(rows):
-            self.add_row(*cells, key=str(key))
-            if str(key) == current:
+        for i, (row_key, cells) in enumerate(rows):
+            self.add_row(*self._cells(cells), key=str(row_key))
+            if str(row_key) == key:
                 target = i
         if rows:
-            self.move_cursor(row=target, animate=False)
+            self.move_cursor(row=target, animate=False, scroll=False)
+        self.call_after_refresh(self.scroll_to, *scroll, animate=False)
+
+    def _relabel(self, layout: tuple[Col, ...]) -> None:
+        """Same columns, new header text or width (a sort marker, a longer name): change them where they are."""
+        for col in layout:
+            column = self.columns[col.key]  # type: ignore[index]
+            column.label = Text(col.label)
+            if col.width is None:
+                column.auto_width = True
+                column.content_width = max(column.content_width, column.label.cell_len)
+            else:
+                column.auto_width = False
+                column.width = col.width
+        self._layout = layout
+        self._require_update_dimensions = True
+        self._clear_caches()
+        self.refresh(layout=True)
+
+    def _update_rows(self, rows: tuple) -> None:
+        """Rewrite changed cells, remove gone rows, add new ones, apply the order; the cursor stays on its key."""
+        key = self.selected_key()
+        # Where the cursor's row is on screen: it stays there when rows come, go or move above it.
+        on_screen = self.cursor_row - int(self.scroll_y) if key is not None else None
+        keys = [str(k) for k, _ in rows]
+        wanted = set(keys)
+        for old in [k.value for k in self.rows if k.value not in wanted]:
+            self.remove_row(old)
+        order_changed = False
+        column_keys = [c.key for c in self._layout]
+        for row_key, cells in rows:
+            row_key = str(row_key)
+            shown = self._cells(cells)
+            if RowKey(row_key) not in self.rows:
+                self.add_row(*shown, key=row_key)
+                order_changed = True
+                continue
+            current = self._data[RowKey(row_key)]
+            for column_key, value in zip(column_keys, shown):
+                if current.get(column_key) != value:  # type: ignore[call-overload]
+                    self.update_cell(row_key, column_key, value)
+                    column = self.columns[column_key]  # type: ignore[index]
+                    if column.auto_width and cell_width(value) > column.content_width:
+                        # A longer text widens its column (as a new row does); measuring only what changed
+                        # keeps a refresh linear (update_cell(update_width=True) re-measures whole columns).
+                        column.content_width = cell_width(value)
+                        self._require_update_dimensions = True
+        if order_changed or [k.value for k in self._ordered_keys()] != keys:
+            self._reorder(keys)
+        if keys:
+            target = keys.index(key) if key in wanted else min(self.cursor_row, len(keys) - 1)
+            if target != self.cursor_row:
+                if on_screen is not None and 0 <= on_screen < self.scrollable_content_region.height:
+                    self.scroll_to(y=max(0, target - on_screen), animate=False, immediate=True)
+                self.move_cursor(row=target, animate=False, scroll=False)
+
+    def _ordered_keys(self) -> list[RowKey]:
+        return [row.key for row in self.ordered_rows]
+
+    def _reorder(self, keys: list[str]) -> None:
+        # DataTable.sort() sorts by cell values only; rows here are ordered by their owner (by key), so set the
+        # row positions as sort() itself does.
+        position = {k: i for i, k in enumerate(keys)}
+        locations = type(self._row_locations)({RowKey(k): position[k] for k in keys})
+        self._row_locations = locations
+        self._update_count += 1
+        self._clear_caches()
+        self.refresh()
 
     def selected_key(self) -> str | None:
         """Key of the row under the cursor (None when empty)."""
-        if not self.row_count:
+        if not self.row_count or not 0 <= self.cursor_row < self.row_count:
             return None
         return self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
