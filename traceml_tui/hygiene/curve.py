@@ -7,10 +7,14 @@ measurements during training and after asynchronous evaluations finish:
   own target) with the 1.0 no-skill line and a smoothed trend, so a model that
   is not learning is visible; the physical loss is shown only when no ratio
   was recorded, and labelled as such;
-* bottom panel — the task metrics on training data (step records' ``metrics``)
-  and on validation (receipts and completed ``eval`` records), with pending and
-  failed evaluations marked explicitly and the newest completed checkpoint
-  marked.
+  Validation losses sit beside them as distinct series in the same units: a
+  validation metric ``<component>_ratio`` is that component's scale-free ratio
+  on validation data (physical validation ``loss`` values only beside a
+  physical training loss);
+* bottom panel — the task metrics only, on training data (step records'
+  ``metrics``) and on validation (receipts and completed ``eval`` records), with
+  pending and failed evaluations marked explicitly and the newest completed
+  checkpoint marked. Loss quantities never land here (:func:`is_loss_metric`).
 
 The x axis counts optimizer updates; examples seen are given in the axis label.
 Each attempt (a resume) is drawn as its own line, never joined to the previous
@@ -138,6 +142,36 @@ def _add_step(series: AttemptSeries, rec: records.Step) -> None:
                 series.train_metrics.setdefault(name, []).append((step, number))
 
 
+# --------------------------------------------------------------------------- loss vs task metrics
+
+#: Suffix of a validation metric that is a component's scale-free ratio (``mse_ratio``: value / target mean square).
+RATIO_SUFFIX = "_ratio"
+
+
+def component_names(data: CurveData) -> set[str]:
+    """The loss components the training history records."""
+    return {name for series in data.attempts for name in series.ratios}
+
+
+def is_loss_metric(name: str, components: set[str]) -> bool:
+    """Whether an evaluation metric is a loss (top panel), not a task metric (bottom panel).
+
+    ``<x>_ratio`` (a scale-free ratio), ``loss`` and a loss component's own name
+    (its physical value) are losses.
+    """
+    return name.endswith(RATIO_SUFFIX) or name == "loss" or name in components
+
+
+def eval_points(data: CurveData, name: str) -> list[tuple[int, float]]:
+    """(step, value) of one metric over the completed evaluations, in checkpoint order."""
+    out = []
+    for e in data.evals:
+        value = records.finite_or_none(e["metrics"].get(name))
+        if isinstance(e["step"], int) and value is not None:
+            out.append((e["step"], value))
+    return out
+
+
 # --------------------------------------------------------------------------- numeric helpers
 
 
@@ -192,7 +226,16 @@ def render_learning_curve(run_dir: Path, out: Optional[Path] = None) -> Path:
     run_dir = Path(run_dir)
     out = Path(out) if out is not None else RunDir(run_dir).learning_curve
     data = load_curve_data(run_dir)
-    fig = Figure(figsize=(10, 8), dpi=100)
+    fig = build_figure(data, Figure)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    atomic_write_bytes(out, buf.getvalue())
+    return out
+
+
+def build_figure(data: CurveData, figure_cls):
+    """The curve's matplotlib figure for ``data`` (two panels: losses on top, task metrics below)."""
+    fig = figure_cls(figsize=(10, 8), dpi=100)
     ax_loss, ax_task = fig.subplots(2, 1, sharex=True)
     _draw_loss(ax_loss, data)
     _draw_task(ax_task, data)
@@ -207,10 +250,7 @@ def render_learning_curve(run_dir: Path, out: Optional[Path] = None) -> Path:
         title += f" · {pending} pending, {failed} failed"
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    atomic_write_bytes(out, buf.getvalue())
-    return out
+    return fig
 
 
 def _x_label(data: CurveData) -> str:
@@ -244,8 +284,9 @@ def _mark_attempts(ax, data: CurveData) -> None:
 
 def _draw_loss(ax, data: CurveData) -> None:
     colors = _colors()
-    names = sorted({name for series in data.attempts for name in series.ratios})
-    ax.set_title("loss: scale-free ratio per component (value / mean square of its target)", fontsize=9, loc="left")
+    names = sorted(component_names(data))
+    ax.set_title("loss: scale-free ratio per component (value / mean square of its target); "
+                 "train (solid) and eval (dashed, per checkpoint)", fontsize=9, loc="left")
     if not data.attempts:
         ax.text(0.5, 0.5, "no optimizer updates recorded yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="no skill (predict 0) = 1.0")
@@ -269,6 +310,12 @@ def _draw_loss(ax, data: CurveData) -> None:
                 tx, ty = downsample(xs, smooth(ys))
                 ax.plot(tx, ty, color=color, linewidth=2.0, marker=_marker_for(len(tx)), markersize=4,
                         label=f"{name} trend" if first else None)
+            evals = eval_points(data, name + RATIO_SUFFIX)
+            if evals:
+                xs, ys = zip(*evals)
+                positive = positive and min(ys) > 0
+                ax.plot(xs, ys, color=color, linestyle="--", linewidth=1.5, marker="s", markersize=6,
+                        markeredgecolor="black", zorder=5, label=f"{name} eval ratio")
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="no skill (predict 0) = 1.0")
         ax.set_ylabel("loss / target mean square")
         lo, hi = ax.get_ylim()
@@ -287,6 +334,11 @@ def _draw_loss(ax, data: CurveData) -> None:
             tx, ty = downsample(xs, smooth(ys))
             ax.plot(tx, ty, color="black", linewidth=1.8, marker=_marker_for(len(tx)), markersize=4,
                     label="total loss trend" if j == 0 else None)
+        evals = eval_points(data, "loss")
+        if evals:
+            xs, ys = zip(*evals)
+            ax.plot(xs, ys, color="black", linestyle="--", linewidth=1.5, marker="s", markersize=6,
+                    markerfacecolor="white", zorder=5, label="eval loss")
         ax.set_ylabel("loss (physical units)")
         ax.text(0.01, 0.02, "no scale-free ratio recorded: physical units are not evidence of fit",
                 transform=ax.transAxes, fontsize=7, color="tab:red")
@@ -322,7 +374,9 @@ def _draw_task(ax, data: CurveData) -> None:
 
     colors = _colors()
     ax.set_title("task metrics: train (solid) and eval (dashed, per checkpoint)", fontsize=9, loc="left")
-    names = sorted({n for s in data.attempts for n in s.train_metrics} | {n for e in data.evals for n in e["metrics"]})
+    losses = component_names(data)
+    names = sorted(n for n in {n for s in data.attempts for n in s.train_metrics} | {n for e in data.evals for n in e["metrics"]}
+                   if not is_loss_metric(n, losses))
     drew = False
     for i, name in enumerate(names):
         color = colors[i % len(colors)]
@@ -339,8 +393,7 @@ def _draw_task(ax, data: CurveData) -> None:
             ax.plot(tx, ty, color=color, linewidth=1.8, marker=_marker_for(len(tx)), markersize=3,
                     label=f"{name} train trend" if first else None)
             drew = True
-        pts = [(e["step"], e["metrics"][name]) for e in data.evals
-               if isinstance(e["step"], int) and records.finite_or_none(e["metrics"].get(name)) is not None]
+        pts = eval_points(data, name)
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, color=color, linestyle="--", linewidth=1.5, marker="s", markersize=6,
