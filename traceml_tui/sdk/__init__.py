@@ -116,6 +116,22 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
         return False
 
 
+def _global_grad_norm(session: Any) -> Any:
+    """The global gradient norm of the traced model for ``log(grad_norm="auto")`` (None: no gradient yet)."""
+    model = session.hooked_model() if session.hooked_model is not None else None
+    if model is None:
+        raise ValueError("grad_norm='auto' needs the model: wrap the step in traceml.trace_step(model)")
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return None  # nothing to measure: not recorded, never a fabricated 0
+    import torch
+
+    total_norm = getattr(torch.nn.utils, "get_total_norm", None)
+    if total_norm is not None:
+        return total_norm(grads, norm_type=2.0).detach()
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]))
+
+
 def log(
     *,
     loss: Any = None,
@@ -127,6 +143,12 @@ def log(
     metrics: Optional[dict[str, Any]] = None,
 ) -> None:
     """Attach values to the current step's record (or the next step's, outside one).
+
+    ``grad_norm="auto"`` computes the global L2 norm of the traced model's
+    gradients (the model given to ``trace_step(model)``) once, with torch's
+    fused total-norm (per-tensor norms in one foreach kernel, then one
+    ``torch.linalg.vector_norm``), as a tensor: no device sync until the record
+    is written. Call it after ``backward()`` and before the next ``zero_grad``.
 
     ``examples`` is the cumulative count of training examples seen; or pass
     ``batch_size`` and the SDK accumulates it. ``components`` maps a loss
@@ -142,7 +164,9 @@ def log(
     if lr is not None:
         values["lr"] = lr
     if grad_norm is not None:
-        values["grad_norm"] = grad_norm
+        if isinstance(grad_norm, str) and grad_norm != "auto":
+            raise ValueError(f"grad_norm must be a number, a tensor or 'auto', not {grad_norm[:20]!r}")
+        values["grad_norm"] = _global_grad_norm(session) if isinstance(grad_norm, str) else grad_norm
     if examples is not None:
         values["examples"] = int(examples)
     if batch_size is not None:
