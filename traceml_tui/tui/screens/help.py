@@ -27,7 +27,9 @@ from traceml_tui.tui.widgets.runs_table import COLUMNS as RUNS_COLUMNS
 #: The Runs table's columns (labels from widgets/runs_table.py).
 RUNS_COLUMN_HELP: dict[str, str] = {
     "Status": "the run's state word after its glyph, then the ranks that went silent (e.g. ⚠ stalled r0,r1)",
-    "Run": "run name",
+    "Run": "run name, cut in the middle when too long (guard-cand…-133543) so its end stays readable; "
+           "◆ marks the reference run chosen with m",
+    "Folder": "where the run lives, from its root's name (logs/exp1); shown when two runs share a name",
     "Workload": "the guard contract's workload name",
     "Topo": "nodes × processes per node",
     "Step": "newest step / declared steps",
@@ -145,6 +147,9 @@ def help_renderable() -> Group:
     doc = _Doc()
     doc.section("Runs screen: columns")
     doc.rows((label, RUNS_COLUMN_HELP[label]) for label, _ in RUNS_COLUMNS)
+    doc.note("Status and Run stay in view when scrolling right. The columns that fit the width come first "
+             "(the attention columns always); the others follow to the right. The sorted column's header "
+             "shows ▲ (ascending) or ▼ (descending); sorting by Status puts the most urgent states first.")
     doc.section("Run states (Runs status, Run headline, rank State), most urgent first")
     doc.rows((f"{RUN_GLYPHS[s]} {s}", RUN_STATUS_HELP[s]) for s in RUN_ATTENTION)
     doc.note("A rank's State adds how long it has been silent: ▶ running 3s, ⚠ STALLED 40s, ? LOST 2m. "
@@ -154,7 +159,7 @@ def help_renderable() -> Group:
               ("Step", "the rank's newest step"),
               (steptime.STEP_LABEL, "mean step time over the last 64 steps; the parts below sum to it")])
     doc.rows((label, PART_HELP[name]) for name, label in steptime.PARTS)
-    doc.rows((col, "this rank's step time vs the median rank") for col in RankTable.COLUMNS[-1:])
+    doc.rows((col, "this rank's step time vs the median rank") for col in RankTable.COLUMNS if col == "Δ median")
     doc.section("Run screen: straggler heatmap")
     doc.rows([("rows", "one per rank; columns are stretches of steps, oldest left"),
               ("░▒▓█", "1.1–1.5× the median rank's step time there (darker = slower)"),
