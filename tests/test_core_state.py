@@ -74,7 +74,10 @@ def test_the_launchers_final_word_is_kept_but_a_failed_rank_or_outcome_makes_a_c
 def test_a_rank_without_an_end_is_lost_once_nothing_more_can_come():
     # the launcher finished
     verdict = decide_run(_run(ended(0, "failed", 1), live(1, NOW - 60), manifest_status="failed"))
-    assert (verdict.status, verdict.ranks) == (RunStatus.FAILED, (RankState.FAILED, RankState.LOST))
+    # rank 1 went silent (NOW - 60) before rank 0 failed (NOW - 50): rank 1 is the culprit, rank 0 aborted after it
+    assert (verdict.status, verdict.ranks) == (RunStatus.FAILED, (RankState.ABORTED, RankState.LOST))
+    verdict = decide_run(_run(ended(0, "failed", 1), live(1, NOW - 40), manifest_status="failed"))
+    assert verdict.ranks == (RankState.FAILED, RankState.ABORTED)  # rank 0 failed first; rank 1 died after it
     # its node's outcome is written
     assert decide_ranks_of(live(0, NOW - 1, node_outcome_written=True))[0] is RankState.LOST
     # every other rank ended and it stayed silent a stall limit after: the run is lost, not running
