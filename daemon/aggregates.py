@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from itertools import chain
 from typing import Optional
 
@@ -36,11 +37,23 @@ class Aggregates:
         self.conn = conn
         self.windows: dict[RankKey, live.RankWindow] = {}
         self._widths: dict[tuple[int, int], int] = {}
+        self.figures_every = 0.0  # seconds between recomputations of a rank's rolling figures (0: every write)
+        self._figures: dict[RankKey, tuple[float, dict]] = {}
+        self.stale: dict[RankKey, float] = {}  # ranks written with older figures -> when they are due
+
+    def due_stale(self) -> list[RankKey]:
+        """Ranks whose figures were left stale and are due now (their windows are still loaded)."""
+        tick = time.monotonic()
+        for k in [k for k in self.stale if k not in self.windows]:
+            del self.stale[k]
+        return [k for k, due in self.stale.items() if due <= tick]
 
     def reset(self) -> None:
         """Forget every cached window and series width (after a rollback: reload from the index)."""
         self.windows.clear()
         self._widths.clear()
+        self._figures.clear()
+        self.stale.clear()
 
     # ----------------------------------------------------------------- rank_live
     def window(self, key: RankKey) -> live.RankWindow:
@@ -73,17 +86,37 @@ class Aggregates:
         return header_node(row[0]) if row else None
 
     def write_rank_live(self, key: RankKey, now: float) -> None:
-        w = self.windows[key]
-        fig = w.figures()
-        self.conn.execute(
+        self.write_rank_live_many([key], now)
+
+    def write_rank_live_many(self, keys, now: float) -> None:
+        """Write the ``rank_live`` row of every key (one statement for all of them).
+
+        With ``figures_every`` > 0 (the live daemon) a rank's rolling figures (medians, rates, step parts)
+        are recomputed at most that often; records, steps, times and loss are always current. A rank whose
+        figures were left stale is listed in ``stale`` until :meth:`due_stale` hands it back.
+        """
+        rows = []
+        every = self.figures_every
+        tick = time.monotonic()
+        for key in keys:
+            w = self.windows[key]
+            cached = self._figures.get(key) if every else None
+            if cached is not None and tick - cached[0] < every and w.ended is None:
+                fig = cached[1]
+                self.stale[key] = cached[0] + every
+            else:
+                fig = w.figures()
+                if every:
+                    self._figures[key] = (tick, fig)
+                    self.stale.pop(key, None)
+            rows.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
+                         fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"],
+                         fig["examples_per_s"], w.loss, json.dumps(w.ratios) if w.ratios else None, w.ended,
+                         w.exit_code, w.end_ts, _parts_json(fig["step_parts"])))
+        self.conn.executemany(
             "INSERT OR REPLACE INTO rank_live (run_id, rank, attempt, node, records, first_step, last_step, last_ts,"
             " last_seen, median_step_ms, median_input_wait_ms, median_interval_s, steps_per_s, examples_per_s, loss,"
-            " ratios, ended, exit_code, end_ts, step_parts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
-             fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"], fig["examples_per_s"],
-             w.loss, json.dumps(w.ratios) if w.ratios else None, w.ended, w.exit_code, w.end_ts,
-             _parts_json(fig["step_parts"])),
-        )
+            " ratios, ended, exit_code, end_ts, step_parts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
 
     def refresh_step_figures(self, key: RankKey) -> None:
         """Recompute a stored rank's step-time figures from its window in the index (after an upgrade).
@@ -154,7 +187,10 @@ class Aggregates:
         empty = n == 0
         vsum[empty] = np.nan  # NaN binds as NULL: an empty metric stays NULL after the merge
         out[:, 3::4], out[:, 4::4], out[:, 5::4], out[:, 6::4] = vmin, vmax, vsum, n
-        self.conn.executemany(series_upsert_sql(run_id, rank), out.tolist())
+        if len(out) > SMALL_FOLD:
+            self.conn.executemany(series_upsert_sql(run_id, rank), out.tolist())
+        else:  # a live pass's few buckets: one shared statement (per-rank texts would overflow the statement cache)
+            self.conn.executemany(SERIES_UPSERT, [(run_id, rank, *row) for row in out.tolist()])
         if ratios:
             extra = []
             for name, pairs in ratios.items():
@@ -165,6 +201,68 @@ class Aggregates:
                 block = np.column_stack((b, lo, hi, vmin[:, 0], vmax[:, 0], vsum[:, 0], n[:, 0]))[keep]
                 extra.extend((run_id, rank, "ratio/" + name, *row) for row in block.tolist())
             self.conn.executemany(EXTRA_UPSERT, extra)
+
+    def write_series_many(self, items: list[tuple[int, int, list, dict]]) -> None:
+        """Fold many small batches at once: ``items`` are ``(run_id, rank, cols, ratios)`` as
+        :meth:`write_series` takes them. Same buckets and values as one :meth:`write_series` per item, but
+        one vectorised pass and one statement for all of them: a live pass that read one line from each
+        of a thousand ranks pays numpy's per-call overhead once, not per rank.
+        """
+        if not items:
+            return
+        by_rank: dict[tuple[int, int], list] = {}
+        for run_id, rank, cols, ratios in items:
+            by_rank.setdefault((run_id, rank), []).append((cols, ratios))
+        keys = list(by_rank)
+        widths = []
+        for run_id, rank in keys:  # widths first: a wider bucket merges the stored ones, as write_series does
+            top = max(max(cols[live.COL_STEP]) for cols, _ in by_rank[(run_id, rank)])
+            current = self._width(run_id, rank)
+            width = live.series_width(int(top), current or 1)
+            if width != current:
+                if current:
+                    self.merge_series(run_id, rank, width // current)
+                self.conn.execute("INSERT OR REPLACE INTO series_width VALUES (?, ?, ?)", (run_id, rank, width))
+                self._widths[(run_id, rank)] = width
+            widths.append(width)
+        slot, per_width, merged = [], [], [[] for _ in range(live.COL_DATA_IN_STEP + 1)]
+        for i, key in enumerate(keys):
+            for cols, _ in by_rank[key]:
+                n = len(cols[live.COL_STEP])
+                slot.extend([i] * n)
+                per_width.extend([widths[i]] * n)
+                for c in _SERIES_INPUT_COLS:
+                    merged[c].extend(cols[c])
+        steps, values = live.series_values((), merged)
+        slots = np.array(slot, dtype=np.int64)
+        buckets = (steps.astype(np.int64) - 1) // np.array(per_width, dtype=np.int64)
+        g_slot, g_bucket, lo, hi, vmin, vmax, vsum, n = _grouped(slots, buckets, steps, values)
+        m = len(idx.SERIES_METRICS)
+        out = np.empty((len(g_bucket), 3 + 4 * m), dtype=np.float64)
+        out[:, 0], out[:, 1], out[:, 2] = g_bucket, lo, hi
+        vsum[n == 0] = np.nan  # NaN binds as NULL: an empty metric stays NULL after the merge
+        out[:, 3::4], out[:, 4::4], out[:, 5::4], out[:, 6::4] = vmin, vmax, vsum, n
+        self.conn.executemany(SERIES_UPSERT, [(*keys[s_i], *row) for s_i, row in zip(g_slot.tolist(), out.tolist())])
+        extra_keys, e_slot, e_width, e_steps, e_vals = [], [], [], [], []
+        for i, key in enumerate(keys):
+            for _, ratios in by_rank[key]:
+                for name, pairs in (ratios or {}).items():
+                    extra_keys.append((*key, "ratio/" + name))
+                    j = len(extra_keys) - 1
+                    e_slot.extend([j] * len(pairs))
+                    e_width.extend([widths[i]] * len(pairs))
+                    e_steps.extend(p[0] for p in pairs)
+                    e_vals.extend(p[1] for p in pairs)
+        if e_slot:
+            slots = np.array(e_slot, dtype=np.int64)
+            steps = np.array(e_steps, dtype=np.float64)
+            values = np.array(e_vals, dtype=np.float64).reshape(-1, 1)
+            buckets = (steps.astype(np.int64) - 1) // np.array(e_width, dtype=np.int64)
+            g_slot, g_bucket, lo, hi, vmin, vmax, vsum, n = _grouped(slots, buckets, steps, values)
+            keep = n[:, 0] > 0
+            block = np.column_stack((g_bucket, lo, hi, vmin[:, 0], vmax[:, 0], vsum[:, 0], n[:, 0]))[keep]
+            self.conn.executemany(EXTRA_UPSERT, [(*extra_keys[s_i], *row) for s_i, row
+                                                 in zip(g_slot[keep].tolist(), block.tolist())])
 
     def rebuild_step_series(self, run_id: int, rank: int, chunk: int = 65_536) -> None:
         """Recompute the ``step_ms``, ``input_wait_ms`` and ``gpu_step_ms`` series of one rank from its stored
@@ -213,6 +311,7 @@ class Aggregates:
         node and latest ratios (not stored per step) are kept."""
         old = self.windows.pop(key, None) or self.window(key)
         self.windows.pop(key, None)
+        self._figures.pop(key, None)
         w = live.RankWindow()
         w.ended, w.exit_code, w.end_ts, w.node, w.ratios = old.ended, old.exit_code, old.end_ts, old.node, old.ratios
         count, first, last = self.conn.execute(
@@ -263,6 +362,29 @@ class Aggregates:
         self.conn.execute("DELETE FROM series_extra WHERE run_id = ? AND rank = ?", (run_id, rank))
         self.conn.execute("INSERT INTO series_extra SELECT * FROM temp.extra_tmp")
         self.conn.execute("DELETE FROM temp.extra_tmp")
+
+
+#: The step-row columns :func:`live.series_values` reads.
+_SERIES_INPUT_COLS = (live.COL_STEP, live.COL_STEP_MS, live.COL_INPUT_WAIT, live.COL_GPU_STEP, live.COL_GPU_INPUT_WAIT,
+                      *live.SERIES_COLS[3:])
+
+
+def _grouped(slots: np.ndarray, buckets: np.ndarray, steps: np.ndarray, values: np.ndarray):
+    """Per-(slot, bucket) aggregates, as :func:`live.bucket_aggregates` computes them per bucket.
+
+    Returns ``(slot, bucket, step_lo, step_hi, vmin, vmax, vsum, n)``, one entry per group.
+    """
+    order = np.lexsort((buckets, slots))
+    sl, b = slots[order], buckets[order]
+    s = steps[order]
+    v = values[order]
+    starts = np.flatnonzero(np.r_[True, (b[1:] != b[:-1]) | (sl[1:] != sl[:-1])])
+    finite = ~np.isnan(v)
+    vmin = np.fmin.reduceat(v, starts, axis=0)
+    vmax = np.fmax.reduceat(v, starts, axis=0)
+    vsum = np.add.reduceat(np.where(finite, v, 0.0), starts, axis=0)
+    n = np.add.reduceat(finite.astype(np.int64), starts, axis=0)
+    return sl[starts], b[starts], np.minimum.reduceat(s, starts), np.maximum.reduceat(s, starts), vmin, vmax, vsum, n
 
 
 def _parts_json(parts: Optional[dict]) -> Optional[str]:
@@ -347,6 +469,7 @@ def _series_upsert() -> str:
 
 
 SERIES_UPSERT = _series_upsert()
+SMALL_FOLD = 8  # up to this many buckets a fold binds run and rank instead of inlining them
 _series_sql_cache: dict[tuple[int, int], str] = {}
 
 

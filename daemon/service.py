@@ -23,10 +23,12 @@ import hashlib
 import logging
 import operator
 import os
+import resource
 import sqlite3
 import stat
 import threading
 import time
+from collections import OrderedDict
 from typing import Callable, Optional
 
 import msgspec
@@ -43,6 +45,7 @@ __all__ = ["Ingester", "IndexLockedError", "DaemonInfo", "find_running_daemon", 
 log = logging.getLogger("traceml.daemon")
 
 BATCH_ROWS = 10_000  # rows per transaction (measured in docs/daemon.md, "Cold-ingest path")
+SMALL_FOLD_ROWS = 64  # a rank's rows up to this many per read join the pass's one series fold (docs/daemon.md, "Live path")
 MAX_DEPTH = 4  # run directories are looked for at most this many levels below a root
 SIDE_MAX_BYTES = sidefiles.SIDE_MAX_BYTES
 _body_encoder = msgspec.json.Encoder()
@@ -60,18 +63,94 @@ def _index_failure(exc: BaseException) -> bool:
 
 NUL_GRACE_S = 120.0  # a line starting with NUL bytes is waited for while its file changed this recently
 BACKOFF_MAX_S = 60.0  # the live daemon retries a failing index at most this far apart
+FIGURES_EVERY_S = 2.0  # the live daemon recomputes a rank's rolling figures at most this often
+FD_CACHE_MAX = 8192  # open stream descriptors kept between passes (bounded by the open-file limit too)
+MIN_PASS_GAP_S = 0.02  # hint-driven passes start at least this far apart: events of a burst share one pass
+PASS_PACE = 2.0  # ... and at least this many times the last pass's duration apart (the daemon never saturates)
+QUIET_AFTER_S = 60.0  # a stream unchanged this long is re-stat'ed once per rescan, spread over the polls
+
+
+class _FdCache:
+    """Open descriptors of active streams, least recently used first (docs/daemon.md, "Live path").
+
+    An entry is the descriptor opened through ``rundir.open_under`` with the
+    device and inode it was opened on. :meth:`get` returns it only while the
+    path still names that file (the caller's ``stat`` of the path): a file
+    replaced, rotated or deleted is closed here, never read again.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = max(16, cap)
+        self._d: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._d
+
+    def get(self, path: str, dev: int, ino: int) -> Optional[int]:
+        """The cached descriptor of ``path`` when it is still (``dev``, ``ino``); a stale one is closed."""
+        entry = self._d.get(path)
+        if entry is None:
+            return None
+        if entry[1] != dev or entry[2] != ino:
+            self.drop(path)
+            return None
+        self._d.move_to_end(path)
+        return entry[0]
+
+    def put(self, path: str, fd: int, dev: int, ino: int) -> None:
+        """Keep ``fd`` for ``path`` (closing the least recently used beyond the cap)."""
+        self.drop(path)
+        self._d[path] = (fd, dev, ino)
+        while len(self._d) > self.cap:
+            _, (old, _, _) = self._d.popitem(last=False)
+            os.close(old)
+
+    def drop(self, path: str) -> None:
+        """Close and forget the descriptor of ``path`` (if any)."""
+        entry = self._d.pop(path, None)
+        if entry is not None:
+            os.close(entry[0])
+
+    def paths(self) -> list[str]:
+        """Paths with a cached descriptor."""
+        return list(self._d)
+
+    def clear(self) -> None:
+        """Close every descriptor."""
+        while self._d:
+            _, (fd, _, _) = self._d.popitem()
+            os.close(fd)
+
+
+def _fd_budget() -> int:
+    """How many stream descriptors to keep: the open-file limit raised to its hard cap, half of it, ≤ FD_CACHE_MAX."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = FD_CACHE_MAX * 2 + 256
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            target = want if hard == resource.RLIM_INFINITY else min(hard, want)
+            if target > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+    except (ValueError, OSError):
+        return 256
+    return max(16, min(FD_CACHE_MAX, soft // 2 - 64))
 
 
 class _File:
     """In-memory mirror of one ``files`` row (updated only after its commit)."""
 
     __slots__ = ("file_id", "run_id", "rel", "path", "stream", "rank", "attempt", "node", "identity",
-                 "generation", "offset", "skipping", "tail", "size", "mtime_ns", "ino", "gone")
+                 "generation", "offset", "skipping", "tail", "size", "mtime_ns", "ino", "gone", "changed")
 
     def __init__(self, **kw) -> None:
         for k in self.__slots__:
             setattr(self, k, kw.get(k))
         self.gone = False
+        self.changed = time.monotonic()  # last seen changing (monotonic): a known stream starts as active
 
 
 class _Run:
@@ -96,6 +175,7 @@ class _Batch:
         self.ranks: set[tuple[int, int, int]] = set()
         self.runs: set[int] = set()
         self.rebuild: set[tuple[int, int, int]] = set()  # ranks whose rows a new generation re-supplied
+        self.series: list[tuple[int, int, list, dict]] = []  # small folds, written together at commit
 
 
 class Ingester:
@@ -136,6 +216,8 @@ class Ingester:
         self._held_back = False  # the last block stopped at a line of NUL bytes
         self._nul_fresh = True  # the file being read changed within NUL_GRACE_S
         self.records_ingested = 0
+        self._fds = _FdCache(256)  # resized at open() once the open-file limit is known
+        self._poll_round = 0
 
     # ----------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -144,6 +226,7 @@ class Ingester:
             return
         locations.check_local(self.index_path, self.mounts_path)
         self._lock_fd = acquire_lock(self.index_path, self.roots, self.mode)
+        self._fds.cap = _fd_budget()
         try:
             self.conn = idx.connect_writer(self.index_path)
             self._agg = aggregates.Aggregates(self.conn)
@@ -163,6 +246,7 @@ class Ingester:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
+        self._fds.clear()
         if self.conn is not None:
             try:
                 self.conn.close()
@@ -206,7 +290,8 @@ class Ingester:
             if not self._watcher.start():
                 log.warning("traceml daemon: inotify unavailable; polling only")
                 self._watcher = None
-        next_scan = next_poll = 0.0
+        self._agg.figures_every = FIGURES_EVERY_S  # a live rank's medians and rates, refreshed every 2 s at most
+        next_scan = next_poll = next_hint = 0.0
         backoff = 0.0
         while not stop.is_set():
             now = time.monotonic()
@@ -216,11 +301,13 @@ class Ingester:
                     next_scan = now + self.rescan_interval
                 if now >= next_poll:
                     self._take_dirty()
-                    self._poll(list(self._paths.values()))
+                    self._poll(self._poll_targets())
                     next_poll = now + self.poll_interval
-                else:
+                elif now >= next_hint:
                     if self._poll_dirty():
                         next_scan = 0.0  # something new appeared under a root: look for it now
+                if self._agg.stale and self._agg.due_stale():
+                    self._begin()  # quiet ranks whose last figures were left for later: write them now
                 self._commit()
                 backoff = 0.0
             except Exception as exc:  # keep serving other files; a broken batch is retried from the index
@@ -235,10 +322,24 @@ class Ingester:
                     next_scan = next_poll = 0.0
                     continue
                 log.error("traceml daemon: ingest cycle failed: %s", exc)
-            timeout = min(next_poll, next_scan) - time.monotonic()
+            # Hints arriving while a pass runs, or soon after it, wait for the next pass: every file they
+            # name is read once there, and the passes take at most 1 / (1 + PASS_PACE) of a core.
+            done = time.monotonic()
+            next_hint = done + max(MIN_PASS_GAP_S, PASS_PACE * (done - now))
+            deadline = min(next_poll, next_scan, *self._agg.stale.values())
+            with self._dirty_lock:
+                pending = bool(self._dirty)
+            if pending:
+                deadline = min(deadline, next_hint)
+            timeout = deadline - time.monotonic()
             if timeout > 0:
                 self._wake.wait(timeout)
-            self._wake.clear()
+                self._wake.clear()
+                gap = min(next_hint, next_poll, next_scan) - time.monotonic()
+                if gap > 0 and not stop.is_set():
+                    stop.wait(gap)  # a hint came early: let the burst gather for one pass
+            else:
+                self._wake.clear()
 
     def start(self) -> None:
         """Serve in a background thread (the TUI's embedded mode)."""
@@ -332,14 +433,23 @@ class Ingester:
         if batch is None:
             return
         now = self.clock()
+        # Pending folds first: a rank rebuilt below refolds its series from the stored rows (these included).
+        self._agg.write_series_many(batch.series)
         for key in batch.rebuild:  # re-supplied rows: recount from the rows that remain, never fold twice
             self._agg.rebuild_rank(key)
             batch.ranks.add(key)
         for run_id, rank in {(k[0], k[1]) for k in batch.rebuild}:
             self._agg.rebuild_series(run_id, rank)
-        for key in batch.ranks:
-            self._agg.write_rank_live(key, now)
-            batch.runs.add(key[0])
+        if self._agg.stale:  # ranks that went quiet with figures older than their last rows
+            batch.ranks.update(self._agg.due_stale())
+        self._agg.write_rank_live_many(batch.ranks, now)
+        batch.runs.update(key[0] for key in batch.ranks)
+        if batch.file_updates:  # every file's new offset, in the transaction that holds its rows (rule 2)
+            self.conn.executemany(
+                "UPDATE files SET identity=?, generation=?, offset=?, skipping=?, tail=?, size=?, mtime_ns=?, ino=?,"
+                " missing=0 WHERE file_id=?",
+                [(c["identity"], c["generation"], c["offset"], c["skipping"], c["tail"], c["size"], c["mtime_ns"],
+                  c["ino"], f.file_id) for f, c in batch.file_updates.items()])
         version = idx.bump_version(self.conn)
         for run_id in batch.runs:
             self._agg.write_run_rollup(run_id, version, now)
@@ -357,7 +467,8 @@ class Ingester:
             except Exception:
                 pass
             self._batch = None
-        # Memory may be ahead of the index now: reload what was committed.
+        # Memory may be ahead of the index now: reload what was committed, and re-open every stream.
+        self._fds.clear()
         self._load_state()
 
     # ----------------------------------------------------------------- scanning
@@ -533,29 +644,40 @@ class Ingester:
 
     # ----------------------------------------------------------------- streams
     def _poll(self, targets: list[tuple[_Run, _File]]) -> bool:
-        """Ingest new complete lines of ``targets``; True when anything moved (more may follow)."""
+        """Ingest new complete lines of ``targets``; True when anything moved (more may follow).
+
+        Each target is read once per call, into the one open transaction (committed by the caller, or
+        here when it reaches BATCH_ROWS): a pass over many files that each grew by a line is one commit.
+        """
         progressed = False
+        now = time.monotonic()
+        fds = self._fds
         for run, f in targets:
             if f.path in self._quarantine or (run.missing and not os.path.isdir(run.dir)):
                 continue
             try:
                 st = os.stat(f.path, follow_symlinks=False)
             except OSError:
+                fds.drop(f.path)  # deleted: its descriptor (and the file's space) is let go in this pass
                 continue  # vanished: the rescan marks the run missing when the whole folder went
             if not stat.S_ISREG(st.st_mode):
+                fds.drop(f.path)
                 continue
             pending = self._batch.file_updates.get(f, {}) if self._batch else {}
             size_seen = pending.get("size", f.size)
             if (st.st_size, st.st_mtime_ns, st.st_ino) == (size_seen, pending.get("mtime_ns", f.mtime_ns),
                                                            pending.get("ino", f.ino)):
                 continue
+            f.changed = now
             while True:
                 try:
                     more = self._ingest_file(run, f, st)
                 except OSError as exc:
                     log.warning("traceml daemon: cannot read %s: %s", f.path, exc)
+                    fds.drop(f.path)
                     more = False
                 except Exception as exc:
+                    fds.drop(f.path)
                     if _index_failure(exc):
                         raise  # the index, not this file: nothing to set aside
                     # An unexpected bug on one file must not stall the others: set it aside until restart.
@@ -571,62 +693,90 @@ class Ingester:
                 break
         return progressed
 
+    def _poll_targets(self) -> list[tuple[_Run, _File]]:
+        """The streams a timed poll re-stats: every one that changed lately, and a share of the quiet ones.
+
+        A stream unchanged for QUIET_AFTER_S is re-stat'ed once per rescan interval, its turn spread over
+        the polls in between, so a hundred quiet runs cost a fraction of their stat calls (docs/daemon.md,
+        "Live path"). Inotify hints still reach a quiet stream at once.
+        """
+        now = time.monotonic()
+        rounds = max(1, int(self.rescan_interval / self.poll_interval))
+        self._poll_round = turn = (self._poll_round + 1) % rounds
+        out = []
+        for i, hit in enumerate(self._paths.values()):
+            if now - hit[1].changed < QUIET_AFTER_S or i % rounds == turn:
+                out.append(hit)
+        return out
+
     def _ingest_file(self, run: _Run, f: _File, st: os.stat_result) -> bool:
-        """Read one file from its committed offset; True when more data may remain."""
-        try:
-            fd = rundir.open_under(run.root, f.path)  # a folder swapped for a link is never followed
-        except OSError as exc:
-            self._unreadable(run, f.rel, f.path, exc)
-            return False
-        try:
-            fst = os.fstat(fd)
+        """Read one file from its committed offset; True when more data may remain.
+
+        ``st`` is the path's ``stat`` of this pass. The file's descriptor is kept open between passes
+        (:class:`_FdCache`) while the path names the same device and inode: a read is then three ``pread``
+        calls (the head, the committed tail, the new bytes) and no ``open``.
+        """
+        fd = self._fds.get(f.path, st.st_dev, st.st_ino)
+        fresh = fd is None
+        if fresh:
+            try:
+                fd = rundir.open_under(run.root, f.path)  # a folder swapped for a link is never followed
+            except OSError as exc:
+                self._unreadable(run, f.rel, f.path, exc)
+                return False
+            try:
+                fst = os.fstat(fd)
+            except OSError:
+                os.close(fd)
+                raise
             if not stat.S_ISREG(fst.st_mode):
+                os.close(fd)
                 return False  # a FIFO or device swapped in: never read it
-            head = tailer.read_head(fd)
-            if head is None:
-                return False  # no complete header yet
-            batch = self._begin()
-            state = dict(batch.file_updates.get(f, {}))
-            cur = {k: state.get(k, getattr(f, k)) for k in ("identity", "generation", "offset", "skipping", "tail")}
-            new_gen = False
-            old_ino = state.get("ino", f.ino)
-            if cur["identity"] is not None and old_ino is not None and fst.st_ino != old_ino:
-                # Another file at the path (rotation: steps-1.jsonl moved to steps-1.jsonl.1, a new one made):
-                # first drain the rest of the old one, found by its inode in the same folder.
-                new_gen = self._drain_renamed(run, f, cur, old_ino, fst.st_dev)
-            if new_gen:
-                cur.update(identity=head.identity, generation=(cur["generation"] or 0) + 1, offset=0, skipping=0,
-                           tail=None)
-            elif cur["identity"] is None:
-                cur.update(identity=head.identity, offset=0, skipping=0, tail=None)
-            elif (head.identity != cur["identity"] or fst.st_size < cur["offset"]
-                  or not _tail_matches(fd, cur["offset"], cur["tail"])):
-                # Replaced or truncated: the head was re-read on a fresh descriptor just now.
-                new_gen = True
-                cur.update(identity=head.identity, generation=(cur["generation"] or 0) + 1, offset=0, skipping=0,
-                           tail=None)
-            offset = cur["offset"]
-            more = False
-            self._held_back = False
-            self._nul_fresh = time.time() - fst.st_mtime < NUL_GRACE_S
-            data = tailer.read_block(fd, offset, fst.st_size)
-            if data:
-                offset, skipping, tail, more = self._ingest_block(run, f, cur, data, offset, fst.st_size)
-                cur.update(offset=offset, skipping=skipping, tail=tail)
-            # Held back at a NUL line: stat may not change when the data lands (NFS), so look again next poll.
-            cur.update(size=fst.st_size if not (more or self._held_back) else None, mtime_ns=fst.st_mtime_ns, ino=fst.st_ino)
-            self.conn.execute(
-                "UPDATE files SET identity=?, generation=?, offset=?, skipping=?, tail=?, size=?, mtime_ns=?, ino=?,"
-                " missing=0 WHERE file_id=?",
-                (cur["identity"], cur["generation"], cur["offset"], cur["skipping"], cur["tail"], cur["size"],
-                 cur["mtime_ns"], cur["ino"], f.file_id),
-            )
-            batch.file_updates[f] = cur
-            if new_gen:
-                batch.runs.add(run.run_id)
-            return more
-        finally:
-            os.close(fd)
+            self._fds.put(f.path, fd, fst.st_dev, fst.st_ino)
+        else:
+            fst = st  # the path still names the file this descriptor holds
+        batch_state = self._batch.file_updates.get(f) if self._batch else None
+        state = dict(batch_state or {})
+        cur = {k: state.get(k, getattr(f, k)) for k in ("identity", "generation", "offset", "skipping", "tail")}
+        old_ino = state.get("ino", f.ino)
+        # The first line is re-read on every read (one pread and a hash): a file truncated and rewritten in
+        # place with a new header of the same length can look like an append to stat and to the tail check.
+        head = tailer.read_head(fd)
+        if head is None:
+            return False  # no complete header yet
+        identity = head.identity
+        batch = self._begin()
+        new_gen = False
+        if cur["identity"] is not None and old_ino is not None and fst.st_ino != old_ino:
+            # Another file at the path (rotation: steps-1.jsonl moved to steps-1.jsonl.1, a new one made):
+            # first drain the rest of the old one, found by its inode in the same folder.
+            new_gen = self._drain_renamed(run, f, cur, old_ino, fst.st_dev)
+        if new_gen:
+            cur.update(identity=identity, generation=(cur["generation"] or 0) + 1, offset=0, skipping=0,
+                       tail=None)
+        elif cur["identity"] is None:
+            cur.update(identity=identity, offset=0, skipping=0, tail=None)
+        elif (identity != cur["identity"] or fst.st_size < cur["offset"]
+              or not _tail_matches(fd, cur["offset"], cur["tail"])):
+            # Replaced, rewritten or truncated: the head was re-read just now.
+            new_gen = True
+            cur.update(identity=identity, generation=(cur["generation"] or 0) + 1, offset=0, skipping=0,
+                       tail=None)
+        offset = cur["offset"]
+        more = False
+        self._held_back = False
+        self._nul_fresh = time.time() - fst.st_mtime < NUL_GRACE_S
+        data = tailer.read_block(fd, offset, fst.st_size)
+        if data:
+            offset, skipping, tail, more = self._ingest_block(run, f, cur, data, offset, fst.st_size)
+            cur.update(offset=offset, skipping=skipping, tail=tail)
+        # Held back at a NUL line: stat may not change when the data lands (NFS), so look again next poll.
+        cur.update(size=fst.st_size if not (more or self._held_back) else None, mtime_ns=fst.st_mtime_ns,
+                   ino=fst.st_ino)
+        batch.file_updates[f] = cur  # written to `files` at commit, with every other file of the pass
+        if new_gen:
+            batch.runs.add(run.run_id)
+        return more
 
     def _drain_renamed(self, run: _Run, f: _File, cur: dict, ino: int, dev: int) -> bool:
         """Read the rest of ``f``'s previous file, now renamed in the same folder (found by inode ``ino``).
@@ -790,7 +940,10 @@ class Ingester:
                 window.ratios = latest
             batch.ranks.add(key)
             if inserted:
-                agg.write_series(run.run_id, rank, cols, ratios)
+                if n <= SMALL_FOLD_ROWS:  # a live append: folded at commit with every other rank of the pass
+                    batch.series.append((run.run_id, rank, cols, ratios))
+                else:
+                    agg.write_series(run.run_id, rank, cols, ratios)
 
     def _route_other(self, run: _Run, f: _File, cur: dict, parsed: tailer.Parsed) -> None:
         batch = self._batch

@@ -1,0 +1,177 @@
+"""The live path (docs/daemon.md, "Live path"): descriptors kept open between passes, one transaction per pass.
+
+One real :class:`daemon.service.Ingester` is kept across passes (``run_once`` keeps its descriptors), over
+real files, a real SQLite index and the reader.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+from test_daemon_support import append_raw, header_line, step_line, write_steps
+
+from daemon.reader import Reader
+from daemon.service import Ingester
+
+
+@pytest.fixture
+def live(tmp_path: Path):
+    """(root, index, ingester): one ingester kept open across passes, closed at the end."""
+    root = tmp_path / "logs"
+    root.mkdir()
+    index = tmp_path / "index.sqlite"
+    ing = Ingester(index, [str(root)], poll_interval=0.05, use_inotify=False)
+    yield root, index, ing
+    ing.close()
+
+
+def _open_paths() -> list[str]:
+    """What this process's descriptors point at (``… (deleted)`` for a removed file)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def _rank(index: Path, name: str):
+    with Reader(index) as r:
+        run = r.find_run(name)
+        return r.step_count(run.run_id), r.rank_rows(run.run_id)[0]
+
+
+def _generation(index: Path, rel_end: str) -> int:
+    conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    try:
+        return next(g for p, g in conn.execute("SELECT path, generation FROM files") if p.endswith(rel_end))
+    finally:
+        conn.close()
+
+
+@pytest.mark.faults
+def test_a_file_replaced_under_a_cached_descriptor_is_read_as_a_new_generation(live):
+    root, index, ing = live
+    path = write_steps(root / "r", 0, range(1, 6))
+    ing.run_once()
+    assert str(path) in _open_paths()  # the descriptor is kept for the next pass
+    append_raw(path, step_line("r", 0, 6))
+    ing.run_once()
+    assert _rank(index, "r")[1].last_step == 6 and _generation(index, "steps-0.jsonl") in (0, None)
+    # Replaced (a new header, fewer bytes than were read): the cached descriptor still holds the old file.
+    tmp = path.with_name("new.tmp")
+    tmp.write_bytes(header_line("r", 0) + b"".join(step_line("r", 0, s, step_ms=50.0) for s in range(1, 4)))
+    os.replace(tmp, path)
+    ing.run_once()
+    count, rank = _rank(index, "r")
+    assert _generation(index, "steps-0.jsonl") == 1
+    assert rank.last_step == 6 and count == 6  # steps 1-3 re-supplied by the new file, 4-6 kept
+    assert not any(p.startswith(str(path)) and p.endswith("(deleted)") for p in _open_paths())  # old file let go
+    append_raw(path, step_line("r", 0, 7, step_ms=50.0))
+    ing.run_once()
+    assert _rank(index, "r")[1].last_step == 7
+
+
+@pytest.mark.faults
+def test_a_file_rewritten_in_place_under_a_cached_descriptor_is_a_new_generation(live):
+    root, index, ing = live
+    path = write_steps(root / "r", 0, (), header=False)
+    path.write_bytes(header_line("r", 0, uuid="aaaa") + b"".join(step_line("r", 0, s) for s in range(1, 4)))
+    ing.run_once()
+    ino = path.stat().st_ino
+    # Same inode, truncated and rewritten longer between two passes, under a header of the same length and
+    # the same lines after it: stat and the committed tail look like an append; only the header tells.
+    with open(path, "r+b") as fh:
+        fh.truncate(0)
+        fh.write(header_line("r", 0, uuid="bbbb") + b"".join(step_line("r", 0, s) for s in range(1, 21)))
+    assert path.stat().st_ino == ino
+    ing.run_once()
+    count, rank = _rank(index, "r")
+    assert _generation(index, "steps-0.jsonl") == 1 and count == 20 and rank.last_step == 20
+
+
+@pytest.mark.faults
+def test_a_deleted_file_is_not_held_open_past_one_pass(live):
+    root, index, ing = live
+    keep = write_steps(root / "r", 0, range(1, 4))
+    gone = write_steps(root / "r", 1, range(1, 4))
+    ing.run_once()
+    assert str(gone) in _open_paths()
+    os.unlink(gone)
+    ing.run_once()
+    assert not any(p.startswith(str(gone)) for p in _open_paths())
+    assert str(keep) in _open_paths()
+    with Reader(index) as r:
+        assert r.step_count(r.find_run("r").run_id) == 6  # rows are kept (rule 7)
+
+
+def test_descriptors_stay_within_the_cache_bound(live):
+    root, index, ing = live
+    for rank in range(12):
+        write_steps(root / "r", rank, range(1, 3))
+    ing.open()
+    ing._fds.cap = 5  # a tiny bound; every file is still read (re-opened when evicted)
+    ing.run_once()
+    for rank in range(12):
+        append_raw(write_steps(root / "r", rank, (), header=False), step_line("r", rank, 3))
+    ing.run_once()
+    assert sum(p.startswith(str(root)) for p in _open_paths()) <= 5
+    with Reader(index) as r:
+        run = r.find_run("r")
+        assert r.step_count(run.run_id) == 36
+        assert {k.last_step for k in r.rank_rows(run.run_id)} == {3}
+
+
+def test_one_transaction_for_a_pass_over_many_files(live):
+    root, index, ing = live
+    paths = [write_steps(root / f"r{i}", rank, range(1, 3)) for i in range(4) for rank in range(4)]
+    ing.run_once()
+    with Reader(index) as r:
+        v0 = r.data_version()
+    for n, path in enumerate(paths):
+        append_raw(path, step_line(path.parents[2].name, n % 4, 3))
+    ing.run_once()
+    with Reader(index) as r:
+        assert r.data_version() == v0 + 1  # sixteen files grew: one commit holds them all
+        assert sum(run.records for run in r.list_runs()) == 16 * 3
+
+
+def test_series_folded_pass_by_pass_equal_a_cold_ingest(tmp_path):
+    """Live appends are folded together at commit (one statement per pass): same buckets as one cold read."""
+    live_root, cold_root = tmp_path / "live", tmp_path / "cold"
+    ranks, steps = 3, 700  # past 512 steps: the bucket width doubles on the way, merging stored buckets
+    for root in (live_root, cold_root):
+        for rank in range(ranks):
+            write_steps(root / "r", rank, (), header=False)
+    heads = {rank: header_line("r", rank, uuid=f"u{rank}") for rank in range(ranks)}
+    lines = {rank: [step_line("r", rank, s, step_ms=100.0 + (s * 7 + rank) % 13, ratio=0.1 * (s % 5))
+                    for s in range(1, steps + 1)] for rank in range(ranks)}
+    for rank in range(ranks):
+        (cold_root / "r" / "ranks" / f"rank_{rank}" / "steps-0.jsonl").write_bytes(heads[rank] + b"".join(lines[rank]))
+        (live_root / "r" / "ranks" / f"rank_{rank}" / "steps-0.jsonl").write_bytes(heads[rank])
+    cold = Ingester(tmp_path / "cold.sqlite", [str(cold_root)], use_inotify=False)
+    cold.run_once()
+    cold.close()
+    live = Ingester(tmp_path / "live.sqlite", [str(live_root)], use_inotify=False)
+    s = 0
+    while s < steps:
+        chunk = 1 + s % 3
+        for rank in range(ranks):
+            append_raw(live_root / "r" / "ranks" / f"rank_{rank}" / "steps-0.jsonl",
+                       b"".join(lines[rank][s:s + chunk]))
+        s += chunk
+        live.run_once()
+    live.close()
+    with Reader(tmp_path / "cold.sqlite") as a, Reader(tmp_path / "live.sqlite") as b:
+        ra, rb = a.find_run("r").run_id, b.find_run("r").run_id
+        for rank in range(ranks):
+            for metric in ("step_ms", "input_wait_ms", "loss", "ratio/mse"):
+                sa, sb = a.series(ra, rank, metric), b.series(rb, rank, metric)
+                assert sa.width == sb.width > 1
+                assert [(p.step_lo, p.step_hi, p.vmin, p.vmax, p.n) for p in sa.points] == \
+                       [(p.step_lo, p.step_hi, p.vmin, p.vmax, p.n) for p in sb.points]
+                assert [p.mean for p in sa.points] == pytest.approx([p.mean for p in sb.points], rel=1e-12)
