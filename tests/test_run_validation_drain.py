@@ -19,7 +19,8 @@ import realruns
 import yaml
 
 
-def _launch(tmp_path: Path, *script_args: str, dispatcher: str | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+def _launch(tmp_path: Path, *script_args: str, dispatcher: str | None = None,
+            early_stopping: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(realruns.VALIDATOR_SCRIPT, work / "validator.py")
@@ -27,6 +28,8 @@ def _launch(tmp_path: Path, *script_args: str, dispatcher: str | None = None) ->
     config["hygiene"]["validation"].pop("dispatcher", None)  # the default: the launcher drains
     if dispatcher is not None:
         config["hygiene"]["validation"]["dispatcher"] = dispatcher
+    if early_stopping is not None:
+        config["hygiene"]["early_stopping"] = early_stopping
     (work / "traceml.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     args = [sys.executable, "-m", "traceml_tui", "run", str(realruns.HYGIENE_SCRIPT), "--run-name", "drained",
             "--args", *script_args]
@@ -66,3 +69,19 @@ def test_a_hygiene_run_that_publishes_nothing_ends_with_validation_missing(tmp_p
     assert summary["validation"]["status"] == "missing" and summary["validation"]["requested"] == 0
     assert "Validation: MISSING — no checkpoint was published for validation" in (
         run_dir / "final_summary.txt").read_text()
+
+
+@pytest.mark.slow
+def test_early_stopping_consumes_the_receipts_of_the_final_drain(tmp_path: Path) -> None:
+    """The script's stopper never waits for validation; the launcher lets it consume what the final drain completed."""
+    policy = {"metric": "r2", "direction": "max", "min_delta": 0.0, "patience": 10, "warmup": 0, "max_budget": 100}
+    done, run_dir = _launch(tmp_path, "--steps", "6", "--early-stopping", early_stopping=policy)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = json.loads((run_dir / "early_stopping.json").read_text())
+    receipts = sorted(p.stem for p in (run_dir / "validation" / "receipts").glob("*.json"))
+    assert len(receipts) == 4 and state["consumed"] == receipts  # every receipt, in checkpoint order
+    # the validator's r2 grows with the step: the newest checkpoint is the selected best
+    assert state["best_checkpoint"] == "step-00000006" and not state["stopped"]
+    section = json.loads((run_dir / "final_summary.json").read_text())["validation"]
+    assert section["best"]["checkpoint"] == "step-00000006" and section["best"]["selected_on"] == "eval"
+    assert section["early_stopping"]["state"] == "not-stopped" and section["status"] == "complete"

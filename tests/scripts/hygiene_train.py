@@ -29,6 +29,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-publish", action="store_true", help="train without publishing any checkpoint")
+    parser.add_argument("--early-stopping", action="store_true",
+                        help="consult the declared early stopping after every update (never waits for validation)")
     args = parser.parse_args()
 
     session = traceml.init()
@@ -45,6 +47,11 @@ def main() -> int:
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
+    stopper = None
+    if args.early_stopping:
+        from traceml_tui.hygiene import EarlyStopping
+
+        stopper = EarlyStopping.from_config(Path(session.run_dir), hygiene)
     if first == 0 and not args.no_publish:
         traceml.publish_checkpoint(model.state_dict(), step=0)
     for step in range(1, args.steps + 1):
@@ -60,6 +67,8 @@ def main() -> int:
                         metrics={"r2": r2(pred.detach(), y)})
         if step >= first and step % cadence == 0 and not args.no_publish:
             traceml.publish_checkpoint(model.state_dict(), step=step)
+        if stopper is not None and stopper.should_stop(step):
+            break
     return 0
 
 

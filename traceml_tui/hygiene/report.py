@@ -54,7 +54,7 @@ def _early_stopping(run_dir: Path, declared: dict) -> Optional[dict[str, Any]]:
         return out
     stopped = bool(state.get("stopped"))
     out.update(
-        state="stopped" if stopped else ("disabled" if not enabled else "running"),
+        state="stopped" if stopped else ("disabled" if not enabled else "not-stopped"),
         reason=state.get("reason"),
         trigger_checkpoint=state.get("trigger_checkpoint"),
         trigger_step=state.get("trigger_step"),

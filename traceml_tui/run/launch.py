@@ -535,4 +535,21 @@ class Launcher:
             _warn(f"final validation drain failed: {exc}")
         finally:
             signal.signal(signal.SIGINT, previous)
+        self._consume_final_receipts()
+
+    def _consume_final_receipts(self) -> None:
+        """Let the script's early stopping consume the receipts of the final drain (docs/hygiene.md).
+
+        Evaluations completed after the stop still update the selected best
+        checkpoint; the stop's reason and trigger stay. Only a run whose script
+        used early stopping (``early_stopping.json`` exists) is touched.
+        """
+        if not self.layout.early_stopping.is_file():
+            return
+        try:
+            from traceml_tui.hygiene.early_stopping import EarlyStopping
+
+            EarlyStopping.from_config(self.run_dir, self.hygiene or {}).update()
+        except Exception as exc:  # noqa: BLE001 - the state stays as the script left it
+            _warn(f"early stopping did not consume the final receipts: {type(exc).__name__}: {exc}")
 
