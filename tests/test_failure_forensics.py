@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -113,3 +114,31 @@ def test_status_and_run_screen_show_culprit_and_victim(real_runs, case, tmp_path
     if exception:
         assert exception in text
     assert words == ["aborted", state]
+
+
+def test_before_the_summary_the_panel_names_the_first_failure_from_the_rank_states(tmp_path) -> None:
+    # the committed real rank-raises run without its final summary: the launcher has not finalized it (yet)
+    import fixture_runs as fr
+
+    root = tmp_path / "logs"
+    shutil.copytree(fr.FIXTURE_RUNS / fr.name_of("rank_raises"), root / fr.name_of("rank_raises"))
+    for name in ("final_summary.json", "final_summary.txt"):
+        (root / fr.name_of("rank_raises") / name).unlink()
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [root])
+
+    async def screen() -> str:
+        source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+        app = create_app(source, poll_interval=0.02)
+        try:
+            async with app.run_test(size=(120, 40)) as pilot:
+                await d.settle(pilot)
+                app.open_run(app.runs_snapshot.rows[0].run_id)
+                await d.settle(pilot)
+                return app.screen.query_one(FailurePanel).render().plain
+        finally:
+            source.close()
+
+    text = asyncio.run(screen())
+    assert "rank 1 on node 0, in step 5 — unknown (no final summary" in text
+    assert "r0 aborted after r1" in text

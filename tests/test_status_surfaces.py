@@ -125,6 +125,9 @@ def test_every_surface_says_the_same_word(case, real_runs, tmp_path, cli_env):
     assert bool(alerts) == (want_status in ALERTING), alerts
     if alerts:
         assert want_status in alerts[0]
+    first = [r for r, s in rank_states.items() if s in ("failed", "lost")] if "aborted" in rank_states.values() else []
+    if first:  # the alert names the rank that failed first, not its aborted peers
+        assert f"rank {first[0]} failed first" in alerts[0], alerts
 
 
 def test_backlog_words_agree_across_validate_status_index_and_screen(real_runs, tmp_path, cli_env):

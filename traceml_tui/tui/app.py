@@ -196,7 +196,8 @@ class WatchApp(App):
         for row in snap.rows:
             old = before.get(row.run_id)
             if row.status in ATTENTION_WORDS and (old is None or old.status != row.status):
-                self._alert(f"run {row.name} {row.status}")
+                first = f" — rank {row.first_failed} failed first" if row.first_failed is not None else ""
+                self._alert(f"run {row.name} {row.status}{first}")
             new_silent = set(row.silent_ranks) - set(old.silent_ranks if old else ())
             if new_silent and row.status not in ATTENTION_WORDS:
                 self._alert(f"run {row.name}: rank {', '.join(map(str, sorted(new_silent)))} went silent")

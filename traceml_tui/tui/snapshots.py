@@ -49,6 +49,7 @@ class RunRow:
     last_ts: Optional[float] = None
     folder: str = ""  # where the run lives, from its root's name ("logs/exp1"): tells same-named runs apart
     dir: str = ""  # the run directory (in memory only: compare picks a run by it, not by its name)
+    first_failed: Optional[int] = None  # the rank that failed first (core/state.py first_failure; the others aborted)
 
 
 @dataclass(frozen=True)

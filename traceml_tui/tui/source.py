@@ -297,6 +297,7 @@ class IndexSource:
             step = run.last_step
             rows.append(RunRow(
                 run_id=rid, name=run.name, status=str(run.status), silent_ranks=run.silent_ranks,
+                first_failed=_first_failed(run),
                 workload=parts["workload"], nodes=run.nnodes,
                 procs_per_node=run.nproc_per_node or (run.ranks or None),
                 step=step, declared_steps=parts["declared"], median_step_ms=parts["median_step_ms"],
@@ -366,7 +367,7 @@ class IndexSource:
             nodes=_nodes(reader.node_samples(run_id, limit=1)), outcomes=_outcomes(base.outcomes),
             errors=tuple(reversed(reader.errors(run_id, limit=MAX_ERRORS))),
             fields=field_verdicts(reader.events(run_id, kind="field_stats", limit=MAX_FIELD_EVENTS)),
-            now=now, failure=_failure(reader.failure(run_id)))
+            now=now, failure=_failure(reader.failure(run_id)) or _failure_from_ranks(row, rank_rows))
 
     # -- backlog
     @_serialized
@@ -429,6 +430,28 @@ def run_folder(run_dir: str, root: str, name: str) -> str:
         return os.path.relpath(where, base)
     except ValueError:  # another drive (Windows): the folder's own name
         return os.path.basename(where)
+
+
+#: Why a failure shown from the rank states alone has no cause yet.
+PENDING_CAUSE = "no final summary: the launcher writes the cause when it finalizes the run"
+
+
+def _first_failed(run: Any) -> Optional[int]:
+    """The rank that failed first: the core marks every later failure ``aborted``, so it is the one failed or lost."""
+    if str(run.status) not in ("failed", "lost"):
+        return None
+    first = run.ranks_in(RankState.FAILED, RankState.LOST)
+    return first[0] if len(first) == 1 else None
+
+
+def _failure_from_ranks(row: RunRow, ranks: list[RankRow]) -> Optional[FailureInfo]:
+    """Before the launcher's summary (or without one: the launcher died), who failed first as the states say."""
+    first = next((r for r in ranks if r.rank == row.first_failed), None)
+    if first is None:
+        return None
+    return FailureInfo(cause="unknown", cause_text=PENDING_CAUSE, rank=first.rank, node=first.node,
+                       step=None if first.step is None else first.step + 1, state=first.state,
+                       victims=tuple(r.rank for r in ranks if r.state == RankState.ABORTED))
 
 
 def _failure(section: Any) -> Optional[FailureInfo]:
