@@ -13,10 +13,13 @@ import logging
 import os
 import signal
 import sys
+import time
+from typing import Callable, TextIO
 
 from . import index as idx
 from . import locations, service
 from .lock import IndexLockedError
+from .reader import IngestProgress
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +36,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-retention", type=float, default=3600.0, metavar="S",
                    help="seconds an ended run stays in the metrics after its last record (default 3600)")
     return p
+
+
+def progress_printer(stream: TextIO) -> Callable[[dict], None]:
+    """``Ingester.on_progress`` for a terminal: a bar redrawn in place on a TTY, a plain line every 2 s
+    otherwise (logs, CI); the finished backlog ends with one line."""
+    tty = stream.isatty()
+    last = [0.0]
+
+    def show(fields: dict) -> None:
+        p = IngestProgress(**{k: fields[k] for k in IngestProgress.__dataclass_fields__})
+        now = time.monotonic()
+        if not p.done and now - last[0] < (0.25 if tty else 2.0):
+            return
+        last[0] = now
+        files = f"{p.files_done} / {p.files_total} files"
+        rate = f"{p.records_per_s:,.0f} records/s"
+        if p.done:
+            line = f"traceml daemon: {p.text()} from {p.files_total} files ({rate})"
+            stream.write(("\r\x1b[2K" if tty else "") + line + "\n")
+        elif tty:
+            frac = p.records_done / p.records_total if p.records_total else p.files_done / max(1, p.files_total)
+            bar = "#" * round(20 * min(1.0, frac))
+            stream.write(f"\r\x1b[2K[{bar:<20}] {p.text()} · {files} · {rate}")
+        else:
+            stream.write(f"traceml daemon: {p.text()} · {files} · {rate}\n")
+        stream.flush()
+
+    return show
 
 
 def main(argv: list[str]) -> int:
@@ -64,6 +95,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     ingester = service.Ingester(index_path, args.roots, poll_interval=args.poll_interval,
                                 use_inotify=not args.no_inotify, rescan_interval=args.rescan_interval)
+    ingester.on_progress = progress_printer(sys.stderr)  # a first launch over a large log root says so
     try:
         ingester.open()
     except locations.NetworkFilesystemError as exc:

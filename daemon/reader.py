@@ -250,6 +250,45 @@ def _nodes_of(text: Optional[str]) -> frozenset[int]:
     return frozenset(int(p) for p in str(text).split(",") if p.strip().lstrip("-").isdigit())
 
 
+def _count(n: float) -> str:
+    """3.2 M, 850 k, 412: a record count for a one-line progress."""
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} M"
+    if n >= 1e4:
+        return f"{n / 1e3:.0f} k"
+    return f"{n:,.0f}"
+
+
+@dataclass(frozen=True)
+class IngestProgress:
+    """A large backlog the ingester is reading (a first launch): ``meta.ingest_progress``.
+
+    ``records_total`` and ``eta_s`` are estimates (None until the first batch is in): the bytes left at
+    the mean size of the records read so far.
+    """
+
+    files_done: int
+    files_total: int
+    records_done: int
+    records_total: Optional[int]
+    records_per_s: float
+    eta_s: Optional[float]
+    updated: float
+    done: bool = False
+
+    def text(self) -> str:
+        """``indexing 3.2 M / 8.0 M records · 40 s left`` (``indexed 8.0 M records`` once done)."""
+        if self.done:
+            return f"indexed {_count(self.records_done)} records"
+        total = f" / {_count(self.records_total)}" if self.records_total else ""
+        left = f" · {self.eta_s:.0f} s left" if self.eta_s is not None else ""
+        return f"indexing {_count(self.records_done)}{total} records{left}"
+
+
+#: A progress row older than this was left by an ingester that stopped mid-backlog: not shown.
+PROGRESS_STALE_S = 60.0
+
+
 class IndexVersionError(RuntimeError):
     """The index's schema is not the one this traceml reads; ``str()`` says what to do in one line."""
 
@@ -600,6 +639,21 @@ class Reader:
         rows = self._rows(f"SELECT kind, rank, attempt, step, ts, body FROM events WHERE {where}"
                           " ORDER BY step DESC, ts DESC LIMIT ?", (*params, limit))
         return tuple(Event(k, r, a, st, ts, json.loads(body)) for k, r, a, st, ts, body in reversed(rows))
+
+    def ingest_progress(self, now: Optional[float] = None) -> Optional[IngestProgress]:
+        """The backlog being indexed now, or None (none, finished, or left by a stopped ingester)."""
+        rows = self._rows("SELECT value FROM meta WHERE key = 'ingest_progress'")
+        if not rows:
+            return None
+        try:
+            d = json.loads(rows[0][0])
+            p = IngestProgress(**{k: d[k] for k in IngestProgress.__dataclass_fields__})
+        except (ValueError, TypeError, KeyError):
+            return None
+        now = time.time() if now is None else now
+        if p.done or now - p.updated > PROGRESS_STALE_S:
+            return None
+        return p
 
     def step_count(self, run_id: int) -> int:
         """Number of step rows of a run (for tests and diagnostics; cost grows with the run)."""

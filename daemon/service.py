@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import gc
 import hashlib
+import json
 import logging
 import operator
 import os
@@ -64,6 +65,7 @@ def _index_failure(exc: BaseException) -> bool:
 NUL_GRACE_S = 120.0  # a line starting with NUL bytes is waited for while its file changed this recently
 BACKOFF_MAX_S = 60.0  # the live daemon retries a failing index at most this far apart
 FIGURES_EVERY_S = 2.0  # the live daemon recomputes a rank's rolling figures at most this often
+PROGRESS_MIN_BYTES = 16 << 20  # a backlog this large (≈50k records) is reported while it is read
 FD_CACHE_MAX = 8192  # open stream descriptors kept between passes (bounded by the open-file limit too)
 MIN_PASS_GAP_S = 0.02  # hint-driven passes start at least this far apart: events of a burst share one pass
 PASS_PACE = 2.0  # ... and at least this many times the last pass's duration apart (the daemon never saturates)
@@ -123,6 +125,38 @@ class _FdCache:
         while self._d:
             _, (fd, _, _) = self._d.popitem()
             os.close(fd)
+
+
+class _Progress:
+    """A large backlog being read: what a first launch shows (``traceml daemon``'s line, ``watch``'s header).
+
+    Records still to read are estimated from bytes: the bytes left at the mean size of the records read
+    so far.
+    """
+
+    def __init__(self, files_total: int, bytes_total: int, base: int) -> None:
+        self.files_total = files_total
+        self.files_done = 0
+        self.bytes_total = bytes_total
+        self.bytes_done = 0
+        self.base = base  # records_ingested when it started
+        self.started = time.monotonic()
+        self.finished = False
+
+    def snapshot(self, records_now: int) -> dict:
+        """``files_done``, ``files_total``, ``records_done``, ``records_total`` (estimate), ``records_per_s``,
+        ``eta_s``, ``updated`` (wall clock), ``done``."""
+        done = records_now - self.base
+        elapsed = max(1e-6, time.monotonic() - self.started)
+        total = eta = None
+        if self.finished:
+            total, eta = done, 0.0
+        elif self.bytes_done > 0 and done > 0:
+            total = done + round(max(0, self.bytes_total - self.bytes_done) * done / self.bytes_done)
+            eta = (total - done) / (done / elapsed)
+        return {"files_done": min(self.files_done, self.files_total), "files_total": self.files_total,
+                "records_done": done, "records_total": total, "records_per_s": done / elapsed, "eta_s": eta,
+                "updated": time.time(), "done": self.finished}
 
 
 def _fd_budget() -> int:
@@ -217,6 +251,9 @@ class Ingester:
         self._nul_fresh = True  # the file being read changed within NUL_GRACE_S
         self.records_ingested = 0
         self._fds = _FdCache(256)  # resized at open() once the open-file limit is known
+        self._progress: Optional[_Progress] = None
+        #: Called after each commit while a large backlog is read, with :meth:`progress`'s dict (last: done).
+        self.on_progress: Optional[Callable[[dict], None]] = None
         self._poll_round = 0
 
     # ----------------------------------------------------------------- lifecycle
@@ -453,12 +490,20 @@ class Ingester:
         version = idx.bump_version(self.conn)
         for run_id in batch.runs:
             self._agg.write_run_rollup(run_id, version, now)
+        progress = self.progress()
+        if progress is not None:  # committed with the rows it counts
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('ingest_progress', ?)", (json.dumps(progress),))
         self.conn.execute("COMMIT")
         self._batch = None
         self.records_ingested += batch.records
         for f, changes in batch.file_updates.items():
             for k, v in changes.items():
                 setattr(f, k, v)
+        if progress is not None:
+            if progress["done"]:
+                self._progress = None
+            if self.on_progress is not None:
+                self.on_progress(progress)
 
     def _rollback(self) -> None:
         if self._batch is not None:
@@ -469,6 +514,7 @@ class Ingester:
             self._batch = None
         # Memory may be ahead of the index now: reload what was committed, and re-open every stream.
         self._fds.clear()
+        self._progress = None  # counted from memory: the next pass measures the backlog again
         self._load_state()
 
     # ----------------------------------------------------------------- scanning
@@ -652,6 +698,7 @@ class Ingester:
         progressed = False
         now = time.monotonic()
         fds = self._fds
+        due = []
         for run, f in targets:
             if f.path in self._quarantine or (run.missing and not os.path.isdir(run.dir)):
                 continue
@@ -668,6 +715,10 @@ class Ingester:
             if (st.st_size, st.st_mtime_ns, st.st_ino) == (size_seen, pending.get("mtime_ns", f.mtime_ns),
                                                            pending.get("ino", f.ino)):
                 continue
+            due.append((run, f, st))
+        if len(due) > 1 and self._progress is None:
+            due = self._backlog(due)
+        for run, f, st in due:
             f.changed = now
             while True:
                 try:
@@ -689,9 +740,41 @@ class Ingester:
                     self._commit()
                 if not more or self._stop.is_set():
                     break
+            if self._progress is not None:
+                self._progress.files_done += 1
             if self._stop.is_set():
                 break
+        if self._progress is not None and not self._progress.finished and not self._stop.is_set():
+            self._progress.finished = True  # the backlog's last figures go with the pass's commit
+            self._begin()
         return progressed
+
+    def _backlog(self, due: list) -> list:
+        """Start reporting progress when ``due`` holds a large backlog, and order it newest run first.
+
+        A first launch over a team's log root reads for a minute or more: the runs changed most recently
+        are read first (each batch commits, so they show up run by run) and the ingester records its
+        progress in the index (``meta.ingest_progress``) and through ``on_progress``.
+        """
+        total = 0
+        for _, f, st in due:
+            total += max(0, st.st_size - (f.offset or 0 if f.identity is not None else 0))
+        if total < PROGRESS_MIN_BYTES:
+            return due
+        newest: dict[int, float] = {}
+        for run, _, st in due:
+            newest[run.run_id] = max(newest.get(run.run_id, 0.0), st.st_mtime)
+        due.sort(key=lambda d: (-newest[d[0].run_id], d[0].dir, d[1].rel))
+        self._progress = _Progress(files_total=len(due), bytes_total=total, base=self.records_ingested)
+        return due
+
+    def progress(self) -> Optional[dict]:
+        """The backlog being read now (see :class:`_Progress`), or None when there is none."""
+        p = self._progress
+        if p is None:
+            return None
+        pending = self._batch.records if self._batch is not None else 0
+        return p.snapshot(self.records_ingested + pending)
 
     def _poll_targets(self) -> list[tuple[_Run, _File]]:
         """The streams a timed poll re-stats: every one that changed lately, and a share of the quiet ones.
@@ -762,7 +845,7 @@ class Ingester:
             new_gen = True
             cur.update(identity=identity, generation=(cur["generation"] or 0) + 1, offset=0, skipping=0,
                        tail=None)
-        offset = cur["offset"]
+        offset = start = cur["offset"]
         more = False
         self._held_back = False
         self._nul_fresh = time.time() - fst.st_mtime < NUL_GRACE_S
@@ -774,6 +857,8 @@ class Ingester:
         cur.update(size=fst.st_size if not (more or self._held_back) else None, mtime_ns=fst.st_mtime_ns,
                    ino=fst.st_ino)
         batch.file_updates[f] = cur  # written to `files` at commit, with every other file of the pass
+        if self._progress is not None:
+            self._progress.bytes_done += max(0, cur["offset"] - start)
         if new_gen:
             batch.runs.add(run.run_id)
         return more
