@@ -61,6 +61,7 @@ class RunsSnapshot:
     version: int
     index_ready: bool = True
     note: Optional[str] = None  # why the list is empty, shown in the empty state
+    indexing: Optional[str] = None  # "indexing 3.2 M / 8.0 M records · 40 s left" while a first launch reads
 
 
 @dataclass(frozen=True)

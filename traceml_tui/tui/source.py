@@ -308,8 +308,11 @@ class IndexSource:
                 folder=run_folder(run.dir, run.root, run.name), dir=run.dir,
             ))
         rows.sort(key=lambda r: (-(r.last_ts or 0.0), r.name))
-        return RunsSnapshot(tuple(rows), now, version,
-                            note=None if rows else "nothing under the watched roots; start a run with `traceml run`")
+        progress = reader.ingest_progress()  # wall clock: the row's age says whether its ingester still runs
+        indexing = progress.text() if progress is not None else None
+        return RunsSnapshot(tuple(rows), now, version, indexing=indexing,
+                            note=None if rows else indexing or "nothing under the watched roots; start a run with"
+                            " `traceml run`")
 
     def _run_parts(self, reader: Any, run: Any) -> dict[str, Any]:
         """Per-run facts that only change when the run's data changes (cached on its version)."""

@@ -100,6 +100,7 @@ class RunsScreen(Screen):
         table.show_folder = repeated_names(snap.rows if snap else ())
         table.sorted_by = (COLUMNS[self.sort_column][0], self.sort_reverse) if self.sort_column >= 0 else None
         table.show(tuple((r.run_id, run_cells(r, r.run_id == self.marked)) for r in rows))
+        self.sub_title = f"runs · {snap.indexing}" if snap is not None and snap.indexing else "runs"
         if snap is None:
             empty.update("loading…")
         elif not snap.rows:
