@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,65 @@ def test_before_the_summary_the_panel_names_the_first_failure_from_the_rank_stat
     text = asyncio.run(screen())
     assert "rank 1 on node 0, in step 5 — unknown (no final summary" in text
     assert "r0 aborted after r1" in text
+
+
+def test_a_sigkilled_launcher_leaves_a_lost_run_with_terminated_ranks(tmp_path, cli_env) -> None:
+    # real `traceml run` (2-rank gloo DDP), SIGKILLed while training: its lifeline SIGTERMs torchrun, torchrun
+    # SIGTERMs the ranks, the SDK records each rank_end "terminated"; nobody finalizes, so the run is lost
+    import psutil
+    import realruns
+
+    logs, pids = tmp_path / "logs", tmp_path / "pids"
+    env = realruns.subprocess_env(tmp_path / "state")
+    args = [str(realruns.DDP_SCRIPT), "--run-name", "orphaned", "--logs-dir", str(logs), "--nproc-per-node", "2",
+            "--args", "--steps", "100000", "--sleep", "0.05", "--pid-dir", str(pids)]
+    with open(tmp_path / "launcher.err", "wb") as err:
+        launcher = subprocess.Popen([*realruns.TRACEML, "run", *args], cwd=tmp_path, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)
+    run_dir = logs / "orphaned"
+    try:
+        deadline = time.monotonic() + realruns.LAUNCH_TIMEOUT_S
+        while realruns.count_steps(run_dir, 0) < 5 or realruns.count_steps(run_dir, 1) < 5:
+            assert launcher.poll() is None and time.monotonic() < deadline, (tmp_path / "launcher.err").read_text()
+            time.sleep(0.05)
+        ranks = [psutil.Process(int(p.read_text())) for p in sorted(pids.glob("*.pid"))]
+        launcher.kill()
+        launcher.wait(timeout=15)
+        gone, alive = psutil.wait_procs(ranks, timeout=30)
+        assert alive == [], "ranks outlived their launcher"
+    finally:
+        realruns._kill_all(realruns._tree(launcher.pid))
+    for rank in (0, 1):
+        last = json.loads((run_dir / "ranks" / f"rank_{rank}" / "steps-0.jsonl").read_bytes().splitlines()[-1])
+        assert (last["kind"], last["status"], last["exit_code"]) == ("rank_end", "terminated", 143)
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "running"  # nobody finalized it
+
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [logs])
+    time.sleep(1.5)  # the stall limit below (1 s) after the last rank's end, with nothing new ingested
+
+    def status() -> dict:
+        proc = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--json", "--index", str(index),
+                               "--stall-after", "1"], capture_output=True, text=True, env=cli_env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        (run,) = json.loads(proc.stdout)["runs"]
+        return run
+
+    run = status()
+    assert run["status"] == "lost"
+    assert run["rank_states"] == {"0": "interrupted", "1": "interrupted"}
+
+    async def screen() -> str:
+        source = IndexSource(index, stall_floor_s=1.0)
+        app = create_app(source, poll_interval=0.02)
+        try:
+            async with app.run_test(size=(120, 40)) as pilot:
+                await d.settle(pilot)
+                app.open_run(app.runs_snapshot.rows[0].run_id)
+                await d.settle(pilot)
+                return app.screen.query_one(FailurePanel).render().plain
+        finally:
+            source.close()
+
+    assert "Failure: the launcher — launcher-lost (the launcher died before finalizing the run)" in asyncio.run(screen())

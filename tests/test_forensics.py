@@ -175,3 +175,29 @@ def test_decode_failure_reads_only_a_valid_section() -> None:
     assert artifacts.decode_failure(b'{"failure": {"rank": "one"}}') is None
     assert artifacts.decode_failure(b"not json") is None
     assert artifacts.decode_failure(b'{"failure": {"cause": "cuda-oom", "rank": 1}}').rank == 1
+
+
+def test_sigterm_is_stopped_from_outside_and_after_a_failure_it_is_aborted() -> None:
+    # rank 1 raised; torchrun then SIGTERMed rank 0, whose SDK wrote rank_end "terminated"
+    facts = _facts(RankFacts(0, last_ts=9.0, end_status="terminated", end_exit_code=143, end_ts=10.2),
+                   RankFacts(1, last_ts=9.0, end_status="failed", end_exit_code=1, end_ts=10.0))
+    assert decide_run(facts).ranks == (RankState.ABORTED, RankState.FAILED)
+    # alone (a scheduler's SIGTERM), a terminated rank is interrupted, not failed
+    alone = _facts(RankFacts(0, last_ts=9.0, end_status="terminated", end_exit_code=143, end_ts=10.2),
+                   manifest="interrupted")
+    assert decide_run(alone).ranks == (RankState.INTERRUPTED,)
+
+
+def test_a_run_whose_launcher_died_is_lost_after_the_stall_limit() -> None:
+    ranks = (RankFacts(0, last_ts=100.0, end_status="terminated", end_exit_code=143, end_ts=100.5),
+             RankFacts(1, last_ts=100.0, end_status="terminated", end_exit_code=143, end_ts=100.6))
+
+    def verdict(now: float, **kw):
+        return decide_run(RunFacts(ranks=ranks, now=now, last_ingest=100.6, median_interval_s=0.05, **kw))
+
+    assert verdict(110.0).status is RunStatus.INTERRUPTED  # within the stall limit the launcher may still finalize
+    assert verdict(140.0).status is RunStatus.LOST  # 30 s after the last end and no final word: the launcher died
+    assert verdict(140.0, manifest_status="interrupted").status is RunStatus.INTERRUPTED  # it did finalize
+    clean = tuple(RankFacts(r.rank, last_ts=100.0, end_status="exited", end_ts=100.5) for r in ranks)
+    # ranks that ended on their own: the launcher may be draining validation; no SIGTERM, no verdict of lost
+    assert decide_run(RunFacts(ranks=clean, now=1000.0, last_ingest=100.6)).status is RunStatus.COMPLETED

@@ -324,7 +324,7 @@ def section_lines(section: Mapping) -> list[str]:
     """The few lines a failure section reads as (the summary card and the Run screen's failure panel)."""
     rank = section.get("rank")
     cause = section.get("cause") or "unknown"
-    where = f"rank {rank}" if rank is not None else "no rank recorded"
+    where = f"rank {rank}" if rank is not None else ("the launcher" if cause == "launcher-lost" else "no rank recorded")
     if section.get("node") is not None:
         where += f" on node {section['node']}"
     if section.get("step") is not None:

@@ -11,15 +11,19 @@ The rules (docs/contracts.md, "state rules"):
   exit code ended cleanly (the SDK writes ``exited`` after a normal return: it
   cannot see ``sys.exit(n)``; the launcher records the real code).
 * A rank that ended ``failed`` (an exception), with a non-zero exit code or a
-  signal, failed; ``interrupted`` (Ctrl-C) is its own word.
+  signal, failed; ``interrupted`` (Ctrl-C) is its own word, and so is a rank
+  the SDK saw get SIGTERM (``terminated``: stopped from outside).
 * A rank with no end record is **lost** once nothing more can come from it:
   the run is final (manifest or summary), its node's outcome is written, or
   every other rank ended and it stayed silent for the stall limit after that.
 * When several ranks failed or were lost, the first of them — by its end
   record's time, else (no end record) by its newest record's time — keeps
   ``failed``/``lost``; the others are **aborted** (they died because of it,
-  e.g. in their next collective). A rank SIGKILLed without an end record is so
+  e.g. in their next collective), and so are ranks stopped from outside after
+  it (torchrun tearing them down). A rank SIGKILLed without an end record is so
   the culprit and not its peers that failed in the all-reduce after it.
+* A run with no final word whose ranks all ended, one of them by SIGTERM, and
+  stayed so for the stall limit has lost its launcher: it is ``lost``.
 * A rank that has not ended is **stalled** when it has been silent for the
   stall limit — ``max(STALL_FLOOR_S, STALL_INTERVALS × median step interval)`` —
   measured by record time against the run's newest record (the others go on
@@ -104,6 +108,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 
 #: ``rank_end`` statuses the SDK writes after a normal end of the script.
 _CLEAN_ENDS = frozenset({"exited", "completed"})
+#: ``rank_end`` statuses of a rank stopped from outside (Ctrl-C; SIGTERM, written by the SDK as ``terminated``).
+_STOPPED_ENDS = frozenset({"interrupted", "terminated"})
 #: Manifest/summary run statuses that mean the launcher is done.
 _FINAL_WORDS = {"completed": RunStatus.COMPLETED, "failed": RunStatus.FAILED,
                 "interrupted": RunStatus.INTERRUPTED}
@@ -116,8 +122,12 @@ def stall_limit_s(median_interval_s: Optional[float], floor_s: float = STALL_FLO
 
 
 def rank_end_state(status: Optional[str], exit_code: Optional[int]) -> RankState:
-    """The state a ``rank_end`` record (its status word and exit code) stands for."""
-    if status == "interrupted":
+    """The state a ``rank_end`` record (its status word and exit code) stands for.
+
+    ``terminated`` (the SDK got SIGTERM: torchrun stopping its ranks, a dying
+    launcher, a scheduler) is stopped from outside, like Ctrl-C: ``interrupted``.
+    """
+    if status in _STOPPED_ENDS:
         return RankState.INTERRUPTED
     if status in _CLEAN_ENDS and (exit_code is None or exit_code == 0):
         return RankState.COMPLETED
@@ -237,7 +247,33 @@ def _mark_aborted(ranks: Sequence[RankFacts], states: list[RankState]) -> list[R
     first = first_failure(ranks, states)
     if first is None:
         return states
-    return [RankState.ABORTED if i != first and s in FAILING_RANK_STATES else s for i, s in enumerate(states)]
+    since = failure_time(ranks[first])
+
+    def stopped_after(i: int) -> bool:  # torchrun tore it down (SIGTERM) after the first failure
+        t = failure_time(ranks[i])
+        return states[i] is RankState.INTERRUPTED and since is not None and t is not None and t >= since
+
+    return [RankState.ABORTED if i != first and (s in FAILING_RANK_STATES or stopped_after(i)) else s
+            for i, s in enumerate(states)]
+
+
+def launcher_lost(facts: RunFacts) -> bool:
+    """Whether the launcher died before finalizing: no final word, every rank ended, one by SIGTERM, long ago.
+
+    A dying launcher's training gets SIGTERM (run/lifeline.py), and the SDK
+    records it (``rank_end`` ``terminated``); a live launcher writes its final
+    word within seconds of the last rank's end. So a run whose ranks all ended,
+    one of them terminated, with no final word for the stall limit after the
+    last end (and nothing new ingested meanwhile) has lost its launcher.
+    """
+    if final_run_word(facts.manifest_status) or final_run_word(facts.summary_status) or not facts.ranks:
+        return False
+    if any(r.end_status is None for r in facts.ranks) or not any(r.end_status == "terminated" for r in facts.ranks):
+        return False
+    limit = stall_limit_s(facts.median_interval_s, facts.stall_floor_s)
+    last_end = max((r.end_ts or r.last_ts or 0.0) for r in facts.ranks)
+    ingest_idle = facts.last_ingest is None or facts.now - facts.last_ingest > limit
+    return ingest_idle and facts.now - last_end > limit
 
 
 def decide_run(facts: RunFacts) -> RunVerdict:
@@ -246,7 +282,8 @@ def decide_run(facts: RunFacts) -> RunVerdict:
     Order of the rules: a folder gone from disk is ``missing``; a final word of
     the launcher (manifest, else summary) is kept, but a ``completed`` launch
     whose guard outcomes are incomplete or failed, or with a failed rank, is
-    ``failed``; without a final word, a failed rank makes the run ``failed``
+    ``failed``; without a final word, a launcher that died
+    (:func:`launcher_lost`) makes the run ``lost``, a failed rank ``failed``
     at once, a lost rank ``lost``, every rank ended cleanly ``completed``, a
     silent rank ``stalled``; otherwise it is ``running``.
     """
@@ -259,6 +296,8 @@ def decide_run(facts: RunFacts) -> RunVerdict:
         if word is RunStatus.COMPLETED and (guard_bad or RankState.FAILED in ranks or RankState.ABORTED in ranks):
             return RunVerdict(RunStatus.FAILED, ranks)
         return RunVerdict(word, ranks)
+    if launcher_lost(facts):
+        return RunVerdict(RunStatus.LOST, ranks)
     if RankState.FAILED in ranks or RankState.ABORTED in ranks or facts.outcome_failed > 0:
         return RunVerdict(RunStatus.FAILED, ranks)
     if RankState.LOST in ranks:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
+import threading
 import time
 import uuid as uuid_mod
 from collections import deque
@@ -373,11 +375,12 @@ class Session:
     def write(self, record: records.Record) -> None:
         atomic.append_line(self.fd, records.encode(record))
 
-    def close(self, status: str, exit_code: Optional[int] = None) -> None:
+    def close(self, status: str, exit_code: Optional[int] = None, *, wait_gpu: bool = True) -> None:
+        """Write ``rank_end``; ``wait_gpu=False`` emits only the steps whose CUDA events already completed."""
         if self.closed:
             return
         try:
-            self.drain_gpu(block=True)
+            self.drain_gpu(block=wait_gpu)
         except Exception:  # noqa: BLE001 - a CUDA error at exit must not hide the rank_end record
             pass
         self.write(
@@ -483,5 +486,45 @@ def register_exit(session: Session) -> None:
         session.closed = True  # one writer per file: the fork's copy must stay silent
 
     atexit.register(_at_exit)
+    _end_on_sigterm(session, owner_pid)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_in_child)
+
+
+#: ``rank_end`` status of a rank ended by SIGTERM (its launcher, torchrun tearing the ranks down, a scheduler).
+TERMINATED = "terminated"
+
+
+def _end_on_sigterm(session: Session, owner_pid: int) -> None:
+    """On SIGTERM, write ``rank_end`` ``terminated`` (exit code 143), then die of SIGTERM as before.
+
+    SIGTERM's default action skips ``atexit``, so a rank torchrun stops (a
+    peer failed, or the launcher died and torchrun got its parent-death signal)
+    would leave no end record and read as the rank that failed first
+    (docs/contracts.md, rank state rule). Installed only when SIGTERM has its
+    default action and only from the main thread; a handler the script installs
+    later replaces it. GPU steps still in flight are not waited for: a hung
+    collective must not keep a terminated process alive.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def _terminated(signum: int, _frame: Any) -> None:
+            if not session.closed and os.getpid() == owner_pid:
+                try:  # an exception already on its way out (then SIGTERM at shutdown) keeps the rank failed
+                    if session.failed and not session.interrupted:
+                        session.close("failed", 1, wait_gpu=False)
+                    else:
+                        session.close(TERMINATED, 128 + signum, wait_gpu=False)
+                except Exception:  # noqa: BLE001 - dying as asked matters more than the record
+                    pass
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, _terminated)
+    except (ValueError, OSError):  # not the main thread of the main interpreter
+        return
+

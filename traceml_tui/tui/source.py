@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from traceml_tui.core import steptime
+from traceml_tui.core import forensics, steptime
 from traceml_tui.core.state import STALL_FLOOR_S, BacklogState, RankState, count_states
 from traceml_tui.tui.snapshots import (
     BACKLOG_STATES,
@@ -451,6 +451,9 @@ def _failure_from_ranks(row: RunRow, ranks: list[RankRow]) -> Optional[FailureIn
     """Before the launcher's summary (or without one: the launcher died), who failed first as the states say."""
     first = next((r for r in ranks if r.rank == row.first_failed), None)
     if first is None:
+        # lost with no lost rank: every rank ended and the launcher never finalized (core/state.py launcher_lost)
+        if row.status == "lost" and ranks and all(r.ended is not None for r in ranks):
+            return FailureInfo(cause="launcher-lost", cause_text=forensics.CAUSE_TEXT["launcher-lost"])
         return None
     return FailureInfo(cause="unknown", cause_text=PENDING_CAUSE, rank=first.rank, node=first.node,
                        step=None if first.step is None else first.step + 1, state=first.state,
