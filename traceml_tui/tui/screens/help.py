@@ -48,10 +48,10 @@ RUNS_COLUMN_HELP: dict[str, str] = {
 RUN_STATUS_HELP: dict[str, str] = {
     RunStatus.FAILED: "a rank raised, exited non-zero or was killed by a signal, or a guard outcome failed",
     RunStatus.LOST: "a rank has no end record and nothing more can come from it (the run or its node is done, "
-                    "or every other rank ended long ago)",
+                    "or every other rank ended long ago), or the launcher died before finalizing the run",
     RunStatus.STALLED: "a rank that has not ended is silent for the stall limit: max(30 s, 10 × median step "
                        "interval) behind the run's newest record, or behind now while nothing new is ingested",
-    RunStatus.INTERRUPTED: "stopped by Ctrl-C (the ranks that did not complete were interrupted)",
+    RunStatus.INTERRUPTED: "stopped by Ctrl-C or SIGTERM (the ranks that did not complete were interrupted)",
     RunStatus.RUNNING: "still writing records, no rank silent",
     RunStatus.COMPLETED: "every rank ended cleanly (and the guard outcomes, if any, completed)",
     RunStatus.MISSING: "its folder is gone from disk; the index keeps its rows",
