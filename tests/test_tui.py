@@ -621,3 +621,24 @@ async def test_a_longer_cell_widens_its_column_in_place():
         table.table_rows = (("a", ("Step", "1", "a much longer reference text", "+0.0%")),)
         await pilot.pause()
         assert table.columns[shown_columns(table)[2]].get_render_width(table) >= len("a much longer reference text")
+
+
+@aio
+async def test_a_cell_whose_style_alone_changes_is_redrawn():
+    """rich Text equality ignores the style: an in-place update must still apply a new style to the same text."""
+    from rich.text import Text
+    from textual.app import App
+
+    from traceml_tui.tui.widgets.compare_table import CompareTable
+
+    class One(App):
+        def compose(self):
+            yield CompareTable()
+
+    async with One().run_test(size=(100, 10)) as pilot:
+        table = pilot.app.query_one(CompareTable)
+        table.table_rows = (("a", ("Step", "1", "2", Text("+9%"))),)
+        await pilot.pause()
+        table.table_rows = (("a", ("Step", "1", "2", Text("+9%", style="red"))),)
+        await pilot.pause()
+        assert str(table.get_row_at(0)[3].style) == "red"

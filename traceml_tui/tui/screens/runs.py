@@ -55,6 +55,7 @@ class RunsScreen(Screen):
     sort_column: reactive[int] = reactive(-1)  # -1: newest activity first (the source's order)
     sort_reverse: reactive[bool] = reactive(False)
     marked: reactive[Optional[int]] = reactive(None)  # run id of the reference chosen with `m`
+    _said = ""
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -91,7 +92,6 @@ class RunsScreen(Screen):
             return
         snap = self.snapshot
         table = self.query_one(RunsTable)
-        empty = self.query_one("#runs-empty", Static)
         rows = filter_rows(snap.rows if snap else (), self.query_one("#filter", Input).value)
         if self.sort_column >= 0:
             rows.sort(key=COLUMNS[self.sort_column][1], reverse=self.sort_reverse)
@@ -102,11 +102,11 @@ class RunsScreen(Screen):
         table.show(tuple((r.run_id, run_cells(r, r.run_id == self.marked)) for r in rows))
         self.sub_title = f"runs · {snap.indexing}" if snap is not None and snap.indexing else "runs"
         if snap is None:
-            empty.update("loading…")
+            self._say("loading…")
         elif not snap.rows:
-            empty.update(f"No runs yet — {snap.note or 'start one with `traceml run`'}")
+            self._say(f"No runs yet — {snap.note or 'start one with `traceml run`'}")
         elif not rows:
-            empty.update("No run matches the filter.")
+            self._say("No run matches the filter.")
         else:
             n = len(snap.rows)
             failing = sum(1 for r in snap.rows if r.status in ATTENTION_WORDS)
@@ -116,7 +116,13 @@ class RunsScreen(Screen):
                 order = "oldest activity first (o: default)" if self.sort_reverse else DEFAULT_ORDER
             reference = self._row(self.marked)
             ref = f" · ◆ reference {reference.name}" if reference is not None else ""
-            empty.update(f"{len(rows)}/{n} runs · {failing} need attention · sorted by {order}{ref}")
+            self._say(f"{len(rows)}/{n} runs · {failing} need attention · sorted by {order}{ref}")
+
+    def _say(self, text: str) -> None:
+        """Set the status line above the table, only when its text changes (an update lays the screen out again)."""
+        if text != self._said:
+            self._said = text
+            self.query_one("#runs-empty", Static).update(text)
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         # The shown columns depend on the width: the header's key (its label in COLUMNS) names the column.

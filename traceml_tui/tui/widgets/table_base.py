@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
+from rich.cells import cell_len as rich_cell_len
 from rich.text import Text
 from textual import events
 from textual.reactive import reactive
@@ -49,7 +50,15 @@ def middle_cut(text: str, width: int) -> str:
 
 def cell_width(cell: Any) -> int:
     """Cells a cell's text takes (str or rich Text; one line)."""
-    return Text(cell).cell_len if isinstance(cell, str) else getattr(cell, "cell_len", len(str(cell)))
+    text = cell if isinstance(cell, str) else getattr(cell, "plain", None)
+    if text is None:
+        text = str(cell)
+    return len(text) if text.isascii() else rich_cell_len(text)  # ASCII: one cell a character (most cells)
+
+
+def same_cell(a: Any, b: Any) -> bool:
+    """Whether two cells show the same: text and style (rich Text's ``==`` compares the text and spans only)."""
+    return a == b and getattr(a, "style", None) == getattr(b, "style", None)
 
 
 class FedTable(DataTable):
@@ -63,7 +72,8 @@ class FedTable(DataTable):
     #: Fixed widths for columns whose text changes length between refreshes (auto width would cut it meanwhile).
     WIDTHS: dict[str, int] = {}
 
-    table_rows: reactive[tuple] = reactive((), always_update=False)
+    # Always: rich Text compares equal when only its style differs, and a new style must still be shown.
+    table_rows: reactive[tuple] = reactive((), always_update=True)
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("cursor_type", "row")
@@ -121,12 +131,8 @@ class FedTable(DataTable):
         return tuple(out)
 
     def show(self, rows: tuple) -> None:
-        """Show ``rows``; lays the table out again even when they are unchanged (the owner changed an option)."""
-        if rows == self.table_rows:
-            if self.is_mounted:
-                self._fill(rows)
-        else:
-            self.table_rows = rows
+        """Show ``rows`` (laid out again even when unchanged: the owner may have changed an option)."""
+        self.table_rows = rows
 
     def _rebuild(self, layout: tuple[Col, ...], rows: tuple) -> None:
         """New columns: rebuild the table, then put the cursor and the scroll back."""
@@ -181,7 +187,7 @@ class FedTable(DataTable):
                 continue
             current = self._data[RowKey(row_key)]
             for column_key, value in zip(column_keys, shown):
-                if current.get(column_key) != value:  # type: ignore[call-overload]
+                if not same_cell(current.get(column_key), value):  # type: ignore[call-overload]
                     self.update_cell(row_key, column_key, value)
                     column = self.columns[column_key]  # type: ignore[index]
                     if column.auto_width and cell_width(value) > column.content_width:
