@@ -22,7 +22,6 @@ import gc
 import hashlib
 import json
 import logging
-import operator
 import os
 import resource
 import sqlite3
@@ -65,6 +64,8 @@ def _index_failure(exc: BaseException) -> bool:
 NUL_GRACE_S = 120.0  # a line starting with NUL bytes is waited for while its file changed this recently
 BACKOFF_MAX_S = 60.0  # the live daemon retries a failing index at most this far apart
 FIGURES_EVERY_S = 2.0  # the live daemon recomputes a rank's rolling figures at most this often
+WORKER_MIN_BYTES = 64 << 20  # a backlog this large is decoded by a second process while the writer writes
+AHEAD_MIN_BYTES = 256 << 10  # blocks smaller than this are decoded by the writer itself
 PROGRESS_MIN_BYTES = 16 << 20  # a backlog this large (≈50k records) is reported while it is read
 FD_CACHE_MAX = 8192  # open stream descriptors kept between passes (bounded by the open-file limit too)
 MIN_PASS_GAP_S = 0.02  # hint-driven passes start at least this far apart: events of a burst share one pass
@@ -157,6 +158,16 @@ class _Progress:
         return {"files_done": min(self.files_done, self.files_total), "files_total": self.files_total,
                 "records_done": done, "records_total": total, "records_per_s": done / elapsed, "eta_s": eta,
                 "updated": time.time(), "done": self.finished}
+
+
+def _core_free() -> bool:
+    """True when this machine has a core to spare: two or more, and the load leaves one idle."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return cores >= 2 and load <= cores - 1
 
 
 def _fd_budget() -> int:
@@ -252,6 +263,8 @@ class Ingester:
         self.records_ingested = 0
         self._fds = _FdCache(256)  # resized at open() once the open-file limit is known
         self._progress: Optional[_Progress] = None
+        self._worker = None  # a decode process while a large backlog is read (concurrent.futures)
+        self._ahead: dict[int, tuple] = {}  # file_id -> (offset, block, future) handed to the worker
         #: Called after each commit while a large backlog is read, with :meth:`progress`'s dict (last: done).
         self.on_progress: Optional[Callable[[dict], None]] = None
         self._poll_round = 0
@@ -283,6 +296,7 @@ class Ingester:
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None
+        self._stop_worker()
         self._fds.clear()
         if self.conn is not None:
             try:
@@ -514,6 +528,7 @@ class Ingester:
             self._batch = None
         # Memory may be ahead of the index now: reload what was committed, and re-open every stream.
         self._fds.clear()
+        self._stop_worker()
         self._progress = None  # counted from memory: the next pass measures the backlog again
         self._load_state()
 
@@ -718,8 +733,27 @@ class Ingester:
             due.append((run, f, st))
         if len(due) > 1 and self._progress is None:
             due = self._backlog(due)
-        for run, f, st in due:
+        pipelined = (self._progress is not None and not self._progress.finished
+                     and self._progress.bytes_total >= WORKER_MIN_BYTES)
+        if pipelined:
+            self._start_worker()
+        for i, (run, f, st) in enumerate(due):
             f.changed = now
+            if pipelined and i + 1 < len(due):
+                nrun, nf, _ = due[i + 1]
+                pend = self._batch.file_updates.get(nf) if self._batch else None
+                if self._fds.get(nf.path, due[i + 1][2].st_dev, due[i + 1][2].st_ino) is None:
+                    try:  # opened here, checked as usual when its turn comes
+                        fd = rundir.open_under(nrun.root, nf.path)
+                        fst = os.fstat(fd)
+                        if stat.S_ISREG(fst.st_mode):
+                            self._fds.put(nf.path, fd, fst.st_dev, fst.st_ino)
+                        else:
+                            os.close(fd)
+                    except OSError:
+                        pass
+                self._read_ahead(nrun, nf, (pend or {}).get("offset", nf.offset) or 0 if nf.identity is not None
+                                 else 0)
             while True:
                 try:
                     more = self._ingest_file(run, f, st)
@@ -747,6 +781,8 @@ class Ingester:
         if self._progress is not None and not self._progress.finished and not self._stop.is_set():
             self._progress.finished = True  # the backlog's last figures go with the pass's commit
             self._begin()
+        if pipelined:
+            self._stop_worker()
         return progressed
 
     def _backlog(self, due: list) -> list:
@@ -940,11 +976,13 @@ class Ingester:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            parsed = tailer.parse_block(block, offset)
-            for off, length, message in parsed.errors:
+            prepared = self._prepared(f, block, offset)
+            if self._worker is not None and read_end < size:
+                self._read_ahead(run, f, offset + cut + 1)  # the file's next block, decoded while this is written
+            for off, length, message in prepared.errors:
                 self._error(run, f, cur, off, length, message)
-            if parsed.records:
-                self._route(run, f, cur, parsed)
+            if prepared.others or prepared.groups:
+                self._route(run, f, cur, prepared)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -953,6 +991,70 @@ class Ingester:
         tail = f"{len(last_line)}:{hashlib.sha1(last_line).hexdigest()}"
         new_offset = offset + cut + 1
         return new_offset, 0, tail, read_end < size or (new_offset < read_end and len(data) - cut - 1 > tailer.MAX_LINE)
+
+    # ----------------------------------------------------------------- decode worker (cold backlog)
+    def _prepared(self, f: _File, block: bytes, offset: int) -> tailer.Prepared:
+        """The block decoded into rows: by the decode worker when it read this very block ahead, else here."""
+        ahead = self._ahead.pop(f.file_id, None)
+        if ahead is not None:
+            spec_offset, spec_block, future = ahead
+            if spec_offset == offset and spec_block == block:
+                try:
+                    return future.result()
+                except Exception as exc:  # a dead worker: decode here from now on
+                    log.warning("traceml daemon: decode worker failed (%s); decoding in the ingester", exc)
+                    self._stop_worker()
+            else:
+                future.cancel()
+        return tailer.prepare_block(block, offset)
+
+    def _read_ahead(self, run: _Run, f: _File, offset: int) -> None:
+        """Hand the block of ``f`` at ``offset`` to the decode worker, to be decoded while this one is written.
+
+        Speculative and pure: the writer still checks the file (identity, tail, generation) and uses the
+        result only for the very bytes it then reads at that offset (docs/daemon.md, "Cold-ingest path").
+        """
+        if self._worker is None or f.file_id in self._ahead:
+            return
+        try:
+            st = os.stat(f.path, follow_symlinks=False)
+            fd = self._fds.get(f.path, st.st_dev, st.st_ino)
+            if fd is None:
+                return  # not opened by a checked read yet
+            data = tailer.read_block(fd, offset, st.st_size)
+        except OSError:
+            return
+        cut = data.rfind(b"\n")
+        if cut < AHEAD_MIN_BYTES or data[:1] == b"\0":
+            return  # small, or a NUL region: decoded by the writer as it comes
+        block = data[: cut + 1]
+        try:
+            self._ahead[f.file_id] = (offset, block, self._worker.submit(tailer.prepare_block, block, offset))
+        except Exception:
+            self._stop_worker()
+
+    def _start_worker(self) -> None:
+        """Start the decode process when a core is free for it (on a busy machine it would only compete)."""
+        if self._worker is not None or not _core_free():
+            return
+        try:
+            import concurrent.futures
+            import multiprocessing
+
+            # spawn: a fork would copy the writer's SQLite connection and the watcher's threads.
+            self._worker = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        except Exception as exc:  # no worker: the writer decodes, as for small passes
+            log.warning("traceml daemon: no decode worker (%s)", exc)
+            self._worker = None
+
+    def _stop_worker(self) -> None:
+        for _, _, future in self._ahead.values():
+            future.cancel()
+        self._ahead.clear()
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=False, cancel_futures=True)
 
     def _error(self, run: _Run, f: _File, cur: dict, offset: int, length: int, message: str) -> None:
         batch = self._begin()
@@ -970,30 +1072,13 @@ class Ingester:
             self.conn.execute("UPDATE runs SET errors = errors + 1 WHERE run_id = ?", (run.run_id,))
             batch.runs.add(run.run_id)
 
-    def _route(self, run: _Run, f: _File, cur: dict, parsed: tailer.Parsed) -> None:
+    def _route(self, run: _Run, f: _File, cur: dict, prepared: tailer.Prepared) -> None:
         batch = self._batch
-        recs = parsed.records
-        LeanStep = records.LeanStep
-        if set(map(type, recs)) == {LeanStep}:  # the usual block: nothing but step records
-            steps = recs
-        else:
-            steps = [r for r in recs if type(r) is LeanStep]
-            self._route_other(run, f, cur, parsed)
-        if not steps:
-            return
-        first = steps[0]
-        n = len(steps)
-        if (list(map(_rank_of, steps)).count(first.rank) == n
-                and list(map(_attempt_of, steps)).count(first.attempt) == n):
-            groups = {(first.rank, first.attempt): steps}
-        else:
-            groups: dict[tuple[int, int], list] = {}
-            for s in steps:
-                groups.setdefault((s.rank, s.attempt), []).append(s)
+        if prepared.others:
+            self._route_other(run, f, cur, prepared.others)
         conn = self.conn
         agg = self._agg
-        for (rank, attempt), group in groups.items():
-            rows, ratios = live.step_rows(group)
+        for (rank, attempt), (rows, ratios, latest) in prepared.groups.items():
             cols = list(zip(*rows))  # transpose in C: the insert, the window and the series read columns
             n = len(rows)
             # Columns NULL in the whole group are left out of the INSERT (same rows, far fewer None binds).
@@ -1020,7 +1105,6 @@ class Ingester:
             batch.records += inserted
             window = agg.window(key)
             window.add_columns(cols, inserted)
-            latest = live.latest_ratios(group[-WINDOW_TAIL:])
             if latest is not None:
                 window.ratios = latest
             batch.ranks.add(key)
@@ -1030,13 +1114,11 @@ class Ingester:
                 else:
                     agg.write_series(run.run_id, rank, cols, ratios)
 
-    def _route_other(self, run: _Run, f: _File, cur: dict, parsed: tailer.Parsed) -> None:
+    def _route_other(self, run: _Run, f: _File, cur: dict, others: list) -> None:
+        """Records that are not steps (``(record, line offset)`` pairs): headers, events, system samples."""
         batch = self._batch
         events, samples = [], []
-        LeanStep = records.LeanStep
-        others = [(i, r) for i, r in enumerate(parsed.records) if type(r) is not LeanStep]
-        offsets = parsed.offsets_of([i for i, _ in others])
-        for (_, rec), off in zip(others, offsets):
+        for rec, off in others:
             kind = type(rec)
             if kind is records.Header:
                 if off == 0:
@@ -1078,9 +1160,6 @@ class Ingester:
             batch.rows += len(events)
             batch.runs.add(run.run_id)
 
-WINDOW_TAIL = 8  # records scanned for the newest component ratios
-_rank_of = operator.attrgetter("rank")
-_attempt_of = operator.attrgetter("attempt")
 
 
 def _tail_matches(fd: int, offset: int, tail: Optional[str]) -> bool:

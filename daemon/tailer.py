@@ -17,6 +17,8 @@ import numpy as np
 
 from traceml_tui.core import records
 
+from . import live
+
 MAX_LINE = records.MAX_LINE_BYTES
 READ_BYTES = 4 << 20  # one batch reads at most this much (≈10k records)
 HEAD_PROBE = 4096
@@ -246,3 +248,47 @@ def _parse_slow(lines: list[bytes], base: int) -> Parsed:
                     errors.append((offset, length, str(exc)))
         offset += length + 1
     return Parsed(recs, offsets, errors)
+
+
+#: Records scanned at the end of a rank's group for its newest component ratios.
+WINDOW_TAIL = 8
+_rank_of = operator.attrgetter("rank")
+_attempt_of = operator.attrgetter("attempt")
+
+
+class Prepared(NamedTuple):
+    """A block decoded and turned into rows: what the writer needs, nothing it must compute.
+
+    ``others`` are the records that are not steps with their line's offset; ``groups`` maps each
+    (rank, attempt) to its step rows, component ratios (:func:`live.step_rows`) and newest ratios.
+    Plain tuples and msgspec structs: it crosses a process boundary by pickle.
+    """
+
+    errors: list
+    others: list
+    groups: dict
+
+
+def prepare_block(block: bytes, base: int) -> Prepared:
+    """:func:`parse_block`, then the step rows of each (rank, attempt) (pure: runs in a decode worker too)."""
+    parsed = parse_block(block, base)
+    recs = parsed.records
+    LeanStep = records.LeanStep
+    if recs and set(map(type, recs)) == {LeanStep}:  # the usual block: nothing but step records
+        steps, others = recs, []
+    else:
+        idxs = [i for i, r in enumerate(recs) if type(r) is not LeanStep]
+        others = list(zip([recs[i] for i in idxs], parsed.offsets_of(idxs)))
+        steps = [r for r in recs if type(r) is LeanStep]
+    groups: dict[tuple[int, int], list] = {}
+    if steps:
+        first = steps[0]
+        n = len(steps)
+        if (list(map(_rank_of, steps)).count(first.rank) == n
+                and list(map(_attempt_of, steps)).count(first.attempt) == n):
+            groups = {(first.rank, first.attempt): steps}
+        else:
+            for st in steps:
+                groups.setdefault((st.rank, st.attempt), []).append(st)
+    return Prepared(parsed.errors, others,
+                    {key: (*live.step_rows(g), live.latest_ratios(g[-WINDOW_TAIL:])) for key, g in groups.items()})

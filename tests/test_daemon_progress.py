@@ -124,3 +124,54 @@ def test_a_progress_row_left_by_a_stopped_ingester_is_not_shown(tmp_path, small_
         ing.close()
     assert rows[0] is not None and not rows[0].done
     assert rows[1] is None
+
+
+def _contents(index: Path) -> tuple:
+    with Reader(index) as r:
+        out = []
+        for run in sorted(r.list_runs(), key=lambda x: x.name):
+            ranks = [(k.rank, k.records, k.last_step, k.median_step_ms, k.loss) for k in r.rank_rows(run.run_id)]
+            series = [tuple((p.step_lo, p.step_hi, p.vmin, p.vmax, p.n) for p in r.series(run.run_id, k[0], m).points)
+                      for k in ranks for m in ("step_ms", "loss", "ratio/mse")]
+            errors = [(e.path, e.offset, e.message) for e in r.errors(run.run_id)]
+            out.append((run.name, run.records, r.step_count(run.run_id), ranks, series, errors))
+        return tuple(out)
+
+
+def test_a_backlog_decoded_by_the_worker_process_is_the_same_index(tmp_path, monkeypatch):
+    """The decode worker is speculative: rows, errors, windows and series come out as when the writer decodes."""
+    root = tmp_path / "logs"
+    for i in range(3):
+        for rank in range(2):
+            path = steps_path(root / f"run{i}", rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lines = [header_line(f"run{i}", rank)]
+            lines += [step_line(f"run{i}", rank, s, step_ms=100.0 + s % 7, ratio=0.5) for s in range(1, 3001)]
+            lines.insert(1500, b'{"kind": "step", "v": 1, "broken\n')  # one malformed line: one error row
+            path.write_bytes(b"".join(lines))
+    monkeypatch.setattr(service, "PROGRESS_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(service, "AHEAD_MIN_BYTES", 1 << 10)
+    monkeypatch.setattr(service, "_core_free", lambda: True)
+    monkeypatch.setattr(service.tailer, "READ_BYTES", 256 << 10)  # several blocks per file: read ahead within one
+    results = {}
+    for mode, threshold in (("writer", 1 << 60), ("worker", 1 << 20)):
+        monkeypatch.setattr(service, "WORKER_MIN_BYTES", threshold)
+        ing = service.Ingester(tmp_path / f"{mode}.sqlite", [str(root)], use_inotify=False)
+        used = []
+        take = ing._prepared
+
+        def prepared(f, block, offset, take=take, ing=ing, used=used):
+            ahead = ing._ahead.get(f.file_id)
+            used.append(ahead is not None and ahead[0] == offset and ahead[1] == block)
+            return take(f, block, offset)
+
+        ing._prepared = prepared
+        try:
+            assert ing.run_once() == 3 * 2 * 3000
+        finally:
+            ing.close()
+        results[mode] = (_contents(tmp_path / f"{mode}.sqlite"), sum(used), len(used))
+    assert results["writer"][1] == 0
+    assert results["worker"][1] >= results["worker"][2] // 2  # most blocks were decoded by the worker
+    assert results["worker"][0] == results["writer"][0]
+    assert all(len(run[5]) == 2 for run in results["worker"][0])  # the malformed lines of both ranks

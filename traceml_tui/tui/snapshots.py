@@ -49,6 +49,8 @@ class RunRow:
     last_ts: Optional[float] = None
     folder: str = ""  # where the run lives, from its root's name ("logs/exp1"): tells same-named runs apart
     dir: str = ""  # the run directory (in memory only: compare picks a run by it, not by its name)
+    slowest_rank: Optional[int] = None  # the rank with the slowest median step time
+    straggler_score: Optional[float] = None  # its median step time over the median rank's (1.0 = even)
     first_failed: Optional[int] = None  # the rank that failed first (core/state.py first_failure; the others aborted)
 
 

@@ -306,6 +306,7 @@ class IndexSource:
                 eval_lag=None if eval_step is None or step is None else max(0, step - eval_step),
                 backlog=backlog.get(rid, 0), errors=run.errors or 0, last_ts=run.last_ts,
                 folder=run_folder(run.dir, run.root, run.name), dir=run.dir,
+                slowest_rank=run.slowest_rank, straggler_score=run.straggler_score,
             ))
         rows.sort(key=lambda r: (-(r.last_ts or 0.0), r.name))
         progress = reader.ingest_progress()  # wall clock: the row's age says whether its ingester still runs

@@ -36,6 +36,8 @@ RUNS_COLUMN_HELP: dict[str, str] = {
     "Step ms": "median step time (ms) over the recent steps",
     "Trend": "step time over the recent steps (sparkline; rising = getting slower)",
     "Steps/s": "training steps per second",
+    "Straggler": "rN S×: the rank with the slowest median step time and that time over the median rank's "
+                 "(1.00× = even; bold red from 1.20×; – for a single rank)",
     "Ex/s": "examples per second",
     "Loss/0": "latest scale-free loss ratio of the worst loss component: its loss over what predicting zero "
               "scores; 1.0 = no better than predicting zero (red at ≥ 1.0)",
@@ -148,8 +150,9 @@ def help_renderable() -> Group:
     doc.section("Runs screen: columns")
     doc.rows((label, RUNS_COLUMN_HELP[label]) for label, _ in RUNS_COLUMNS)
     doc.note("Status and Run stay in view when scrolling right. The columns that fit the width come first "
-             "(the attention columns always); the others follow to the right. The sorted column's header "
-             "shows ▲ (ascending) or ▼ (descending); sorting by Status puts the most urgent states first.")
+             "(the attention columns always: Status, Run, Step, Steps/s, Straggler, Err); the others follow to "
+             "the right. The sorted column's header shows ▲ (ascending) or ▼ (descending); sorting by Status "
+             "puts the most urgent states first.")
     doc.section("Run states (Runs status, Run headline, rank State), most urgent first")
     doc.rows((f"{RUN_GLYPHS[s]} {s}", RUN_STATUS_HELP[s]) for s in RUN_ATTENTION)
     doc.note("A rank's State adds how long it has been silent: ▶ running 3s, ⚠ STALLED 40s, ? LOST 2m. "

@@ -32,6 +32,7 @@ COLUMNS: tuple[tuple[str, object], ...] = (
     ("Step ms", lambda r: r.median_step_ms or 0.0),
     ("Trend", lambda r: r.trend[-1] / r.trend[0] if len(r.trend) > 1 and r.trend[0] else 1.0),
     ("Steps/s", lambda r: r.steps_per_s or 0.0),
+    ("Straggler", lambda r: r.straggler_score or 0.0),
     ("Ex/s", lambda r: r.examples_per_s or 0.0),
     ("Loss/0", lambda r: r.loss_ratio if r.loss_ratio is not None else float("inf")),
     ("Eval", lambda r: r.eval_lag if r.eval_lag is not None else 1 << 62),
@@ -41,7 +42,7 @@ COLUMNS: tuple[tuple[str, object], ...] = (
 LABELS: tuple[str, ...] = tuple(label for label, _ in COLUMNS)
 
 #: Always shown, whatever the width (the attention columns): fitted first, in this order.
-MUST = ("Status", "Run", "Folder", "Step", "Steps/s", "Err")
+MUST = ("Status", "Run", "Folder", "Step", "Steps/s", "Straggler", "Err")
 #: Then, while they fit, these; what does not fit follows to the right (reachable by scrolling).
 OPTIONAL = ("Loss/0", "Eval", "Backlog", "Step ms", "Trend", "Topo", "Workload", "Ex/s")
 #: Widest a column's content gets (Run and Folder are cut in the middle to fit).
@@ -65,6 +66,18 @@ def status_text(row: RunRow) -> Text:
     return Text(label, style=STATUS_STYLE.get(row.status, ""))
 
 
+#: A straggler score from which the Straggler cell stands out (the rank table's Δ median does at +20% too).
+STRAGGLER_ALERT = 1.2
+
+
+def straggler_text(row: RunRow) -> Text:
+    """``r3 1.6×``: the slowest rank and its median step time over the median rank's (– for one rank)."""
+    if row.straggler_score is None or row.slowest_rank is None or (row.procs_per_node or 0) * (row.nodes or 1) < 2:
+        return Text("–", style="dim")
+    return Text(f"r{row.slowest_rank} {row.straggler_score:.2f}×",
+                style="bold red" if row.straggler_score >= STRAGGLER_ALERT else "")
+
+
 def run_cells(row: RunRow, marked: bool = False) -> tuple:
     """The cells of one run, in COLUMNS order; ``marked``: the reference chosen with `m`."""
     topo = f"{row.nodes or 1}×{row.procs_per_node}" if row.procs_per_node else "–"
@@ -81,7 +94,7 @@ def run_cells(row: RunRow, marked: bool = False) -> tuple:
     return (
         status_text(row), name, row.folder or "–", row.workload or "–", topo, step,
         textplot.fmt_num(row.median_step_ms), Text(textplot.sparkline(row.trend, 8), style="blue"),
-        textplot.fmt_num(row.steps_per_s), textplot.fmt_num(row.examples_per_s), ratio, fresh,
+        textplot.fmt_num(row.steps_per_s), straggler_text(row), textplot.fmt_num(row.examples_per_s), ratio, fresh,
         Text(str(row.backlog), style="yellow" if row.backlog else "dim"),
         Text(str(row.errors), style="red" if row.errors else "dim"),
     )
