@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from traceml_tui.core import records
+from traceml_tui.core.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -160,7 +162,14 @@ def test_sigkill_of_one_rank_leaves_whole_lines_and_a_failed_summary(seed_dir: P
     assert json.loads((run_dir / "manifest.json").read_text())["exit_code"] == proc.returncode
 
 
-SECRET = "hunter2-very-secret-token"
+SECRET = "hunter2-very-secret-token"  # passed as a script argument
+ENV_SECRET = "s3cr3t-env-value-7f1c"  # only in the environment
+
+
+def _host_token(text: str) -> bool:
+    """The host name as a whole token (a short host name such as ``vm`` is also a substring of package names)."""
+    host = re.escape(socket.gethostname())
+    return re.search(rf"(?<![A-Za-z0-9_.-]){host}(?![A-Za-z0-9_-])", text) is not None
 
 
 def test_secrets_env_args_paths_and_host_stay_out_of_artifacts(seed_dir: Path, tmp_path: Path) -> None:
@@ -170,15 +179,35 @@ def test_secrets_env_args_paths_and_host_stay_out_of_artifacts(seed_dir: Path, t
         "for _ in range(3):\n    with traceml.trace_step():\n        traceml.log(loss=1.0)\n"
         "print('args', sys.argv[1:], os.environ['API_TOKEN'][:3])\n"
     )
-    env = _env(tmp_path, API_TOKEN=SECRET)
+    env = _env(tmp_path, API_TOKEN=ENV_SECRET, TRACEML_TEST_SECRET=ENV_SECRET)
     proc = _run(["run", "secretive.py", "--run-name", "secretive", "--args", "--token", SECRET], seed_dir, env)
     assert proc.returncode == 0, proc.stderr
     run_dir = seed_dir / "logs" / "secretive"
-    forbidden = [SECRET, socket.gethostname(), str(seed_dir), str(tmp_path)]
+    paths = [str(seed_dir), str(tmp_path), sys.prefix, os.path.dirname(sys.executable)]
+    forbidden = [SECRET, ENV_SECRET, *paths]
     for name in ("final_summary.json", "final_summary.txt", "manifest.json", "nodes/node_0/guard_outcome.json"):
         text = (run_dir / name).read_text()
         for needle in forbidden:
             assert needle not in text, f"{needle!r} leaked into {name}"
+        assert not _host_token(text), f"the host name leaked into {name}"
+    # The reproduction bundle (docs/security.md): no env value, host name or absolute path; the README's
+    # reproduction line carries the script's arguments as given — and only the README.
+    bundle = RunDir(run_dir).bundle_files()
+    assert {p.name for p in bundle} >= {"README.md", "git.json", "environment.json", "inputs.json"}
+    assert json.loads((run_dir / "provenance" / "git.json").read_text())["reason"] == "not a git repository"
+    for path in bundle:
+        text = path.read_text()
+        for needle in [ENV_SECRET, *paths]:
+            assert needle not in text, f"{needle!r} leaked into {path.name}"
+        assert not _host_token(text), f"the host name leaked into {path.name}"
+        assert (SECRET in text) == (path.name == "README.md"), path.name
+    # every file of the run, logs included: the environment's value never reaches disk
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert len(files) > len(bundle) + 4
+    for path in files:
+        data = path.read_bytes()
+        assert ENV_SECRET.encode() not in data, f"the environment's secret leaked into {path.relative_to(run_dir)}"
+        assert not _host_token(data.decode("utf-8", "replace")), f"the host name leaked into {path.relative_to(run_dir)}"
 
 
 NODE_SCRIPT = """

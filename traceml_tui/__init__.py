@@ -30,6 +30,7 @@ _SDK_NAMES = (
     "current_run",
     "log_batch_grid",
     "log_field_stats",
+    "declare_input",
 )
 
 

@@ -3,6 +3,9 @@
 ```
 <logs-dir>/<run-name>/
   manifest.json                         node 0, atomic
+  README.md, provenance/                reproduction bundle: node 0, fresh runs only, never rewritten
+    git.json, git.diff, environment.json, inputs.json
+    declared_inputs.jsonl               appended by traceml.declare_input
   final_summary.json, final_summary.txt
   learning_curve.png, early_stopping.json
   nodes/node_<k>/guard_outcome.json     guarded runs
@@ -33,6 +36,13 @@ SUMMARY_JSON = "final_summary.json"
 SUMMARY_TXT = "final_summary.txt"
 LEARNING_CURVE = "learning_curve.png"
 EARLY_STOPPING = "early_stopping.json"
+README = "README.md"
+PROVENANCE = "provenance"
+GIT_JSON = "git.json"
+GIT_DIFF = "git.diff"
+ENVIRONMENT_JSON = "environment.json"
+INPUTS_JSON = "inputs.json"
+DECLARED_INPUTS = "declared_inputs.jsonl"
 NODES = "nodes"
 RANKS = "ranks"
 VALIDATION = "validation"
@@ -55,7 +65,7 @@ MAX_RUN_NAME_CHARS = 128
 #: What makes a folder a run directory (not through links).
 RUN_MARKERS = (MANIFEST, RANKS, NODES)
 #: Folders inside a run that never hold another run (discovery does not descend into them).
-RUN_SUBDIRS = frozenset({RANKS, NODES, VALIDATION, CHECKPOINTS, "qc", "__pycache__"})
+RUN_SUBDIRS = frozenset({RANKS, NODES, VALIDATION, CHECKPOINTS, PROVENANCE, "qc", "__pycache__"})
 
 
 def validate_run_name(name: object) -> str:
@@ -159,6 +169,13 @@ def _regular_stat(entry: os.DirEntry) -> Optional[os.stat_result]:
     return st if stat.S_ISREG(st.st_mode) else None
 
 
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _real_dir(base: Path, *parts: str) -> Optional[Path]:
     """``base/parts…`` when every component below ``base`` is a real folder (no link on the way), else None."""
     path = base
@@ -230,6 +247,45 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS
+
+    # -- reproduction bundle (docs/run.md, "Provenance bundle")
+    @property
+    def readme(self) -> Path:
+        return self.path / README
+
+    @property
+    def provenance(self) -> Path:
+        return self.path / PROVENANCE
+
+    @property
+    def git_json(self) -> Path:
+        return self.provenance / GIT_JSON
+
+    @property
+    def git_diff(self) -> Path:
+        return self.provenance / GIT_DIFF
+
+    @property
+    def environment_json(self) -> Path:
+        return self.provenance / ENVIRONMENT_JSON
+
+    @property
+    def inputs_json(self) -> Path:
+        return self.provenance / INPUTS_JSON
+
+    @property
+    def declared_inputs(self) -> Path:
+        """Appended by ``traceml.declare_input`` (core/inputs.py), one line per declared input."""
+        return self.provenance / DECLARED_INPUTS
+
+    def bundle_files(self) -> list[Path]:
+        """The reproduction bundle's files that exist (regular files only, no links), by path."""
+        out = [self.readme] if _is_regular(self.readme) else []
+        real = _real_dir(self.path, PROVENANCE)
+        for entry in _scandir(real) if real is not None else ():
+            if not entry.name.startswith(".") and _regular_stat(entry) is not None:
+                out.append(Path(entry.path))
+        return sorted(out)
 
     @property
     def batch_grid(self) -> Path:

@@ -3,7 +3,8 @@
 Order of events (seed 000 "Saved artifacts and completion checks"):
 
 1. node 0 writes ``manifest.json`` (exclusively: an existing run is never
-   touched) and prints the "Measurement contract captured" confirmation;
+   touched) and prints the "Measurement contract captured" confirmation; a
+   fresh run also gets its reproduction bundle (``run/provenance.py``);
 2. the training command starts — the script itself for one process, else
    ``torch.distributed.run`` — with the run directory in its environment and
    a parent-death signal (``run/lifeline.py``: SIGTERM when the launcher dies);
@@ -150,6 +151,9 @@ class Launcher:
                 file=sys.stderr,
                 flush=True,
             )
+        from traceml_tui.run.provenance import write_bundle
+
+        write_bundle(self.layout, opts, self.config, self.hygiene)  # fresh run only; never raises
 
     def _refuse_finished_run(self, manifest_path: Path) -> None:
         """A node k > 0 never writes into a run that already finished or already holds its outcome."""

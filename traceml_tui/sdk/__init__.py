@@ -6,6 +6,7 @@
   ``sdk/loader.py``); a plain ``torch.utils.data.DataLoader`` is timed without either.
 * :func:`log` — loss, lr, grad norm, examples and scale-free loss components of the current step.
 * :func:`log_eval`, :func:`publish_checkpoint`, :func:`finish`, :func:`current_run`.
+* :func:`declare_input` — an input's relative name and digest in the run's provenance bundle.
 * :func:`log_batch_grid`, :func:`log_field_stats` — input batch grid and latent field QC (``sdk/qc.py``).
 
 torch is never imported here; phase hooks import it only when a model is passed.
@@ -246,6 +247,27 @@ def publish_checkpoint(path_or_state: Any, *, step: Optional[int] = None) -> str
             )
         )
     return checkpoint_id
+
+
+def declare_input(path: "str | os.PathLike[str]") -> dict:
+    """Record the identity of an input of this run (a data file or folder) and return it.
+
+    Appends one line to the run's ``provenance/declared_inputs.jsonl``: the
+    input's path relative to the repository holding the current folder (else
+    relative to the current folder; an input outside both is named by its file
+    name alone), its SHA-256 (a folder's: over its regular files), size, and
+    this rank and attempt. The same rank declaring the same unchanged input
+    again (a resumed attempt) appends nothing. The whole input is read once:
+    declare a dataset's manifest or archive rather than millions of files.
+    """
+    from traceml_tui.core import inputs
+    from traceml_tui.core.rundir import RunDir
+
+    session = _session if _session is not None else init()
+    entry = inputs.identity(path, inputs.identity_base(os.getcwd()))
+    entry.update(rank=session.rank, attempt=session.attempt, ts=time.time())
+    inputs.declare(RunDir(session.run_dir).declared_inputs, entry)
+    return entry
 
 
 def finish(status: str = "completed", exit_code: Optional[int] = None) -> None:
