@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from traceml_tui.core import artifacts
 from traceml_tui.core.owner import probe_owner
+from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import (
     DEFAULT_MAX_ATTEMPTS,
     STALL_FLOOR_S,
@@ -212,6 +213,15 @@ class Event:
     step: Optional[int]
     ts: Optional[float]
     body: dict
+
+
+@dataclass(frozen=True)
+class LogFile:
+    """One node's training log: ``stream`` is ``stdout`` or ``stderr``; ``rel`` is relative to the run directory."""
+
+    node: int
+    stream: str
+    rel: str
 
 
 @dataclass(frozen=True)
@@ -470,6 +480,24 @@ class Reader:
         """The ``failure`` section of the run's final summary as ingested (who, where, why), or None."""
         content = self.summary_bytes(run_id)
         return artifacts.decode_failure(content) if content is not None else None
+
+    def log_files(self, run_id: int) -> tuple[str, tuple[LogFile, ...]]:
+        """The run's directory and its nodes' training logs (stdout, stderr; paths from core.rundir).
+
+        The index does not hold the logs: ``traceml watch``'s log view reads
+        these files itself, read-only and bounded (docs/watch.md). A node
+        folder is listed when it exists; a log that does not exist yet is
+        still named (a live run may create it later). Unknown run: ``("", ())``.
+        """
+        rows = self._rows("SELECT dir FROM runs WHERE run_id = ?", (run_id,))
+        if not rows:
+            return "", ()
+        layout = RunDir(rows[0][0])
+        out = []
+        for node in layout.node_ranks():
+            for stream, path in (("stdout", layout.stdout_log(node)), ("stderr", layout.stderr_log(node))):
+                out.append(LogFile(node, stream, path.relative_to(layout.path).as_posix()))
+        return str(layout.path), tuple(out)
 
     def run_detail(self, run_id: int, now: Optional[float] = None) -> Optional[RunDetail]:
         """Summary, rank rows, outcomes, manifest and the metric names with series."""

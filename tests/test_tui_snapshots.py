@@ -150,3 +150,35 @@ def test_runs_screen_80x24_marked_sorted_scrolled_no_color(snap_compare, source,
         await d.settle(pilot)
 
     assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(80, 24), run_before=run_before)
+
+
+def _wait_for(predicate):
+    async def wait(pilot) -> None:
+        for _ in range(400):
+            if predicate(pilot.app.screen):
+                break
+            await pilot.pause(0.02)
+        await pilot.pause()
+    return wait
+
+
+def test_log_view(snap_compare, source):
+    """The crash run's training log opens at rank 1's first error line (▶), lines labelled by node and rank."""
+    async def run_before(pilot) -> None:
+        await d.settle(pilot)
+        app = pilot.app
+        app.open_logs(next(r.run_id for r in app.runs_snapshot.rows if r.name == fr.name_of("rank_raises")))
+        await _wait_for(lambda screen: getattr(screen, "reads", 0) >= 1)(pilot)
+
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 30), run_before=run_before)
+
+
+def test_describe_view(snap_compare, source):
+    """The hygiene run described: run, topology, guard contract, hygiene block, telemetry, versions."""
+    async def run_before(pilot) -> None:
+        await d.settle(pilot)
+        app = pilot.app
+        app.open_describe(next(r.run_id for r in app.runs_snapshot.rows if r.name == fr.name_of("hygiene")))
+        await _wait_for(lambda screen: getattr(screen, "loaded", False))(pilot)
+
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(100, 60), run_before=run_before)

@@ -158,18 +158,38 @@ def scrub(line: str, hosts: Iterable[str] = (), limit: int = MAX_LINE) -> str:
 
 def _exception_lines(lines: Sequence[str]) -> list[str]:
     """The exception line of every Python traceback in ``lines`` (oldest first)."""
+    found = error_lines([(None, line) for line in lines])
+    return [lines[i].strip() for i in found if not lines[i].startswith(_TRACEBACK)]
+
+
+def rank_of_line(line: str) -> tuple[Optional[int], str]:
+    """The rank torch's launcher prefixed ``line`` with (``[rank1]: …`` → ``(1, "…")``), else ``(None, line)``."""
+    match = _RANK_PREFIX.match(line)
+    return (int(match.group(1)), match.group(2)) if match else (None, line)
+
+
+def error_lines(lines: Sequence[tuple[Optional[int], str]], inside: Optional[dict] = None) -> list[int]:
+    """Indices of the error lines among ``(rank, text)`` lines (text without its rank prefix), in order.
+
+    An error line is a traceback's first line (``Traceback (most recent call
+    last):``) or its exception line — the same lines :func:`parse_stderr` reads
+    a rank's exception from. Each rank's traceback is followed on its own, so
+    ranks writing to one log at once do not cut each other's tracebacks.
+    ``inside`` carries each rank's traceback state from one call to the next
+    (a log read piece by piece); it is updated in place.
+    """
     out = []
-    inside = False
-    for line in lines:
+    inside = {} if inside is None else inside
+    for i, (rank, line) in enumerate(lines):
         if line.startswith(_TRACEBACK):
-            inside = True
+            inside[rank] = True
+            out.append(i)
             continue
-        if not inside or not line.strip() or line[0].isspace():
-            continue  # frames, source lines and ^^^ markers are indented
-        match = _EXCEPTION.match(line.rstrip())
-        if match:
-            out.append(line.strip())
-        inside = False  # the first column-0 line ends the traceback
+        if not inside.get(rank) or not line.strip() or line[0].isspace():
+            continue
+        if _EXCEPTION.match(line.rstrip()):
+            out.append(i)
+        inside[rank] = False
     return out
 
 

@@ -24,7 +24,9 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from traceml_tui.tui.messages import BacklogUpdated, CompareUpdated, RunsUpdated, RunUpdated
 from traceml_tui.tui.screens.backlog import BacklogScreen
 from traceml_tui.tui.screens.compare import CompareScreen
+from traceml_tui.tui.screens.describe import DescribeScreen
 from traceml_tui.tui.screens.help import HelpScreen
+from traceml_tui.tui.screens.logs import LogScreen
 from traceml_tui.tui.screens.run_detail import RunScreen
 from traceml_tui.tui.screens.runs import RunsScreen
 from traceml_tui.tui.snapshots import ATTENTION_WORDS, CompareSnapshot, RunsSnapshot
@@ -104,6 +106,13 @@ class WatchApp(App):
         self.push_screen(CompareScreen(reference, candidate, self.threshold_pct))
         self._wanted = ("compare", reference, candidate, self.threshold_pct)
         self._wake.set()
+
+    def open_logs(self, run_id: int, rank: Optional[int] = None) -> None:
+        """The run's training logs (one rank's lines when ``rank`` is given); the screen reads them itself."""
+        self.push_screen(LogScreen(run_id, rank, poll_s=max(0.05, self.poll_interval)))
+
+    def open_describe(self, run_id: int) -> None:
+        self.push_screen(DescribeScreen(run_id))
 
     def set_compare_threshold(self, value: Optional[float]) -> None:
         self.threshold_pct = value

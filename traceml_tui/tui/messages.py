@@ -38,3 +38,22 @@ class CompareUpdated(Message):
         super().__init__()
         self.key = key
         self.snapshot = snapshot
+
+
+class LogLinesRead(Message):
+    """New lines of a run's training logs, read by the Log screen's worker (``sources`` None: run unknown)."""
+
+    def __init__(self, sources: object, lines: list, skipped_bytes: int, first: bool) -> None:
+        super().__init__()
+        self.sources = sources
+        self.lines = lines
+        self.skipped_bytes = skipped_bytes
+        self.first = first
+
+
+class DescribeLoaded(Message):
+    """The Describe screen's facts, read by its worker (None: the run is unknown)."""
+
+    def __init__(self, snapshot: object) -> None:
+        super().__init__()
+        self.snapshot = snapshot

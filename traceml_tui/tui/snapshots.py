@@ -220,3 +220,30 @@ class CompareSnapshot:
     warnings: tuple[str, ...] = ()
     error: Optional[str] = None
     report: Any = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class LogSources:
+    """Where the Log screen reads a run's training logs (the one thing watch reads from the run folder)."""
+
+    run_id: int
+    name: str
+    run_dir: str
+    files: tuple[tuple[int, str, str], ...]  # (node, "stdout" | "stderr", path relative to run_dir)
+    first_failed: Optional[int] = None  # the rank that failed first: the view opens at its first error line
+    single_rank: Optional[int] = None  # a one-process run: its unprefixed lines are this rank's
+    live: bool = False  # still running (the view follows new lines)
+
+
+@dataclass(frozen=True)
+class DescribeSnapshot:
+    """The Describe screen: the run's manifest and final-summary facts as plain values."""
+
+    run_id: int
+    name: str
+    status: str
+    folder: str
+    manifest: Optional[dict] = field(default=None, hash=False)  # the typed manifest as plain values
+    declaration: Optional[dict] = field(default=None, hash=False)  # the final summary's run_context.declaration
+    environment: Optional[dict] = field(default=None, hash=False)  # the final summary's environment (versions)
+    has_summary: bool = False

@@ -33,9 +33,11 @@ from traceml_tui.tui.snapshots import (
     BacklogItem,
     BacklogSnapshot,
     CompareSnapshot,
+    DescribeSnapshot,
     EvalPoint,
     FailureInfo,
     FieldVerdict,
+    LogSources,
     NodeMetrics,
     Outcome,
     RankRow,
@@ -74,6 +76,12 @@ class Source(Protocol):
 
     def summary(self, spec: str) -> tuple[dict, str]:
         """A final summary by path, run directory or run name in the index, and its display label."""
+
+    def log_sources(self, run_id: int) -> Optional[LogSources]:
+        """Where the run's training logs are (None when the run is unknown)."""
+
+    def describe(self, run_id: int) -> Optional[DescribeSnapshot]:
+        """The run's manifest, guard contract, hygiene block and environment (None when the run is unknown)."""
 
     def close(self) -> None:
         """Release connections (and stop an embedded ingester)."""
@@ -420,6 +428,55 @@ class IndexSource:
             if content is not None:
                 return parse_summary_bytes(content), run.name
         raise FileNotFoundError(f"no final summary for {spec!r} (not a file, a run directory, or a run in the index)")
+
+
+    # -- log view and describe (additive: read on the Log / Describe screens' own workers)
+    @_serialized
+    def log_sources(self, run_id: int) -> Optional[LogSources]:
+        reader = self._db()
+        if reader is None:
+            return None
+        run = reader.run(run_id, now=self.clock())
+        run_dir, files = reader.log_files(run_id)
+        if run is None or not run_dir:
+            return None
+        failure = reader.failure(run_id)
+        single = run.world_size == 1 or (run.world_size is None and run.ranks == 1)
+        return LogSources(run_id=run_id, name=run.name, run_dir=run_dir,
+                          files=tuple((f.node, f.stream, f.rel) for f in files),
+                          first_failed=failure.rank if failure is not None else _first_failed(run),
+                          single_rank=(run.ranks_in(*RankState)[:1] or (0,))[0] if single else None,
+                          live=str(run.status) in ("running", "stalled"))
+
+    @_serialized
+    def describe(self, run_id: int) -> Optional[DescribeSnapshot]:
+        import json
+
+        import msgspec
+
+        reader = self._db()
+        if reader is None:
+            return None
+        run = reader.run(run_id, now=self.clock())
+        if run is None:
+            return None
+        manifest = reader.manifest(run_id)
+        content = reader.summary_bytes(run_id)
+        summary: Any = None
+        if content is not None:
+            try:
+                summary = json.loads(content)
+            except ValueError:
+                summary = None
+        summary = summary if isinstance(summary, dict) else {}
+        context = summary.get("run_context") if isinstance(summary.get("run_context"), dict) else {}
+        declaration = context.get("declaration")
+        environment = summary.get("environment")
+        return DescribeSnapshot(
+            run_id=run_id, name=run.name, status=str(run.status), folder=run_folder(run.dir, run.root, run.name),
+            manifest=msgspec.to_builtins(manifest) if manifest is not None else None,
+            declaration=declaration if isinstance(declaration, dict) else None,
+            environment=environment if isinstance(environment, dict) else None, has_summary=content is not None)
 
 
 def run_folder(run_dir: str, root: str, name: str) -> str:

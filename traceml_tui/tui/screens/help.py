@@ -105,6 +105,8 @@ def screen_keys() -> list[tuple[str, list[tuple[str, str]]]]:
     from traceml_tui.tui.app import WatchApp
     from traceml_tui.tui.screens.backlog import BacklogScreen
     from traceml_tui.tui.screens.compare import CompareScreen
+    from traceml_tui.tui.screens.describe import DescribeScreen
+    from traceml_tui.tui.screens.logs import LogScreen
     from traceml_tui.tui.screens.run_detail import RunScreen
     from traceml_tui.tui.screens.runs import RunsScreen
 
@@ -112,6 +114,8 @@ def screen_keys() -> list[tuple[str, list[tuple[str, str]]]]:
         ("Everywhere", binding_lines(WatchApp.BINDINGS, (("Ctrl+P", "command palette"),))),
         ("Runs", binding_lines(RunsScreen.BINDINGS, (("click", "a header sorts by that column"),))),
         ("Run", binding_lines(RunScreen.BINDINGS)),
+        ("Log", binding_lines(LogScreen.BINDINGS)),
+        ("Describe", binding_lines(DescribeScreen.BINDINGS)),
         ("Backlog", binding_lines(BacklogScreen.BINDINGS)),
         ("Compare", binding_lines(CompareScreen.BINDINGS)),
         ("Help", binding_lines(HelpScreen.BINDINGS)),

@@ -77,6 +77,9 @@ class RunScreen(Screen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
         Binding("b", "backlog", "Backlog"),
+        Binding("l", "logs", "Log", show=False),
+        Binding("L", "rank_logs", "Log of the selected rank", show=False),
+        Binding("d", "describe", "Describe", show=False),
     ]
 
     detail: reactive[Optional[RunDetail]] = reactive(None)
@@ -157,6 +160,16 @@ class RunScreen(Screen):
 
     def action_backlog(self) -> None:
         self.app.open_backlog(self.run_id)
+
+    def action_logs(self) -> None:
+        self.app.open_logs(self.run_id)
+
+    def action_rank_logs(self) -> None:
+        key = self.query_one(RankTable).selected_key()
+        self.app.open_logs(self.run_id, None if key is None else int(key))
+
+    def action_describe(self) -> None:
+        self.app.open_describe(self.run_id)
 
 
 def field_lines(detail: RunDetail) -> list:

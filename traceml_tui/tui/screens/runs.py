@@ -49,6 +49,8 @@ class RunsScreen(Screen):
         Binding("m", "mark", "Mark ref"),
         Binding("c", "compare", "Compare"),
         Binding("escape", "clear_filter", "Clear", show=False),
+        Binding("l", "logs", "Log", show=False),
+        Binding("d", "describe", "Describe", show=False),
     ]
 
     snapshot: reactive[Optional[RunsSnapshot]] = reactive(None)
@@ -197,3 +199,15 @@ class RunsScreen(Screen):
 
     def action_backlog(self) -> None:
         self.app.open_backlog(None)
+
+    def action_logs(self) -> None:
+        """The selected run's training logs (the Log screen)."""
+        row = self._selected()
+        if row is not None:
+            self.app.open_logs(row.run_id)
+
+    def action_describe(self) -> None:
+        """The selected run's manifest, contract, hygiene block and versions (the Describe screen)."""
+        row = self._selected()
+        if row is not None:
+            self.app.open_describe(row.run_id)
