@@ -38,7 +38,7 @@ async def _shoot(out: Path, tmp: Path) -> list[Path]:
         app.save_screenshot(filename=path.name, path=str(out))
         saved.append(path)
 
-    async def shoot(source, name: str, size: tuple[int, int], run: str = "", key: str = "") -> None:
+    async def shoot(source, name: str, size: tuple[int, int], run: str = "", key: str = "", ready=None) -> None:
         app = create_app(source, poll_interval=0.02)
         async with app.run_test(size=size) as pilot:
             await d.settle(pilot)
@@ -48,6 +48,11 @@ async def _shoot(out: Path, tmp: Path) -> list[Path]:
             if key:
                 await pilot.press(key)
                 await d.settle(pilot)
+            for _ in range(400 if ready is not None else 0):  # a screen that reads on its own worker
+                if ready(app.screen):
+                    break
+                await pilot.pause(0.02)
+            await pilot.pause()
             await save(app, name)
 
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
@@ -61,6 +66,10 @@ async def _shoot(out: Path, tmp: Path) -> list[Path]:
         await shoot(straggler, "run_detail", (120, 50), run="resnet-ok")
         await shoot(source, "backlog", (120, 24), key="b")
         await shoot(source, "help", (100, 40), key="question_mark")
+        await shoot(source, "log", (120, 30), run=fr.name_of("rank_raises"), key="l",
+                    ready=lambda screen: getattr(screen, "reads", 0) >= 1)
+        await shoot(source, "describe", (100, 60), run=fr.name_of("hygiene"), key="d",
+                    ready=lambda screen: getattr(screen, "loaded", False))
         app = create_app(source, poll_interval=0.02, compare=(str(ref), str(cand)), threshold_pct=5.0)
         async with app.run_test(size=(100, 30)) as pilot:
             await d.settle(pilot)
