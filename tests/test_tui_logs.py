@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import subprocess
 import sys
 from pathlib import Path
 
@@ -269,3 +270,49 @@ async def test_describe_shows_topology_hygiene_and_versions(real):
         await _until(pilot, lambda: isinstance(app.screen, DescribeScreen) and app.screen.loaded)
         lines = [ln.strip() for ln in _tree_text(app.screen.query_one(DescribeTree))]
         assert "Hygiene" in lines and "recipe: realruns-fixture-v1" in lines
+
+
+GUARD_YAML = """guard:
+  schema_version: 1
+  workload:
+    name: tiny-guarded
+    parameters:
+      model: linear
+      per_rank_batch_size: 4
+  measurement:
+    start_step: 1
+    completed_steps: 2
+"""
+
+
+@aio
+async def test_describe_shows_the_guard_contract_and_log_labels_a_one_process_run(tmp_path, cli_env, traceml_cmd):
+    """A real guarded one-process `traceml run`: Describe shows its declaration; its stdout lines are rank 0's."""
+    (tmp_path / "traceml.yaml").write_text(GUARD_YAML)
+    (tmp_path / "train.py").write_text("print('hello from training')\n")
+    done = subprocess.run([*traceml_cmd, "run", "train.py", "--run-name", "guarded"], cwd=tmp_path, env=cli_env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [tmp_path / "logs"])
+    src = IndexSource(index)
+    try:
+        app = create_app(src, poll_interval=0.02)
+        async with app.run_test(size=(100, 40)) as pilot:
+            await d.settle(pilot)
+            app.open_describe(_run_id(app, "guarded"))
+            await _until(pilot, lambda: isinstance(app.screen, DescribeScreen) and app.screen.loaded)
+            lines = [ln.strip() for ln in _tree_text(app.screen.query_one(DescribeTree))]
+            contract = lines.index("Guard contract")
+            assert lines[contract + 1] == "declaration"
+            assert "name: tiny-guarded" in lines and "completed_steps: 2" in lines
+            assert any(ln.startswith("digest: sha256:") for ln in lines)
+            await pilot.press("escape")
+            app.open_logs(_run_id(app, "guarded"))
+            screen = await _log_screen(pilot)
+            view = screen.query_one(LogView)
+            hello = next(ln for ln in view.lines if ln.text == "hello from training")
+            assert (hello.rank, hello.stream, hello.node) == (0, "stdout", 0)
+            assert view.cursor is None  # no error line: the view is at the end
+    finally:
+        src.close()
