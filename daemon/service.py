@@ -69,7 +69,8 @@ AHEAD_MIN_BYTES = 256 << 10  # blocks smaller than this are decoded by the write
 PROGRESS_MIN_BYTES = 16 << 20  # a backlog this large (≈50k records) is reported while it is read
 FD_CACHE_MAX = 8192  # open stream descriptors kept between passes (bounded by the open-file limit too)
 MIN_PASS_GAP_S = 0.02  # hint-driven passes start at least this far apart: events of a burst share one pass
-PASS_PACE = 2.0  # ... and at least this many times the last pass's duration apart (the daemon never saturates)
+PASS_PACE = 2.0  # ... and this many times the last pass's duration apart (a burst's events share a pass) …
+MAX_PASS_GAP_S = 0.2  # … but never more than this: under a heavy load the lag stays bounded
 QUIET_AFTER_S = 60.0  # a stream unchanged this long is re-stat'ed once per rescan, spread over the polls
 
 
@@ -374,9 +375,9 @@ class Ingester:
                     continue
                 log.error("traceml daemon: ingest cycle failed: %s", exc)
             # Hints arriving while a pass runs, or soon after it, wait for the next pass: every file they
-            # name is read once there, and the passes take at most 1 / (1 + PASS_PACE) of a core.
+            # name is read once there, in larger batches the busier the daemon is.
             done = time.monotonic()
-            next_hint = done + max(MIN_PASS_GAP_S, PASS_PACE * (done - now))
+            next_hint = done + max(MIN_PASS_GAP_S, min(MAX_PASS_GAP_S, PASS_PACE * (done - now)))
             deadline = min(next_poll, next_scan, *self._agg.stale.values())
             with self._dirty_lock:
                 pending = bool(self._dirty)
