@@ -196,17 +196,20 @@ async def test_backlog_stuck_claim_stands_out(fixture_index):
         screen = pilot.app.screen
         assert isinstance(screen, BacklogScreen)
         table = screen.query_one(BacklogTable)
-        first = cells(table, 0)
+        keys = shown_columns(table)  # receipt metric columns come after State: read cells by column name
+        rows = [dict(zip(keys, cells(table, i))) for i in range(table.row_count)]
+        first = rows[0]
         # The stale claim (another host's, heartbeat older than its lease) is sorted first, with its owner.
-        assert first[1] == "step-00000016" and d.status_word(first[3]) == "stale-claim" and first[5] == "worker-b:777"
-        assert first[6] == "7m/1m"
-        states = [d.status_word(c) for c in column(table, 3)]
+        assert first["Checkpoint"] == "step-00000016" and d.status_word(first["State"]) == "stale-claim"
+        assert first["Owner"] == "worker-b:777"
+        assert first["Heartbeat"] == "7m/1m"
+        states = [d.status_word(r["State"]) for r in rows]
         assert states.count("completed") == 2 and states.count("claimed") == 1 and states.count("failed") == 1
         summary = panel_text(screen, "#backlog-summary")
         assert "stale-claim: 1 claim" in summary
         assert "newest completed: step-00000008 (step 8)" in summary and "eval lag 52 steps" in summary
-        failed = cells(table, [i for i, s in enumerate(states) if s == "failed"][0])
-        assert failed[7] == "2" and "out of memory" in failed[8]
+        failed = rows[states.index("failed")]
+        assert failed["Retries"] == "2" and "out of memory" in failed["Last error"]
 
 
 @aio
@@ -312,7 +315,7 @@ async def test_alert_when_a_run_fails_during_the_session(tmp_path):
             if app.runs_snapshot.rows[0].status == "failed":
                 break
         await pilot.pause()
-        assert [n.message for n in app._notifications] == ["run live failed"]
+        assert [n.message for n in app._notifications] == ["run live failed — rank 1 failed first"]
         await pilot.press("a")  # alerts off: the toggle itself is the only new notification
         assert [n.message for n in app._notifications][-1] == "alerts off"
 
