@@ -41,6 +41,11 @@ def _wait_pane(sock: str, target: str, pattern: str, timeout: float) -> str:
                          f"last screen:\n{text}")
 
 
+def _header(screen: str) -> str:
+    """The Runs table's column header line."""
+    return next((line for line in screen.splitlines() if line.split()[:2] == ["Status", "Run"]), "")
+
+
 def test_watch_in_tmux_shows_training_run_and_ranks(tmp_path, cli_env):
     shutil.copy(REPO / "examples" / "traceml.yaml", tmp_path / "traceml.yaml")
     (tmp_path / "logs").mkdir()
@@ -66,6 +71,17 @@ def test_watch_in_tmux_shows_training_run_and_ranks(tmp_path, cli_env):
         for name in ("small", "large"):
             _wait_pane(sock, name, r"[▶✓] (running|completed)\s+tmux-ddp\s+.*1×2", 90)
         seen_running = train.poll() is None
+        # 80×24: the attention columns fit without scrolling; scrolled right, the view stays put across
+        # refreshes of the live run (poll 0.25 s: 1.5 s is six refreshes), with Status and Run pinned.
+        header = _header(_tmux(sock, "capture-pane", "-p", "-t", "small"))
+        assert all(word in header.split() for word in ("Status", "Run", "Step", "Steps/s", "Err")), header
+        for _ in range(6):
+            _tmux(sock, "send-keys", "-t", "small", "Right")
+        time.sleep(0.8)
+        scrolled = _header(_tmux(sock, "capture-pane", "-p", "-t", "small"))
+        assert scrolled != header and scrolled.split()[:2] == ["Status", "Run"], (header, scrolled)
+        time.sleep(1.5)
+        assert _header(_tmux(sock, "capture-pane", "-p", "-t", "small")) == scrolled
         for name in ("small", "large"):
             _tmux(sock, "send-keys", "-t", name, "Enter")
         for name in ("small", "large"):
