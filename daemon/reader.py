@@ -190,6 +190,8 @@ class BacklogItem:
     last_error: Optional[str]
     metrics: tuple[tuple[str, Any], ...]
     owner: Optional[str] = None  # "host:pid" of the claim's owner
+    # Every failed attempt, oldest first: (attempt number as written, when it failed, its full error text).
+    attempts: tuple[tuple[Optional[int], Optional[float], str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -481,6 +483,12 @@ class Reader:
         content = self.summary_bytes(run_id)
         return artifacts.decode_failure(content) if content is not None else None
 
+    def validation(self, run_id: int) -> Optional[artifacts.ValidationSection]:
+        """The ``validation`` section of the run's final summary as ingested (backlog counts, best checkpoint,
+        early-stopping state at the end), or None (no summary yet, or a run without validation)."""
+        content = self.summary_bytes(run_id)
+        return artifacts.decode_validation(content) if content is not None else None
+
     def log_files(self, run_id: int) -> tuple[str, tuple[LogFile, ...]]:
         """The run's directory and its nodes' training logs (stdout, stderr; paths from core.rundir).
 
@@ -621,6 +629,8 @@ class Reader:
                 last_error=str(failures[-1].get("error")) if failures else None,
                 metrics=tuple(sorted(metrics.items())),
                 owner=f"{owner.get('host', '?')}:{owner.get('pid', '?')}" if isinstance(owner, dict) else None,
+                attempts=tuple((f.get("attempt") if isinstance(f.get("attempt"), int) else None,
+                                _num(f.get("failed")), str(f.get("error"))) for f in failures),
             ))
         out.sort(key=lambda b: (b.step is None, b.step or 0, b.checkpoint))
         return tuple(out)

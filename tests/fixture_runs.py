@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Callable, Optional
 
 FIXTURE_RUNS = Path(__file__).resolve().parent / "fixtures" / "runs"
 FACTS: dict = json.loads((FIXTURE_RUNS / "facts.json").read_text())
@@ -25,12 +26,17 @@ def name_of(case: str) -> str:
     return FACTS[case]["name"]
 
 
-def build_real_index(tmp: Path) -> tuple[Path, Path]:
-    """Copy the committed runs under ``tmp/logs`` and index them; returns (root, index)."""
+def build_real_index(tmp: Path, prepare: Optional[Callable[[Path], object]] = None) -> tuple[Path, Path]:
+    """Copy the committed runs under ``tmp/logs`` and index them; returns (root, index).
+
+    ``prepare(root)`` runs on the copies before they are indexed (e.g. :func:`stop_hygiene_early`).
+    """
     from daemon.service import Ingester
 
     root = tmp / "logs"
     shutil.copytree(FIXTURE_RUNS, root, ignore=shutil.ignore_patterns("*.md", "facts.json"))
+    if prepare is not None:
+        prepare(root)
     index = tmp / "state" / "index.sqlite"
     ingester = Ingester(index, [str(root)], poll_interval=0.1, use_inotify=False, mode="test",
                         clock=lambda: INGESTED_AT)
@@ -39,3 +45,25 @@ def build_real_index(tmp: Path) -> tuple[Path, Path]:
     finally:
         ingester.close()
     return root, index
+
+
+def stop_hygiene_early(root: Path) -> dict:
+    """Run the real early-stopping rule (r2, lower is better, patience 1) over the copied hygiene run's own
+    receipts and write its ``validation`` section into the run's summary, as the launcher does at the end.
+
+    The committed run declared early stopping off (a fixed 10 updates); this gives the watch an enabled,
+    stopped state made by the real code: r2 0.5 at step 0, then 0.75 at step 2 (no improvement), so
+    patience 1 is exhausted at step-00000002 and step-00000000 stays the best. Returns the section.
+    """
+    from traceml_tui.hygiene.early_stopping import EarlyStopping
+    from traceml_tui.hygiene.report import validation_report
+
+    run_dir = root / name_of("hygiene")
+    if not EarlyStopping(run_dir, metric="r2", direction="min", patience=1).update(step=10):
+        raise AssertionError("the hygiene run's receipts no longer exhaust patience 1 on r2")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    section = validation_report(run_dir, manifest["hygiene"])
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    summary["validation"] = section
+    (run_dir / "final_summary.json").write_text(json.dumps(summary))
+    return section

@@ -105,6 +105,57 @@ def test_backlog_screen_stale_and_blocked(snap_compare, source):
     assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 24), run_before=run_before)
 
 
+def test_backlog_request_detail(snap_compare, source):
+    """Enter on the hygiene run's blocked request: every failed attempt with its whole error."""
+    async def run_before(pilot) -> None:
+        await d.settle(pilot)
+        app = pilot.app
+        app.open_backlog(next(r.run_id for r in app.runs_snapshot.rows if r.name == fr.name_of("hygiene")))
+        await d.settle(pilot)
+        table = app.screen.query_one("#backlog")
+        order = [str(getattr(c, "plain", c)) for c in (table.get_row_at(i)[1] for i in range(table.row_count))]
+        table.move_cursor(row=order.index("step-00000006"))
+        await pilot.press("enter")
+        await d.settle(pilot)
+
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 30), run_before=run_before)
+
+
+def test_run_screen_hygiene(snap_compare, source):
+    """The hygiene run: receipts plotted as eval points, failures ✗, pending ▵; early stopping declared off."""
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 60),
+                        run_before=_open(fr.name_of("hygiene")))
+
+
+def test_early_stopping_panel(snap_compare, tmp_path):
+    """An early stop recorded in the summary: metric, best checkpoint, patience used/left, the stop reason."""
+    _, index = fr.build_real_index(tmp_path, prepare=fr.stop_hygiene_early)
+    src = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+
+    async def run_before(pilot) -> None:
+        await _open(fr.name_of("hygiene"))(pilot)
+        pilot.app.screen.query_one("#run-body").scroll_end(animate=False)
+        await d.settle(pilot)
+
+    try:
+        assert snap_compare(create_app(src, poll_interval=0.02), terminal_size=(120, 40), run_before=run_before)
+    finally:
+        src.close()
+
+
+def test_run_screen_chart_chooser(snap_compare, source):
+    """`c` twice then `v`: the third metric the index holds (step time, input wait, train loss) for the rank
+    under the cursor."""
+    async def run_before(pilot) -> None:
+        await _open(fr.name_of("completed"))(pilot)
+        assert pilot.app.screen.detail.metrics[:3] == ("step_ms", "input_wait_ms", "loss")
+        for key in ("c", "c", "v"):
+            await pilot.press(key)
+            await d.settle(pilot)
+
+    assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 40), run_before=run_before)
+
+
 def test_compare_screen_slower(snap_compare, tmp_path):
     ref, cand = d.summary_pair(tmp_path)
     src = IndexSource(tmp_path / "none.sqlite", clock=lambda: d.FIXED_NOW)

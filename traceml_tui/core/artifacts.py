@@ -250,6 +250,10 @@ class _FailureOnly(msgspec.Struct):
     failure: Optional[FailureSection] = None
 
 
+class _ValidationOnly(msgspec.Struct):
+    validation: Optional[ValidationSection] = None
+
+
 class Summary(msgspec.Struct, omit_defaults=False):
     """``final_summary.json``: the published schema-1.9 layout plus our own sections.
 
@@ -313,6 +317,12 @@ def decode_failure(data: Union[bytes, str, dict, None]) -> Optional[FailureSecti
     """Only the ``failure`` section of a final summary (None when absent, null or not readable)."""
     found = _decode(data, _FailureOnly)
     return found.failure if found is not None else None
+
+
+def decode_validation(data: Union[bytes, str, dict, None]) -> Optional[ValidationSection]:
+    """Only the ``validation`` section of a final summary (None when absent, null or not readable)."""
+    found = _decode(data, _ValidationOnly)
+    return found.validation if found is not None else None
 
 
 def check_summary(payload: dict) -> dict:

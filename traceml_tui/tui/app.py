@@ -80,7 +80,7 @@ class WatchApp(App):
     def _update_wanted(self) -> None:
         screen = self.screen
         if isinstance(screen, RunScreen):
-            wanted = ("run", screen.run_id)
+            wanted = ("run", screen.run_id, screen.chart)
         elif isinstance(screen, BacklogScreen):
             wanted = ("backlog", screen.run_id)
         elif isinstance(screen, CompareScreen):
@@ -94,7 +94,7 @@ class WatchApp(App):
     # -- navigation (called by screens)
     def open_run(self, run_id: int) -> None:
         self.push_screen(RunScreen(run_id))
-        self._wanted = ("run", run_id)
+        self._wanted = ("run", run_id, None)
         self._wake.set()
 
     def open_backlog(self, run_id: Optional[int]) -> None:
@@ -140,7 +140,7 @@ class WatchApp(App):
                 runs = source.runs()
                 self.post_message(RunsUpdated(runs))
                 if wanted[0] == "run":
-                    self.post_message(RunUpdated(wanted[1], source.run_detail(wanted[1], runs)))
+                    self.post_message(RunUpdated(wanted[1], source.run_detail(wanted[1], runs, wanted[2])))
                 elif wanted[0] == "backlog":
                     self.post_message(BacklogUpdated(wanted, source.backlog(wanted[1])))
                 elif wanted[0] == "compare" and (wanted != last_wanted or version != last_version):

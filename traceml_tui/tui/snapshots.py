@@ -151,6 +151,35 @@ class FailureInfo:
 
 
 @dataclass(frozen=True)
+class EarlyStoppingInfo:
+    """The Run screen's early-stopping panel (seed 004; docs/hygiene.md "Early stopping").
+
+    ``source`` says where the facts come from: ``summary`` — the state the run
+    recorded at its end (``final_summary.json`` ``validation.early_stopping`` and
+    ``best``); ``declared`` — only the policy the manifest's hygiene block
+    declares (a live run, or a summary without the section), with the best
+    completed receipt so far on ``metric`` (``best_*``; not the rule's own best,
+    which also weighs ``min_delta`` and ``warmup``).
+    """
+
+    enabled: bool
+    source: str  # summary | declared
+    metric: Optional[str] = None
+    direction: Optional[str] = None  # min | max
+    patience: Optional[int] = None
+    patience_used: Optional[int] = None  # evaluations since the best without improvement (summary only)
+    evaluations: Optional[int] = None  # evaluations consumed (summary only)
+    state: Optional[str] = None  # stopped | not-stopped | disabled | not-recorded (summary only)
+    reason: Optional[str] = None  # why it stopped (patience_exhausted, max_budget) or why it is disabled
+    trigger_checkpoint: Optional[str] = None
+    trigger_step: Optional[int] = None
+    best_checkpoint: Optional[str] = None
+    best_step: Optional[int] = None
+    best_value: Optional[float] = None
+    receipts: int = 0  # completed evaluations in the backlog now
+
+
+@dataclass(frozen=True)
 class RunDetail:
     """Everything the Run screen shows for one run."""
 
@@ -170,6 +199,14 @@ class RunDetail:
     fields: tuple[FieldVerdict, ...] = ()
     now: float = 0.0
     failure: Optional[FailureInfo] = None  # a failed run's forensics, from its final summary
+    metrics: tuple[str, ...] = ()  # the metrics with series in the index (the chart chooser's choices)
+    chart_metric: str = "step_ms"  # the metric of the chosen chart
+    chart_rank: Optional[int] = None  # its rank (None: every rank)
+    chart: tuple[Series, ...] = ()  # the chosen chart: one series per rank shown
+    started_at: Optional[float] = None  # the manifest's start (unix seconds)
+    ended_at: Optional[float] = None  # the manifest's end (None while running)
+    eta_s: Optional[float] = None  # seconds to the declared last step at the current steps/s (running only)
+    early_stopping: Optional[EarlyStoppingInfo] = None  # runs that declared or recorded early stopping
 
 
 @dataclass(frozen=True)
@@ -185,6 +222,8 @@ class BacklogItem:
     retries: int = 0
     stuck: bool = False  # a stale claim: its owner is gone
     last_error: Optional[str] = None
+    metrics: tuple[tuple[str, Any], ...] = ()  # a completed request's receipt metrics, by name
+    attempts: tuple[tuple[Optional[int], Optional[float], str], ...] = ()  # failed attempts: (n, when, error)
 
 
 @dataclass(frozen=True)

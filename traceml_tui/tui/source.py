@@ -34,6 +34,7 @@ from traceml_tui.tui.snapshots import (
     BacklogSnapshot,
     CompareSnapshot,
     DescribeSnapshot,
+    EarlyStoppingInfo,
     EvalPoint,
     FailureInfo,
     FieldVerdict,
@@ -51,6 +52,10 @@ TREND_BUCKETS = 16
 HEAT_COLUMNS = 64
 MAX_EVALS = 500
 MAX_ERRORS = 50
+#: Ranks drawn on one chart (the chart's glyphs tell at most this many apart).
+MAX_CHART_RANKS = 8
+#: The chart the Run screen opens with: step time, every rank.
+DEFAULT_CHART: tuple[str, Optional[int]] = ("step_ms", None)
 
 
 class Source(Protocol):
@@ -65,10 +70,12 @@ class Source(Protocol):
     def runs(self) -> RunsSnapshot:
         """Every run, one row each."""
 
-    def run_detail(self, run_id: int, runs: Optional[RunsSnapshot] = None) -> Optional[RunDetail]:
+    def run_detail(self, run_id: int, runs: Optional[RunsSnapshot] = None,
+                   chart: Optional[tuple[str, Optional[int]]] = None) -> Optional[RunDetail]:
         """Everything the Run screen shows for one run (None when the run is gone).
 
-        ``runs`` is a runs snapshot just built, reused for the run's own row.
+        ``runs`` is a runs snapshot just built, reused for the run's own row;
+        ``chart`` = (metric, rank or None for every rank) of the chosen chart.
         """
 
     def backlog(self, run_id: Optional[int] = None) -> BacklogSnapshot:
@@ -337,7 +344,8 @@ class IndexSource:
 
     # -- one run
     @_serialized
-    def run_detail(self, run_id: int, runs: Optional[RunsSnapshot] = None) -> Optional[RunDetail]:
+    def run_detail(self, run_id: int, runs: Optional[RunsSnapshot] = None,
+                   chart: Optional[tuple[str, Optional[int]]] = None) -> Optional[RunDetail]:
         reader = self._db()
         if reader is None:
             return None
@@ -370,8 +378,22 @@ class IndexSource:
             if ratio_name is not None:
                 loss_ratio = _points_series(ratio_name, reader.series(run_id, rank0, "ratio/" + ratio_name))
             train = _points_series("train loss", reader.series(run_id, rank0, "loss"))
-        evals, eval_name = _eval_points(reader.events(run_id, kind="eval", limit=MAX_EVALS))
+        chart_metric, chart_rank = chart or DEFAULT_CHART
+        if (chart_metric, chart_rank) == DEFAULT_CHART:
+            chosen = tuple(step_series)
+        else:
+            shown = [r.rank for r in latest if chart_rank is None or r.rank == chart_rank][:MAX_CHART_RANKS]
+            chosen = tuple(_points_series(f"rank {rk}", reader.series(run_id, rk, chart_metric)) for rk in shown)
+        manifest = base.manifest
+        backlog = reader.backlog(run_id, now=now)
+        early = _early_stopping(reader.validation(run_id), manifest, backlog)
+        evals, eval_name = _eval_points(reader.events(run_id, kind="eval", limit=MAX_EVALS), backlog,
+                                        early.metric if early is not None else None)
         heat, heat_steps = _heatmap(step_series, HEAT_COLUMNS)
+        eta = None
+        if (row.status == "running" and row.declared_steps is not None and row.step is not None
+                and row.steps_per_s and row.declared_steps > row.step):
+            eta = (row.declared_steps - row.step) / row.steps_per_s
         return RunDetail(
             run=row, ranks=tuple(rank_rows), step_time=tuple(step_series), loss_ratio=loss_ratio,
             ratio_name=ratio_name, train_metric=train if train is not None and train.x else None,
@@ -379,7 +401,10 @@ class IndexSource:
             nodes=_nodes(reader.node_samples(run_id, limit=1)), outcomes=_outcomes(base.outcomes),
             errors=tuple(reversed(reader.errors(run_id, limit=MAX_ERRORS))),
             fields=field_verdicts(reader.events(run_id, kind="field_stats", limit=MAX_FIELD_EVENTS)),
-            now=now, failure=_failure(reader.failure(run_id)) or _failure_from_ranks(row, rank_rows))
+            now=now, failure=_failure(reader.failure(run_id)) or _failure_from_ranks(row, rank_rows),
+            metrics=base.metrics, chart_metric=chart_metric, chart_rank=chart_rank, chart=chosen,
+            started_at=manifest.started_at if manifest else None, ended_at=manifest.ended_at if manifest else None,
+            eta_s=eta, early_stopping=early)
 
     # -- backlog
     @_serialized
@@ -528,19 +553,98 @@ def _failure(section: Any) -> Optional[FailureInfo]:
                        log=section.log)
 
 
-def _eval_points(events: Any) -> tuple[tuple[EvalPoint, ...], Optional[str]]:
-    """Eval records as chart points, and the metric charted (``loss`` when present, else the commonest)."""
+#: Backlog states whose checkpoint is still to be evaluated (▵ on the eval chart) or failed (✗).
+_EVAL_WAITING = frozenset({BacklogState.PENDING, BacklogState.CLAIMED, BacklogState.STALE_CLAIM})
+_EVAL_FAILED = frozenset({BacklogState.FAILED, BacklogState.BLOCKED})
+
+
+def _eval_points(events: Any, backlog: Any = (), preferred: Optional[str] = None,
+                 ) -> tuple[tuple[EvalPoint, ...], Optional[str]]:
+    """Evaluations as chart points — ``eval`` records and the validation backlog alike — and the metric charted.
+
+    A receipt is a completed point; a failed or blocked request a failure; a
+    pending, claimed or stale-claimed one a waiting point at its checkpoint's
+    step. A request whose checkpoint an ``eval`` record already reports as
+    completed is not drawn twice. The metric is ``preferred`` (the early-stopping
+    metric) when recorded, else ``loss``, else the commonest (ties: by name).
+    """
     names: dict[str, int] = {}
     for e in events:
         for k in (e.body.get("metrics") or {}):
             names[k] = names.get(k, 0) + 1
-    name = "loss" if "loss" in names else (max(names, key=names.get) if names else None)
+    for b in backlog:
+        for k, _ in b.metrics:
+            names[k] = names.get(k, 0) + 1
+    if preferred in names:
+        name: Optional[str] = preferred
+    elif "loss" in names:
+        name = "loss"
+    else:
+        name = min(names, key=lambda k: (-names[k], k)) if names else None
     points = []
+    reported = set()
     for e in events:
         value = _num((e.body.get("metrics") or {}).get(name)) if name else None
-        points.append(EvalPoint(step=int(e.step or 0), value=value, status=str(e.body.get("status")),
+        status = str(e.body.get("status"))
+        if status == "completed" and e.body.get("checkpoint"):
+            reported.add(e.body.get("checkpoint"))
+        points.append(EvalPoint(step=int(e.step or 0), value=value, status=status,
                                 checkpoint=e.body.get("checkpoint")))
+    for b in backlog:
+        if b.step is None or b.checkpoint in reported:
+            continue
+        if b.state is BacklogState.COMPLETED:
+            status, value = "completed", _num(dict(b.metrics).get(name)) if name else None
+        elif b.state in _EVAL_FAILED:
+            status, value = "failed", None
+        elif b.state in _EVAL_WAITING:
+            status, value = "pending", None
+        else:
+            continue
+        points.append(EvalPoint(step=b.step, value=value, status=status, checkpoint=b.checkpoint))
+    points.sort(key=lambda p: p.step)
     return tuple(points), name
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _early_stopping(validation: Any, manifest: Any, backlog: Any) -> Optional[EarlyStoppingInfo]:
+    """The early-stopping panel's facts: the state the run recorded at its end (summary ``validation``),
+    else the policy its manifest declares with the best receipt so far (a live run); None without either."""
+    receipts = sum(1 for b in backlog if b.state is BacklogState.COMPLETED)
+    early = validation.early_stopping if validation is not None else None
+    if isinstance(early, dict):
+        enabled = early.get("enabled") is not False
+        best = validation.best if isinstance(validation.best, dict) else {}
+        stopped = early.get("state") == "stopped"
+        return EarlyStoppingInfo(
+            enabled=enabled, source="summary", metric=early.get("metric"), direction=early.get("direction"),
+            patience=_int(early.get("patience")), patience_used=_int(early.get("patience_counter")),
+            evaluations=_int(early.get("evaluations")), state=early.get("state"),
+            reason=early.get("reason") if stopped else (None if enabled else early.get("disabled_reason")),
+            trigger_checkpoint=early.get("trigger_checkpoint"), trigger_step=_int(early.get("trigger_step")),
+            best_checkpoint=best.get("checkpoint"), best_step=_int(best.get("step")), best_value=_num(best.get("value")),
+            receipts=receipts)
+    block = manifest.hygiene_block.get("early_stopping") if manifest is not None else None
+    if not isinstance(block, dict):
+        return None
+    enabled = block.get("enabled", True) is not False
+    metric = block.get("metric") if enabled and isinstance(block.get("metric"), str) else None
+    direction = block.get("direction") if block.get("direction") in ("min", "max") else "min"
+    best = None
+    if metric:
+        for b in backlog:
+            value = _num(dict(b.metrics).get(metric)) if b.state is BacklogState.COMPLETED else None
+            if value is not None and (best is None or (value < best[2] if direction == "min" else value > best[2])):
+                best = (b.checkpoint, b.step, value)
+    return EarlyStoppingInfo(
+        enabled=enabled, source="declared", metric=metric, direction=direction if enabled else None,
+        patience=_int(block.get("patience")) if enabled else None,
+        reason=None if enabled else block.get("reason"),
+        best_checkpoint=best[0] if best else None, best_step=best[1] if best else None,
+        best_value=best[2] if best else None, receipts=receipts)
 
 
 def _nodes(samples: Any) -> tuple[NodeMetrics, ...]:
@@ -580,7 +684,8 @@ def _backlog_item(run: str, b: Any, now: float) -> BacklogItem:
         age_s=None if b.created is None else now - b.created, owner=b.owner if claimed else None,
         heartbeat_age_s=None if b.heartbeat is None or not claimed else now - b.heartbeat,
         lease_s=b.lease_s if claimed else None, retries=b.failures,
-        stuck=b.state is BacklogState.STALE_CLAIM, last_error=b.last_error)
+        stuck=b.state is BacklogState.STALE_CLAIM, last_error=b.last_error, metrics=b.metrics,
+        attempts=b.attempts)
 
 
 MAX_FIELD_EVENTS = 5000

@@ -8,6 +8,7 @@ UI. Missing values (``None``) leave gaps rather than being drawn as zero.
 from __future__ import annotations
 
 import math
+import time
 from typing import Optional, Sequence
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -158,6 +159,13 @@ def heatmap_rows(matrix: Sequence[Sequence[Optional[float]]], width: int = 60) -
             chars.append(SHADES[min(len(SHADES) - 1, max(0, int(level * (len(SHADES) - 1) + 0.5)))])
         lines.append("".join(chars))
     return lines
+
+
+def clock_time(ts: Optional[float]) -> str:
+    """A unix time as ``2026-11-30 13:35:43 UTC`` (UTC: the same on every machine); None → '–'."""
+    if ts is None or not math.isfinite(ts):
+        return "–"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
 def duration(seconds: Optional[float]) -> str:

@@ -1,4 +1,4 @@
-"""Backlog screen: validation requests by state, claims and their heartbeats, eval lag."""
+"""Backlog screen: validation requests by state, their receipt metrics, claims and their heartbeats, eval lag."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from traceml_tui.tui.snapshots import BACKLOG_STATES, BacklogSnapshot
-from traceml_tui.tui.widgets.backlog_table import BacklogTable, backlog_cells
+from traceml_tui.tui.screens.backlog_request import BacklogRequestScreen
+from traceml_tui.tui.snapshots import BACKLOG_STATES, BacklogItem, BacklogSnapshot
+from traceml_tui.tui.widgets.backlog_table import BacklogTable, backlog_cells, metric_names
 from traceml_tui.tui.widgets.info_panel import InfoPanel
 
 _ORDER = {state: n for n, state in enumerate(BACKLOG_STATES)}
@@ -34,13 +35,17 @@ def backlog_summary(snap: BacklogSnapshot) -> list:
 
 
 class BacklogScreen(Screen):
-    BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("enter", "open_request", "Request detail"),
+    ]
 
     snapshot: reactive[Optional[BacklogSnapshot]] = reactive(None)
 
     def __init__(self, run_id: Optional[int]) -> None:
         super().__init__()
         self.run_id = run_id
+        self._items: dict[str, BacklogItem] = {}  # row key → request, for Enter
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -62,8 +67,23 @@ class BacklogScreen(Screen):
         items = sorted(snap.items, key=lambda i: (not i.stuck, _ORDER.get(i.state, 9), i.run, i.step or 0))
         keys: dict[str, int] = {}
         rows = []
+        table = self.query_one(BacklogTable)
+        table.metrics = metric_names(items)
+        self._items = {}
         for i in items:
             key = f"{i.run}/{i.checkpoint}"
             keys[key] = keys.get(key, 0) + 1  # two runs may share a name: their rows still need their own keys
-            rows.append((key if keys[key] == 1 else f"{key}#{keys[key]}", backlog_cells(i)))
-        self.query_one(BacklogTable).table_rows = tuple(rows)
+            key = key if keys[key] == 1 else f"{key}#{keys[key]}"
+            self._items[key] = i
+            rows.append((key, backlog_cells(i, table.metrics)))
+        table.table_rows = tuple(rows)
+
+    def action_open_request(self) -> None:
+        item = self._items.get(self.query_one(BacklogTable).selected_key() or "")
+        if item is not None and self.snapshot is not None:
+            self.app.push_screen(BacklogRequestScreen(item, self.snapshot.now))
+
+    def on_data_table_row_selected(self, event) -> None:
+        # DataTable consumes Enter itself (select_cursor) and says so with RowSelected: open the request then.
+        event.stop()
+        self.action_open_request()

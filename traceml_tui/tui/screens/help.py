@@ -171,8 +171,22 @@ def help_renderable() -> Group:
     doc.rows([("rows", "one per rank; columns are stretches of steps, oldest left"),
               ("░▒▓█", "1.1–1.5× the median rank's step time there (darker = slower)"),
               ("dark row", "a rank slow again and again: a recurring straggler")])
+    doc.section("Run screen: charts and panels")
+    doc.rows([("chart", "the metric chosen with c / C (step time, input wait, train loss, grad norm, learning "
+                        "rate, each loss ratio, custom metrics: what the index holds) for every rank, or with v "
+                        "for the rank under the cursor"),
+              ("Train vs eval", "train loss and the eval metric (● / ○) from eval records and validation receipts "
+                                "alike; ▵ an evaluation still pending (or claimed) at its checkpoint's step, ✗ one "
+                                "that failed or is blocked"),
+              ("Early stopping", "its metric, the best checkpoint, patience used / left and why it stopped, from "
+                                 "the final summary; while a run is live, the declared policy and the best receipt "
+                                 "so far"),
+              ("header", "start time (UTC), duration, and for a running run with a declared last step the ETA "
+                         "at the current steps/s")])
     doc.section("Backlog states (validation requests), first shown first")
     doc.rows((f"{BACKLOG_GLYPHS[s]} {s}", BACKLOG_STATE_HELP[s]) for s in BACKLOG_ORDER)
+    doc.note("After State, one column per metric a receipt reports (– until it completes). Enter on a request "
+             "shows it in full: its receipt metrics and every failed attempt with its whole error.")
     for title, keys in screen_keys():
         doc.section(f"Keys: {title}")
         doc.rows(keys)

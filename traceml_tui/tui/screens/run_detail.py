@@ -1,4 +1,5 @@
-"""Run screen: failure panel, per-rank table, text charts, straggler heatmap, nodes, outcomes, ingest errors."""
+"""Run screen: failure panel, per-rank table, a chart of any recorded metric, straggler heatmap, early stopping,
+train vs eval, nodes, outcomes, ingest errors."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Header
+from textual.widgets import DataTable, Footer, Header
 
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RunDetail
+from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel
 from traceml_tui.tui.widgets.failure_panel import FailurePanel
 from traceml_tui.tui.widgets.heatmap import Heatmap
 from traceml_tui.tui.widgets.info_panel import InfoPanel
@@ -37,7 +39,56 @@ def headline(detail: RunDetail) -> list:
         facts.append(f"eval @{r.eval_step} (lag {r.eval_lag})")
     if r.backlog:
         facts.append(f"backlog {r.backlog}")
-    return [(run_label(r.status, status), STATUS_STYLE.get(r.status, "")), " · ".join(facts)]
+    return [(run_label(r.status, status), STATUS_STYLE.get(r.status, "")), " · ".join(facts), timing(detail)]
+
+
+#: Live states: the run's duration runs up to now (else to its end, or to its newest record).
+_LIVE = ("running", "stalled")
+
+
+def timing(detail: RunDetail) -> str:
+    """Start time, duration and, for a running run with a declared last step, the ETA at the current steps/s."""
+    r = detail.run
+    if detail.started_at is None:
+        return "started – (no manifest yet)"
+    end = detail.ended_at if detail.ended_at is not None else (
+        detail.now if r.status in _LIVE or r.last_ts is None else r.last_ts)
+    parts = [f"started {textplot.clock_time(detail.started_at)}",
+             f"duration {textplot.duration(max(0.0, end - detail.started_at))}"]
+    if detail.eta_s is not None:
+        parts.append(f"ETA {textplot.duration(detail.eta_s)} (to step {r.declared_steps} at "
+                     f"{textplot.fmt_num(r.steps_per_s)} steps/s)")
+    return " · ".join(parts)
+
+
+#: How the chart chooser names the index's metrics (daemon/index.py SERIES_METRICS; others by their own name): (name, unit).
+METRIC_LABELS = {"step_ms": ("Step time", "ms"), "input_wait_ms": ("Input wait", "ms"),
+                 "gpu_step_ms": ("GPU step time", "ms"), "loss": ("Train loss", ""), "grad_norm": ("Grad norm", ""),
+                 "lr": ("Learning rate", "")}
+
+
+def chart_title(metric: str, rank: Optional[int]) -> str:
+    """``Step time per rank (ms)``, ``Train loss rank 1``; ``ratio/<c>`` is the scale-free loss ratio of c."""
+    name, unit = METRIC_LABELS.get(metric, (metric, ""))
+    if metric.startswith("ratio/"):
+        name = f"Loss ratio {metric[len('ratio/'):]}"
+    who = "per rank" if rank is None else f"rank {rank}"
+    return f"{name} {who}" + (f" ({unit})" if unit else "")
+
+
+def chosen_chart(detail: RunDetail) -> ChartData:
+    """The chooser's chart: the chosen metric for every rank (up to 8) or for one rank."""
+    series = [(s.name, s.x, s.y) for s in detail.chart]
+    legend = "  ".join(f"{textplot.GLYPHS[i % len(textplot.GLYPHS)]} {s.name}" for i, s in enumerate(detail.chart[:8]))
+    choices = len(detail.metrics) or 1
+    hint = f"[c/C metric {_position(detail) + 1}/{choices} · v {'one rank' if detail.chart_rank is None else 'all ranks'}]"
+    return ChartData(chart_title(detail.chart_metric, detail.chart_rank), series, legend=f"{legend}  {hint}".strip(),
+                     empty=f"(no {detail.chart_metric} recorded" + (f" by rank {detail.chart_rank})"
+                                                                    if detail.chart_rank is not None else ")"))
+
+
+def _position(detail: RunDetail) -> int:
+    return detail.metrics.index(detail.chart_metric) if detail.chart_metric in detail.metrics else 0
 
 
 def node_lines(detail: RunDetail) -> list:
@@ -80,6 +131,9 @@ class RunScreen(Screen):
         Binding("l", "logs", "Log", show=False),
         Binding("L", "rank_logs", "Log of the selected rank", show=False),
         Binding("d", "describe", "Describe", show=False),
+        Binding("c", "next_metric", "Chart metric"),
+        Binding("C", "previous_metric", "Previous chart metric", show=False),
+        Binding("v", "chart_ranks", "Chart: all ranks / the selected rank", show=False),
     ]
 
     detail: reactive[Optional[RunDetail]] = reactive(None)
@@ -87,6 +141,8 @@ class RunScreen(Screen):
     def __init__(self, run_id: int) -> None:
         super().__init__()
         self.run_id = run_id
+        #: The chosen chart, (metric, rank or None for every rank); None: the default (step time, every rank).
+        self.chart: Optional[tuple[str, Optional[int]]] = None
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -98,6 +154,7 @@ class RunScreen(Screen):
             yield Heatmap(id="heatmap")
             yield TextChart(id="chart-ratio", chart_height=5)
             yield TextChart(id="chart-eval", chart_height=5)
+            yield EarlyStoppingPanel(id="early-stopping")
             yield InfoPanel(id="nodes")
             yield InfoPanel(id="outcomes")
             yield InfoPanel(id="errors")
@@ -117,10 +174,7 @@ class RunScreen(Screen):
         table = self.query_one(RankTable)
         table.table_rows = tuple((r.rank, rank_cells(r)) for r in detail.ranks)
         table.styles.height = min(10, len(detail.ranks) + 2)
-        step_series = [(s.name, s.x, s.y) for s in detail.step_time]
-        legend = "  ".join(f"{textplot.GLYPHS[i % len(textplot.GLYPHS)]} {s.name}"
-                           for i, s in enumerate(detail.step_time[:8]))
-        self.query_one("#chart-step", TextChart).data = ChartData("Step time per rank (ms)", step_series, legend=legend)
+        self.query_one("#chart-step", TextChart).data = chosen_chart(detail)
         labels = tuple(f"r{r.rank}" for r in detail.ranks)
         self.query_one("#heatmap", Heatmap).data = (labels, detail.heatmap, detail.heat_steps)
         if detail.loss_ratio is not None:
@@ -137,12 +191,16 @@ class RunScreen(Screen):
         done = [e for e in detail.evals if e.status == "completed" and e.value is not None]
         if done:
             series.append((f"eval {detail.eval_metric_name}", [e.step for e in done], [e.value for e in done]))
-        marks = [(e.step, "?") for e in detail.evals if e.status == "pending"]
+        marks = [(e.step, "▵") for e in detail.evals if e.status == "pending"]
         marks += [(e.step, "✗") for e in detail.evals if e.status == "failed"]
         pending = sum(1 for e in detail.evals if e.status == "pending")
+        failed = sum(1 for e in detail.evals if e.status == "failed")
         self.query_one("#chart-eval", TextChart).data = ChartData(
             "Train vs eval", series, marks=marks,
-            legend=f"● train  ○ eval {detail.eval_metric_name or ''}  ? pending ({pending})  ✗ failed")
+            legend=f"● train  ○ eval{' ' + detail.eval_metric_name if detail.eval_metric_name else ''} ({len(done)})"
+                   f"  ▵ pending ({pending})"
+                   f"  ✗ failed ({failed})")
+        self.query_one(EarlyStoppingPanel).data = detail.early_stopping
         if detail.fields:
             self._field_panel().data = ("Field QC (spread vs initialization)", field_lines(detail))
         self.query_one("#nodes", InfoPanel).data = ("Nodes", node_lines(detail))
@@ -170,6 +228,45 @@ class RunScreen(Screen):
 
     def action_describe(self) -> None:
         self.app.open_describe(self.run_id)
+
+    # -- the chart chooser: the wanted chart goes to the refresh worker (app._update_wanted), which re-reads
+    def _choose(self, metric: str, rank: Optional[int]) -> None:
+        self.chart = None if (metric, rank) == ("step_ms", None) else (metric, rank)
+        self.app._update_wanted()
+
+    def _current(self) -> tuple[str, Optional[int]]:
+        return self.chart or ("step_ms", None)
+
+    def _step_metric(self, by: int) -> None:
+        detail = self.detail
+        if detail is None or not detail.metrics:
+            return
+        metric, rank = self._current()
+        at = detail.metrics.index(metric) if metric in detail.metrics else -1 if by > 0 else 0
+        self._choose(detail.metrics[(at + by) % len(detail.metrics)], rank)
+
+    def action_next_metric(self) -> None:
+        self._step_metric(1)
+
+    def action_previous_metric(self) -> None:
+        self._step_metric(-1)
+
+    def action_chart_ranks(self) -> None:
+        """Every rank ↔ the rank under the rank table's cursor."""
+        metric, rank = self._current()
+        if rank is not None:
+            self._choose(metric, None)
+            return
+        key = self.query_one(RankTable).selected_key()
+        if key is not None:
+            self._choose(metric, int(key))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """Charting one rank, the chart follows the rank table's cursor."""
+        metric, rank = self._current()
+        if rank is not None and event.row_key is not None and event.row_key.value is not None \
+                and event.row_key.value != str(rank):
+            self._choose(metric, int(event.row_key.value))
 
 
 def field_lines(detail: RunDetail) -> list:

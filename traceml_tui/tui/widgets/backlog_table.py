@@ -13,7 +13,24 @@ STATE_STYLE = {"pending": "yellow", "claimed": "green", "completed": "cyan", "fa
                "blocked": "bold red", "stale-claim": "bold white on red"}
 
 
-def backlog_cells(i: BacklogItem) -> tuple:
+def metric_names(items) -> tuple[str, ...]:
+    """The metric columns: every metric a completed request's receipt reports, by name (at most MAX_METRICS)."""
+    return tuple(sorted({name for i in items for name, _ in i.metrics}))[:MAX_METRICS]
+
+
+def metric_cells(i: BacklogItem, names: tuple[str, ...]) -> tuple:
+    """A request's receipt metrics in ``names`` order (– where it reports none: not completed, or not that one)."""
+    values = dict(i.metrics)
+    out = []
+    for name in names:
+        v = values.get(name)
+        out.append(textplot.fmt_num(v, 4) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   else ("–" if v is None else str(v)))
+    return tuple(out)
+
+
+def backlog_cells(i: BacklogItem, names: tuple[str, ...] = ()) -> tuple:
+    """A request's cells in ``BacklogTable.COLUMNS`` order, then its metrics in ``names`` order."""
     state = Text(backlog_label(i.state), style=STATE_STYLE.get(i.state, ""))
     beat = "–" if i.heartbeat_age_s is None else textplot.duration(i.heartbeat_age_s)
     if i.lease_s is not None and i.heartbeat_age_s is not None:
@@ -22,20 +39,32 @@ def backlog_cells(i: BacklogItem) -> tuple:
         i.run, i.checkpoint, "–" if i.step is None else str(i.step), state, textplot.duration(i.age_s),
         i.owner or "–", Text(beat, style="bold red" if i.stuck else ""),
         Text(str(i.retries), style="red" if i.retries else "dim"), i.last_error or "",
+        *metric_cells(i, names),
     )
 
 
 #: Widest the Run column gets; a longer name is cut in the middle, so its distinguishing end stays.
 RUN_MAX = 28
+#: At most this many metric columns (a receipt with more shows them all in the request's detail, Enter).
+MAX_METRICS = 4
 
 
 class BacklogTable(FedTable):
+    """Requests, with one column per receipt metric after State (``metrics``: their names, set by the owner
+    before ``table_rows``; the cells carry the values after ``COLUMNS``)."""
+
     COLUMNS = ("Run", "Checkpoint", "Step", "State", "Age", "Owner", "Heartbeat", "Retries", "Last error")
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.fixed_columns = 2  # Run and Checkpoint stay in view when scrolling right to the error
+        self.metrics: tuple[str, ...] = ()
 
     def layout(self, rows) -> tuple[Col, ...]:
-        return tuple(Col(k, k, RUN_MAX if k == "Run" and any(len(str(c[0])) > RUN_MAX for _, c in rows) else None,
-                         cut=k == "Run") for k in self.COLUMNS)
+        keys = [f"metric:{m}" for m in self.metrics]
+        self._index = {k: n for n, k in enumerate((*self.COLUMNS, *keys))}
+        cols = [Col(k, k, RUN_MAX if k == "Run" and any(len(str(c[0])) > RUN_MAX for _, c in rows) else None,
+                    cut=k == "Run") for k in self.COLUMNS]
+        at = self.COLUMNS.index("State") + 1  # the values next to the state: what a completed request found
+        cols[at:at] = [Col(k, m, None) for k, m in zip(keys, self.metrics)]
+        return tuple(cols)
