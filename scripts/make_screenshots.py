@@ -29,6 +29,8 @@ from traceml_tui.tui.source import IndexSource  # noqa: E402
 
 async def _shoot(out: Path, tmp: Path) -> list[Path]:
     _, index = fr.build_real_index(tmp / "real")
+    # the hygiene run with an early stop recorded by the real rule over its own receipts (tests/fixture_runs.py)
+    _, stopped_index = fr.build_real_index(tmp / "stopped", prepare=fr.stop_hygiene_early)
     _, synthetic = d.build_fixture(tmp / "synthetic")
     ref, cand = d.summary_pair(tmp / "summaries")
     saved = []
@@ -57,6 +59,7 @@ async def _shoot(out: Path, tmp: Path) -> list[Path]:
 
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
     straggler = IndexSource(synthetic, clock=lambda: d.FIXED_NOW)
+    stopped = IndexSource(stopped_index, clock=lambda: fr.SHOWN_AT)
     try:
         await shoot(source, "runs", (120, 30))
         await shoot(source, "runs_80x24", (80, 24))
@@ -70,6 +73,18 @@ async def _shoot(out: Path, tmp: Path) -> list[Path]:
                     ready=lambda screen: getattr(screen, "reads", 0) >= 1)
         await shoot(source, "describe", (100, 60), run=fr.name_of("hygiene"), key="d",
                     ready=lambda screen: getattr(screen, "loaded", False))
+        await shoot(stopped, "run_detail_hygiene", (120, 62), run=fr.name_of("hygiene"))
+        app = create_app(source, poll_interval=0.02)
+        async with app.run_test(size=(120, 30)) as pilot:  # Enter on the hygiene run's blocked request
+            await d.settle(pilot)
+            app.open_backlog(next(r.run_id for r in app.runs_snapshot.rows if r.name == fr.name_of("hygiene")))
+            await d.settle(pilot)
+            table = app.screen.query_one("#backlog")
+            order = [str(getattr(c, "plain", c)) for c in (table.get_row_at(i)[1] for i in range(table.row_count))]
+            table.move_cursor(row=order.index("step-00000006"))
+            await pilot.press("enter")
+            await d.settle(pilot)
+            await save(app, "backlog_request")
         app = create_app(source, poll_interval=0.02, compare=(str(ref), str(cand)), threshold_pct=5.0)
         async with app.run_test(size=(100, 30)) as pilot:
             await d.settle(pilot)
@@ -77,6 +92,7 @@ async def _shoot(out: Path, tmp: Path) -> list[Path]:
     finally:
         source.close()
         straggler.close()
+        stopped.close()
     return saved
 
 
