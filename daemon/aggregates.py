@@ -13,7 +13,9 @@ Whether a rank failed and whether an outcome reports a failure are decided by
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 import sqlite3
 import time
 from itertools import chain
@@ -40,13 +42,41 @@ class Aggregates:
         self.figures_every = 0.0  # seconds between recomputations of a rank's rolling figures (0: every write)
         self._figures: dict[RankKey, tuple[float, dict]] = {}
         self.stale: dict[RankKey, float] = {}  # ranks written with older figures -> when they are due
+        self._ratio_texts: dict[RankKey, tuple[dict, str]] = {}  # the last ratios written and their JSON
+        self._stale_heap: list[tuple[float, RankKey]] = []  # (due, key); entries not matching ``stale`` are outdated
 
     def due_stale(self) -> list[RankKey]:
-        """Ranks whose figures were left stale and are due now (their windows are still loaded)."""
+        """Ranks whose figures were left stale and are due now (their windows are still loaded).
+
+        A heap ordered by when each is due: a live daemon calls this every pass, and with a thousand ranks
+        written every pass a scan of them all would cost more than the figures.
+        """
         tick = time.monotonic()
-        for k in [k for k in self.stale if k not in self.windows]:
-            del self.stale[k]
-        return [k for k, due in self.stale.items() if due <= tick]
+        heap = self._stale_heap
+        out = []
+        while heap and heap[0][0] <= tick:
+            due, key = heapq.heappop(heap)
+            if self.stale.get(key) != due:
+                continue  # written since, or due later now: an outdated entry
+            if key not in self.windows:
+                del self.stale[key]
+                continue
+            out.append(key)
+        for key in out:  # still stale until written: handed back again by the next call
+            heapq.heappush(heap, (self.stale[key], key))
+        return out
+
+    def next_stale_due(self) -> float:
+        """When the next stale rank falls due (monotonic clock; infinity when none is stale)."""
+        heap = self._stale_heap
+        while heap and self.stale.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
+
+    def _mark_stale(self, key: RankKey, due: float) -> None:
+        if self.stale.get(key) != due:
+            self.stale[key] = due
+            heapq.heappush(self._stale_heap, (due, key))
 
     def reset(self) -> None:
         """Forget every cached window and series width (after a rollback: reload from the index)."""
@@ -54,6 +84,8 @@ class Aggregates:
         self._widths.clear()
         self._figures.clear()
         self.stale.clear()
+        self._stale_heap.clear()
+        self._ratio_texts.clear()
 
     # ----------------------------------------------------------------- rank_live
     def window(self, key: RankKey) -> live.RankWindow:
@@ -89,34 +121,50 @@ class Aggregates:
         self.write_rank_live_many([key], now)
 
     def write_rank_live_many(self, keys, now: float) -> None:
-        """Write the ``rank_live`` row of every key (one statement for all of them).
+        """Write the ``rank_live`` row of every key (one statement for all of them, two at most).
 
         With ``figures_every`` > 0 (the live daemon) a rank's rolling figures (medians, rates, step parts)
         are recomputed at most that often; records, steps, times and loss are always current. A rank whose
-        figures were left stale is listed in ``stale`` until :meth:`due_stale` hands it back.
+        figures were left stale is listed in ``stale`` until :meth:`due_stale` hands it back, and its row
+        (written in full when its figures were computed) gets only the current columns, in place.
         """
-        rows = []
+        full, current = [], []
         every = self.figures_every
         tick = time.monotonic()
+        texts = self._ratio_texts
         for key in keys:
             w = self.windows[key]
+            ratios = None
+            if w.ratios:
+                last = texts.get(key)
+                if last is not None and last[0] == w.ratios:
+                    ratios = last[1]
+                else:
+                    ratios = json.dumps(w.ratios)
+                    texts[key] = (w.ratios, ratios)
             cached = self._figures.get(key) if every else None
             if cached is not None and tick - cached[0] < every and w.ended is None:
-                fig = cached[1]
-                self.stale[key] = cached[0] + every
-            else:
-                fig = w.figures()
-                if every:
-                    self._figures[key] = (tick, fig)
-                    self.stale.pop(key, None)
-            rows.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
+                self._mark_stale(key, cached[0] + every)
+                current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, now, w.loss, ratios, *key))
+                continue
+            fig = w.figures()
+            parts = _parts_json(fig["step_parts"])
+            if every:
+                self._figures[key] = (tick, fig)
+                self.stale.pop(key, None)
+            full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
                          fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"],
-                         fig["examples_per_s"], w.loss, json.dumps(w.ratios) if w.ratios else None, w.ended,
-                         w.exit_code, w.end_ts, _parts_json(fig["step_parts"])))
-        self.conn.executemany(
-            "INSERT OR REPLACE INTO rank_live (run_id, rank, attempt, node, records, first_step, last_step, last_ts,"
-            " last_seen, median_step_ms, median_input_wait_ms, median_interval_s, steps_per_s, examples_per_s, loss,"
-            " ratios, ended, exit_code, end_ts, step_parts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                         fig["examples_per_s"], w.loss, ratios, w.ended, w.exit_code, w.end_ts, parts))
+        if full:
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO rank_live (run_id, rank, attempt, node, records, first_step, last_step,"
+                " last_ts, last_seen, median_step_ms, median_input_wait_ms, median_interval_s, steps_per_s,"
+                " examples_per_s, loss, ratios, ended, exit_code, end_ts, step_parts)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", full)
+        if current:  # the row was written in full with these figures (in this process, since the last reset)
+            self.conn.executemany(
+                "UPDATE rank_live SET node = ?, records = ?, first_step = ?, last_step = ?, last_ts = ?,"
+                " last_seen = ?, loss = ?, ratios = ? WHERE run_id = ? AND rank = ? AND attempt = ?", current)
 
     def refresh_step_figures(self, key: RankKey) -> None:
         """Recompute a stored rank's step-time figures from its window in the index (after an upgrade).

@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--index", metavar="PATH", help="index file (default $XDG_STATE_HOME/traceml/index.sqlite)")
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="S", help="re-stat known files every S seconds (default 1)")
     p.add_argument("--rescan-interval", type=float, default=None, metavar="S", help="walk the roots every S seconds (default 5)")
-    p.add_argument("--no-inotify", action="store_true", help="poll only (no watchdog hints)")
+    p.add_argument("--no-inotify", action="store_true", help="poll only (no inotify hints)")
     p.add_argument("--once", action="store_true", help="ingest everything present and exit")
     p.add_argument("--prune-missing", action="store_true", help="delete the rows of runs whose folder is gone, then exit")
     p.add_argument("--metrics", metavar="HOST:PORT",

@@ -176,7 +176,10 @@ class RankWindow:
         self.records += inserted
         if not cols or not cols[COL_STEP]:
             return
-        tail = sorted(zip(*(c[-WINDOW:] for c in cols)), key=lambda r: r[COL_STEP])
+        if len(cols[COL_STEP]) == 1:  # the live case: one row per rank per pass
+            tail = [tuple(c[0] for c in cols)]
+        else:
+            tail = sorted(zip(*(c[-WINDOW:] for c in cols)), key=lambda r: r[COL_STEP])
         for r in tail:
             if self.steps and r[COL_STEP] <= self.steps[-1]:
                 continue  # a duplicate or an older step must not disturb the window

@@ -22,6 +22,7 @@ import gc
 import hashlib
 import json
 import logging
+import operator
 import os
 import resource
 import sqlite3
@@ -29,6 +30,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
+from itertools import compress, repeat
 from typing import Callable, Optional
 
 import msgspec
@@ -49,6 +51,8 @@ SMALL_FOLD_ROWS = 64  # a rank's rows up to this many per read join the pass's o
 MAX_DEPTH = 4  # run directories are looked for at most this many levels below a root
 SIDE_MAX_BYTES = sidefiles.SIDE_MAX_BYTES
 _body_encoder = msgspec.json.Encoder()
+_NONES = repeat(None)  # map(operator.is_not, row, _NONES): which values of a row are not NULL
+_POSITIONS = range(64)  # column positions of a step row (more than it has)
 
 
 class IndexWriteError(RuntimeError):
@@ -228,7 +232,7 @@ class Ingester:
     """Tails every run under ``roots`` into the SQLite index at ``index_path``.
 
     ``poll_interval`` is how often known files are re-stat'ed (primary
-    mechanism); ``use_inotify`` adds watchdog hints that make changes visible
+    mechanism); ``use_inotify`` adds inotify hints that make changes visible
     sooner; ``rescan_interval`` is how often the roots are walked for new runs
     and files and side files are re-stat'ed.
     """
@@ -263,6 +267,7 @@ class Ingester:
         self._nul_fresh = True  # the file being read changed within NUL_GRACE_S
         self.records_ingested = 0
         self._fds = _FdCache(256)  # resized at open() once the open-file limit is known
+        self._heads: dict[str, tuple[bytes, str]] = {}  # path -> its header line as last read, and its identity
         self._progress: Optional[_Progress] = None
         self._worker = None  # a decode process while a large backlog is read (concurrent.futures)
         self._ahead: dict[int, tuple] = {}  # file_id -> (offset, block, future) handed to the worker
@@ -378,7 +383,7 @@ class Ingester:
             # name is read once there, in larger batches the busier the daemon is.
             done = time.monotonic()
             next_hint = done + max(MIN_PASS_GAP_S, min(MAX_PASS_GAP_S, PASS_PACE * (done - now)))
-            deadline = min(next_poll, next_scan, *self._agg.stale.values())
+            deadline = min(next_poll, next_scan, self._agg.next_stale_due())
             with self._dirty_lock:
                 pending = bool(self._dirty)
             if pending:
@@ -446,7 +451,7 @@ class Ingester:
         return dirty
 
     def _poll_dirty(self) -> bool:
-        """Handle watchdog hints; True when a path outside every known run changed."""
+        """Handle inotify hints; True when a path outside every known run changed."""
         dirty = self._take_dirty()
         if not dirty:
             return False
@@ -529,6 +534,7 @@ class Ingester:
             self._batch = None
         # Memory may be ahead of the index now: reload what was committed, and re-open every stream.
         self._fds.clear()
+        self._heads.clear()
         self._stop_worker()
         self._progress = None  # counted from memory: the next pass measures the backlog again
         self._load_state()
@@ -859,14 +865,22 @@ class Ingester:
         state = dict(batch_state or {})
         cur = {k: state.get(k, getattr(f, k)) for k in ("identity", "generation", "offset", "skipping", "tail")}
         old_ino = state.get("ino", f.ino)
-        # The first line is re-read on every read (one pread and a hash): a file truncated and rewritten in
-        # place with a new header of the same length can look like an append to stat and to the tail check.
-        head = tailer.read_head(fd)
-        if head is None:
-            return False  # no complete header yet
-        identity = head.identity
+        # The first line is re-read on every read: a file truncated and rewritten in place with a new header
+        # of the same length can look like an append to stat and to the tail check. While it holds the very
+        # bytes of the header last read here, its identity (their hash) is the one computed then.
+        known = self._heads.get(f.path)
+        if known is not None and os.pread(fd, len(known[0]), 0) == known[0]:
+            identity = known[1]
+        else:
+            head = tailer.read_head(fd)
+            if head is None:
+                return False  # no complete header yet
+            identity = head.identity
+            if 0 < head.end <= tailer.HEAD_PROBE:  # the usual short header: kept (a long one is re-hashed)
+                self._heads[f.path] = (head.line + b"\n", identity)
         batch = self._begin()
         new_gen = False
+        data = None  # the new bytes, when the tail check read them with the committed tail
         if cur["identity"] is not None and old_ino is not None and fst.st_ino != old_ino:
             # Another file at the path (rotation: steps-1.jsonl moved to steps-1.jsonl.1, a new one made):
             # first drain the rest of the old one, found by its inode in the same folder.
@@ -877,7 +891,7 @@ class Ingester:
         elif cur["identity"] is None:
             cur.update(identity=identity, offset=0, skipping=0, tail=None)
         elif (identity != cur["identity"] or fst.st_size < cur["offset"]
-              or not _tail_matches(fd, cur["offset"], cur["tail"])):
+              or (data := _read_past_tail(fd, cur["offset"], cur["tail"], fst.st_size)) is None):
             # Replaced, rewritten or truncated: the head was re-read just now.
             new_gen = True
             cur.update(identity=identity, generation=(cur["generation"] or 0) + 1, offset=0, skipping=0,
@@ -886,7 +900,8 @@ class Ingester:
         more = False
         self._held_back = False
         self._nul_fresh = time.time() - fst.st_mtime < NUL_GRACE_S
-        data = tailer.read_block(fd, offset, fst.st_size)
+        if data is None:
+            data = tailer.read_block(fd, offset, fst.st_size)
         if data:
             offset, skipping, tail, more = self._ingest_block(run, f, cur, data, offset, fst.st_size)
             cur.update(offset=offset, skipping=skipping, tail=tail)
@@ -1083,9 +1098,14 @@ class Ingester:
             cols = list(zip(*rows))  # transpose in C: the insert, the window and the series read columns
             n = len(rows)
             # Columns NULL in the whole group are left out of the INSERT (same rows, far fewer None binds).
-            keep = tuple(i for i, col in enumerate(cols) if col[0] is not None or col.count(None) != n)
+            if n == 1:  # the live case: one line per rank per pass, masked in C
+                mask = list(map(operator.is_not, rows[0], _NONES))
+                keep = tuple(compress(_POSITIONS, mask))
+                values = [tuple(compress(rows[0], mask))]
+            else:
+                keep = tuple(i for i, col in enumerate(cols) if col[0] is not None or col.count(None) != n)
+                values = list(zip(*[cols[i] for i in keep]))
             key = (run.run_id, rank, attempt)
-            values = list(zip(*[cols[i] for i in keep]))
             if cur["generation"]:
                 # A later generation re-supplies rows: its values win (REPLACE), and a row it replaced sends
                 # the rank's window and series to be rebuilt from the rows that remain (at commit).
@@ -1161,6 +1181,35 @@ class Ingester:
             batch.rows += len(events)
             batch.runs.add(run.run_id)
 
+
+
+SMALL_READ = 64 << 10  # new bytes up to this much are read in the same pread as the committed tail
+
+
+def _read_past_tail(fd: int, offset: int, tail: Optional[str], size: int) -> Optional[bytes]:
+    """The new bytes from ``offset`` (as :func:`tailer.read_block` reads them) when the last committed line
+    still sits just before ``offset``; None when it does not (an in-place rewrite).
+
+    A live append is small: its bytes come in the same ``pread`` as the committed tail.
+    """
+    want = min(size - offset, tailer.READ_BYTES)
+    if not tail or offset <= 0 or want > SMALL_READ:
+        return tailer.read_block(fd, offset, size) if _tail_matches(fd, offset, tail) else None
+    length_text, _, digest = tail.partition(":")
+    try:
+        length = int(length_text)
+    except ValueError:
+        return tailer.read_block(fd, offset, size)
+    start = offset - length - 1
+    if start < 0:
+        return None
+    got = os.pread(fd, length + 1 + max(0, want), start)
+    line, data = got[:length + 1], got[length + 1:]
+    if not (len(line) == length + 1 and line.endswith(b"\n") and hashlib.sha1(line[:-1]).hexdigest() == digest):
+        return None
+    if 0 < len(data) < want:  # a short read: the rest as read_block would have read it
+        data += tailer.read_block(fd, offset + len(data), offset + want)
+    return data
 
 
 def _tail_matches(fd: int, offset: int, tail: Optional[str]) -> bool:

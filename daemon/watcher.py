@@ -1,4 +1,4 @@
-"""Watchdog (inotify) events as hints (docs/daemon.md rule 1).
+"""Inotify events as hints (docs/daemon.md rule 1).
 
 Polling stays the primary mechanism: it is the only one that sees writes from
 other nodes over a shared filesystem. The :class:`Watcher` only calls back
@@ -6,76 +6,147 @@ with paths that changed, so the ingester looks sooner; it never decides what
 is read. Which folders are runs and which files they hold is
 :mod:`traceml_tui.core.rundir`'s (``discover_runs``, ``RunDir.scan``,
 ``run_dir_of``), which never follows a symbolic link (rule 5).
+
+One thread reads the inotify descriptor (``inotify_simple``, a thin ctypes
+wrapper) in batches: a burst of appends is one read and each path is reported
+once per batch, so a live daemon's hints cost a few reads a second however
+many lines are appended (docs/daemon.md, "Live path").
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import threading
 from typing import Callable
 
-_IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
+log = logging.getLogger("traceml.daemon")
+
+READ_DELAY_MS = 20  # after the first event of a burst, wait this long so that the rest comes in the same read
+STOP_POLL_MS = 250  # how often the reading thread checks that it was asked to stop
+
+# inotify(7) bits. Opens and no-write closes are left out at the mask: a rescan opens every folder, and
+# receiving those events would cost more than the rescan itself (and our own reads would wake us forever).
+IN_MODIFY, IN_CLOSE_WRITE, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x8, 0x40, 0x80
+IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
+IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x4000, 0x8000, 0x1000000, 0x2000000, 0x40000000
+WATCH_MASK = (IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
+              | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW)
 
 
 class Watcher:
-    """Watchdog (inotify) observer that only reports changed paths through ``on_change``.
+    """Inotify watches on every folder under the roots; reports changed paths through ``on_change``.
 
     Events are hints: they make the ingester look sooner, never decide what
-    is read. :meth:`start` returns False when no observer could be started
-    (e.g. the inotify watch limit), in which case polling alone carries on.
+    is read. :meth:`start` returns False when no watch could be set up (no
+    inotify on this platform, ``inotify_simple`` missing, the watch limit),
+    in which case polling alone carries on. Folders are never followed
+    through a symbolic link.
     """
 
     def __init__(self, roots: list[str], on_change: Callable[[str], None]) -> None:
         self.roots = roots
         self.on_change = on_change
-        self._observer = None
-        self._lock = threading.Lock()
+        self._ino = None
+        self._dirs: dict[int, str] = {}  # watch descriptor -> folder
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._full = False  # the watch limit was reached: folders beyond it are polled only
 
     def start(self) -> bool:
-        """Start watching the roots recursively; False when watchdog is unavailable."""
+        """Watch every folder under the roots and start the reading thread; False when inotify is unavailable."""
         try:
-            from watchdog.events import FileSystemEventHandler
-            from watchdog.observers import Observer
+            from inotify_simple import INotify
         except ImportError:
             return False
-        callback = self.on_change
-
-        class _Handler(FileSystemEventHandler):
-            def on_any_event(self, event) -> None:  # noqa: D401 - watchdog hook
-                if event.event_type in _IGNORED_EVENTS:
-                    return  # our own reads would wake us forever
-                callback(os.fsdecode(event.src_path))
-                dest = getattr(event, "dest_path", None)
-                if dest:
-                    callback(os.fsdecode(dest))
-
-        from watchdog import events as ev
-
-        # Opens and no-write closes are left out at the inotify mask: a rescan opens every folder,
-        # and receiving those events would cost more than the rescan itself.
-        wanted = [ev.FileCreatedEvent, ev.FileModifiedEvent, ev.FileMovedEvent, ev.FileDeletedEvent,
-                  ev.FileClosedEvent, ev.DirCreatedEvent, ev.DirMovedEvent, ev.DirDeletedEvent]
-        observer = Observer()
+        try:
+            ino = INotify()
+        except OSError:  # not Linux, or the per-user instance limit
+            return False
+        self._ino = ino
         try:
             for root in self.roots:
-                try:
-                    observer.schedule(_Handler(), root, recursive=True, event_filter=wanted)
-                except TypeError:  # watchdog < 4 has no event_filter
-                    observer.schedule(_Handler(), root, recursive=True)
-            observer.daemon = True
-            observer.start()
-        except Exception:  # inotify limits, vanished roots: polling covers everything anyway
-            try:
-                observer.stop()
-            except Exception:
-                pass
+                self._add_tree(root, report=False)
+        except OSError:
+            self._close()
             return False
-        self._observer = observer
+        if not self._dirs:
+            self._close()
+            return False
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="traceml-inotify", daemon=True)
+        self._thread.start()
         return True
 
     def stop(self) -> None:
-        """Stop the observer (idempotent)."""
-        observer, self._observer = self._observer, None
-        if observer is not None:
-            observer.stop()
-            observer.join(timeout=2)
+        """Stop the reading thread and close the descriptor (idempotent)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=2)
+        self._close()
+
+    # ----------------------------------------------------------------- internals
+    def _close(self) -> None:
+        ino, self._ino = self._ino, None
+        self._dirs.clear()
+        if ino is not None:
+            try:
+                ino.close()
+            except OSError:
+                pass
+
+    def _add_tree(self, top: str, report: bool) -> None:
+        """Watch ``top`` and every folder below it (links not followed); ``report``: hint what is already there."""
+        if self._full:
+            return
+        for folder, _subdirs, files in os.walk(top, followlinks=False):
+            try:
+                wd = self._ino.add_watch(folder, WATCH_MASK)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:  # the watch limit: what is watched keeps its hints, polling the rest
+                    self._full = True
+                    log.warning("traceml daemon: inotify watch limit reached; folders beyond it are polled only")
+                    return
+                if folder == top and not report:
+                    raise
+                continue  # vanished or unreadable meanwhile: polling covers it
+            self._dirs[wd] = folder
+            if report:  # made before its watch existed: its files would never send an event of their own
+                self.on_change(folder)
+                for name in files:
+                    self.on_change(os.path.join(folder, name))
+
+    def _loop(self) -> None:
+        ino = self._ino
+        stop = self._stop
+        while not stop.is_set():
+            try:
+                events = ino.read(timeout=STOP_POLL_MS, read_delay=READ_DELAY_MS)
+            except (OSError, ValueError):  # closed under us: stop() is on its way
+                return
+            if not events:
+                continue
+            changed: dict[str, None] = {}  # each path once per read, in order
+            new_dirs = []
+            for wd, mask, _cookie, name in events:
+                if mask & IN_Q_OVERFLOW:  # events were lost: every root is worth a look
+                    for root in self.roots:
+                        changed[root] = None
+                    continue
+                folder = self._dirs.get(wd)
+                if folder is None:
+                    continue
+                if mask & IN_IGNORED:  # the folder went (or was unmounted): its watch is gone with it
+                    del self._dirs[wd]
+                    continue
+                path = os.path.join(folder, name) if name else folder
+                changed[path] = None
+                if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+                    new_dirs.append(path)
+            for path in changed:
+                self.on_change(path)
+            for path in new_dirs:
+                if not os.path.islink(path):
+                    self._add_tree(path, report=True)

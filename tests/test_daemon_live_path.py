@@ -175,3 +175,62 @@ def test_series_folded_pass_by_pass_equal_a_cold_ingest(tmp_path):
                 assert [(p.step_lo, p.step_hi, p.vmin, p.vmax, p.n) for p in sa.points] == \
                        [(p.step_lo, p.step_hi, p.vmin, p.vmax, p.n) for p in sb.points]
                 assert [p.mean for p in sa.points] == pytest.approx([p.mean for p in sb.points], rel=1e-12)
+
+
+def _wait_for(cond, timeout: float = 20.0) -> bool:
+    """Poll ``cond`` until it holds or ``timeout`` passes (a bound for a hung test, not a measured time)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def test_the_watcher_hints_appends_and_files_in_folders_made_after_it_started(tmp_path):
+    from daemon.watcher import Watcher
+
+    root = tmp_path / "logs"
+    old = write_steps(root / "a", 0, range(1, 3))
+    seen: set[str] = set()
+    w = Watcher([str(root)], seen.add)
+    assert w.start()
+    try:
+        append_raw(old, step_line("a", 0, 3))
+        assert _wait_for(lambda: str(old) in seen)
+        # A run made after the watch started: its folders get watches, and a file written before that
+        # (the race a new folder always has) is hinted too.
+        new = write_steps(root / "b", 0, range(1, 3))
+        assert _wait_for(lambda: str(new) in seen)
+        seen.clear()
+        append_raw(new, step_line("b", 0, 3))
+        assert _wait_for(lambda: str(new) in seen)
+        assert not any(p.endswith(".tmp") for p in seen)
+    finally:
+        w.stop()
+        w.stop()  # idempotent
+    assert w._thread is None and w._ino is None
+
+
+def _has_run(index: Path, name: str) -> bool:
+    if not index.exists():
+        return False
+    with Reader(index) as r:
+        return r.find_run(name) is not None
+
+
+def test_an_inotify_hint_makes_an_append_visible_before_the_next_poll(tmp_path):
+    root = tmp_path / "logs"
+    path = write_steps(root / "r", 0, range(1, 4))
+    index = tmp_path / "index.sqlite"
+    # Polls and rescans an hour apart: only a hint can make the append visible while the test waits.
+    ing = Ingester(index, [str(root)], poll_interval=3600, rescan_interval=3600, use_inotify=True)
+    ing.start()
+    try:
+        assert _wait_for(lambda: _has_run(index, "r"))
+        append_raw(path, step_line("r", 0, 4))
+        assert _wait_for(lambda: _rank(index, "r")[1].last_step == 4)
+    finally:
+        ing.stop()
