@@ -173,13 +173,13 @@ class RankWindow:
 
     def add_columns(self, cols: Sequence[Sequence], inserted: int) -> None:
         """Fold a batch given as row columns (``zip(*rows)``, file order) into the window."""
+        if cols and len(cols[COL_STEP]) == 1:  # the live case: one row per rank per pass
+            self.add_row(tuple(c[0] for c in cols), inserted)
+            return
         self.records += inserted
         if not cols or not cols[COL_STEP]:
             return
-        if len(cols[COL_STEP]) == 1:  # the live case: one row per rank per pass
-            tail = [tuple(c[0] for c in cols)]
-        else:
-            tail = sorted(zip(*(c[-WINDOW:] for c in cols)), key=lambda r: r[COL_STEP])
+        tail = sorted(zip(*(c[-WINDOW:] for c in cols)), key=lambda r: r[COL_STEP])
         for r in tail:
             if self.steps and r[COL_STEP] <= self.steps[-1]:
                 continue  # a duplicate or an older step must not disturb the window
@@ -194,6 +194,20 @@ class RankWindow:
             self.last_ts = cols[COL_TS][i]
             if cols[COL_LOSS][i] is not None:
                 self.loss = cols[COL_LOSS][i]
+
+    def add_row(self, r: Sequence, inserted: int) -> None:
+        """Fold one row tuple into the window (what :meth:`add_columns` does with a one-row batch)."""
+        self.records += inserted
+        step = r[COL_STEP]
+        if not self.steps or step > self.steps[-1]:  # a duplicate or an older step must not disturb the window
+            self._append(step, r[COL_TS], r[COL_EXAMPLES], split_row(r, _CPU_SPLIT), split_row(r, _GPU_SPLIT))
+        if self.first_step is None or step < self.first_step:
+            self.first_step = step
+        if self.last_step is None or step >= self.last_step:
+            self.last_step = step
+            self.last_ts = r[COL_TS]
+            if r[COL_LOSS] is not None:
+                self.loss = r[COL_LOSS]
 
     def clock(self) -> str:
         """``gpu`` when every step in the window has a GPU traced time, else ``cpu`` (the summary's rule)."""

@@ -72,7 +72,7 @@ WORKER_MIN_BYTES = 64 << 20  # a backlog this large is decoded by a second proce
 AHEAD_MIN_BYTES = 256 << 10  # blocks smaller than this are decoded by the writer itself
 PROGRESS_MIN_BYTES = 16 << 20  # a backlog this large (≈50k records) is reported while it is read
 FD_CACHE_MAX = 8192  # open stream descriptors kept between passes (bounded by the open-file limit too)
-MIN_PASS_GAP_S = 0.02  # hint-driven passes start at least this far apart: events of a burst share one pass
+MIN_PASS_GAP_S = 0.1  # hint-driven passes start at least this far apart: events of a burst share one pass
 PASS_PACE = 2.0  # ... and this many times the last pass's duration apart (a burst's events share a pass) …
 MAX_PASS_GAP_S = 0.2  # … but never more than this: under a heavy load the lag stays bounded
 QUIET_AFTER_S = 60.0  # a stream unchanged this long is re-stat'ed once per rescan, spread over the polls
@@ -1125,7 +1125,10 @@ class Ingester:
             batch.rows += n
             batch.records += inserted
             window = agg.window(key)
-            window.add_columns(cols, inserted)
+            if n == 1:
+                window.add_row(rows[0], inserted)
+            else:
+                window.add_columns(cols, inserted)
             if latest is not None:
                 window.ratios = latest
             batch.ranks.add(key)

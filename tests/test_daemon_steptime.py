@@ -172,6 +172,23 @@ def test_rank_window_parts_are_the_cores_average_over_the_window_steps() -> None
             assert fig["median_step_ms"] >= fig["median_input_wait_ms"] >= 0.0
 
 
+def test_a_window_fed_one_row_at_a_time_equals_one_fed_in_batches() -> None:
+    """The live path folds one row per rank per pass (RankWindow.add_row): same window as batches."""
+    rng = random.Random(12)
+    steps = [_step(rng, 0, s, gpu=rng.random() < 0.5) for s in range(1, 121)]
+    order = steps[:60] + steps[55:58] + [steps[10]] + steps[60:]  # a repeat and an older step on the way
+    one, many = live.RankWindow(), live.RankWindow()
+    for s in order:
+        rows, _ = live.step_rows([s])
+        one.add_columns(list(zip(*rows)), 1)
+    for lo in range(0, len(order), 25):
+        rows, _ = live.step_rows(order[lo:lo + 25])
+        many.add_rows(rows, len(rows))
+    assert (one.records, one.first_step, one.last_step, one.last_ts, one.loss) == (
+        many.records, many.first_step, many.last_step, many.last_ts, many.loss)
+    assert list(one.steps) == list(many.steps) and one.figures() == many.figures()
+
+
 def _write_rank(run_dir: Path, rank: int, steps: list[records.Step], header: bool = True) -> None:
     path = steps_path(run_dir, rank)
     if header:
