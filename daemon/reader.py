@@ -366,6 +366,11 @@ class Reader:
         rows = self._rows("SELECT v FROM version WHERE id = 1")
         return int(rows[0][0]) if rows else 0
 
+    def last_commit(self) -> Optional[float]:
+        """When the writer last committed a change to any run (its wall clock), or None before the first."""
+        rows = self._rows("SELECT max(last_change) FROM runs")
+        return _num(rows[0][0]) if rows else None
+
     def changes_since(self, version: int) -> Changes:
         """The current version and the runs updated after ``version``."""
         current = self.data_version()

@@ -316,6 +316,30 @@ def outcome_failed(status: Optional[str], exit_code: Optional[int]) -> bool:
     return status == "failed" or (isinstance(exit_code, int) and not isinstance(exit_code, bool) and exit_code != 0)
 
 
+# --------------------------------------------------------------------------- the index's writer
+
+#: The index writer's newest commit is overdue after this many expected commit intervals while runs are live.
+COMMIT_OVERDUE_INTERVALS = 3.0
+
+
+def commit_overdue(age_s: Optional[float], poll_s: float, live_intervals_s: Sequence[Optional[float]]) -> bool:
+    """Whether the writer's newest commit is late enough to warn about (the watch header, docs/watch.md).
+
+    Only while runs are live (``live_intervals_s``: the median step interval of
+    each running run, None when not known): a live rank writes every step and
+    the writer commits what it reads, so a commit is expected every poll
+    interval or every step of the fastest live run, whichever is longer. Overdue
+    is older than :data:`COMMIT_OVERDUE_INTERVALS` of those. A writer that is
+    overdue still holds the lock: this is a warning, never a reason to doubt
+    the ranks' own states (a hung collective also stops the commits).
+    """
+    if not live_intervals_s or age_s is None:
+        return False
+    known = [i for i in live_intervals_s if i is not None and i > 0]
+    expected = max(poll_s, min(known)) if known else poll_s
+    return age_s > COMMIT_OVERDUE_INTERVALS * expected
+
+
 # --------------------------------------------------------------------------- validation backlog
 
 

@@ -19,6 +19,7 @@ from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
+from textual.widgets import Header
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from traceml_tui.tui.messages import BacklogUpdated, CompareUpdated, RunsUpdated, RunUpdated
@@ -29,11 +30,20 @@ from traceml_tui.tui.screens.help import HelpScreen
 from traceml_tui.tui.screens.logs import LogScreen
 from traceml_tui.tui.screens.run_detail import RunScreen
 from traceml_tui.tui.screens.runs import RunsScreen
-from traceml_tui.tui.snapshots import ATTENTION_WORDS, CompareSnapshot, RunsSnapshot
+from traceml_tui.tui.snapshots import (
+    ATTENTION_WORDS,
+    WRITER_EMBEDDED,
+    WRITER_NONE,
+    CompareSnapshot,
+    RunsSnapshot,
+    SourceHealth,
+)
 from traceml_tui.tui.source import Source, compare_snapshot
 
 #: Ages (silent for N s) move even when no data arrives: rebuild at least this often.
 AGE_REFRESH_S = 1.0
+#: Seconds between two attempts to take over the index when its writer is gone and an attempt failed.
+TAKEOVER_RETRY_S = 5.0
 
 
 class WatchApp(App):
@@ -62,6 +72,9 @@ class WatchApp(App):
         self._wanted: tuple = ("runs",)
         self._wake = threading.Event()
         self._last_compare_result: Optional[str] = None
+        self.health: Optional[SourceHealth] = None  # the data source's health, shown in every header
+        self._next_takeover = 0.0  # monotonic time before which no new takeover is tried
+        self._missing_said: set[int] = set()  # runs whose folder went missing while this watch showed them
 
     # -- lifecycle
     def on_mount(self) -> None:
@@ -76,6 +89,7 @@ class WatchApp(App):
 
     def on_screen_resume(self) -> None:
         self._update_wanted()
+        self.call_after_refresh(self._show_health)  # a screen just pushed set its own title on mount
 
     def _update_wanted(self) -> None:
         screen = self.screen
@@ -160,6 +174,10 @@ class WatchApp(App):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place worker failures surface: a notification, then a restart of the poller."""
+        if event.state == WorkerState.ERROR and event.worker.group == "writer":
+            error = event.worker.error
+            self.notify(f"taking over the index failed: {type(error).__name__}: {error}; retrying",
+                        severity="error", timeout=10)
         if event.state == WorkerState.ERROR and event.worker.group == "refresh":
             error = event.worker.error
             self.notify(f"refresh failed: {type(error).__name__}: {error}", severity="error", timeout=10)
@@ -170,6 +188,9 @@ class WatchApp(App):
         previous, snap = self.runs_snapshot, message.snapshot
         self.runs_snapshot = snap
         self._alert_runs(previous, snap)
+        old_health, self.health = self.health, snap.health
+        self._show_health()
+        self._health_changed(old_health, snap.health)
         for screen in self.screen_stack:
             if isinstance(screen, RunsScreen):
                 screen.snapshot = snap
@@ -179,6 +200,11 @@ class WatchApp(App):
         for screen in self.screen_stack:
             if isinstance(screen, RunScreen) and screen.run_id == message.run_id and message.detail is not None:
                 screen.detail = message.detail
+        detail = message.detail
+        if detail is not None and detail.run.status == "missing" and message.run_id not in self._missing_said:
+            self._missing_said.add(message.run_id)
+            self.notify(f"run {detail.run.name}: its folder is gone from disk (missing) — showing what was indexed",
+                        severity="warning", timeout=10)
         self.refreshes += 1
 
     def on_backlog_updated(self, message: BacklogUpdated) -> None:
@@ -197,18 +223,64 @@ class WatchApp(App):
         self._last_compare_result = snap.result
         self.refreshes += 1
 
+    # -- the data source's health (header) and the writer takeover
+    def _show_health(self, health: Optional[SourceHealth] = None) -> None:
+        """Put the source line in every screen's header; a warning colours the header (and starts with ⚠)."""
+        health = health or self.health
+        if health is None:
+            return
+        title = f"{self.TITLE} · {health.text()}"
+        for screen in self.screen_stack:
+            screen.title = title
+            for header in screen.query(Header):
+                header.set_class(health.stale, "-source-stale")
+
+    def _health_changed(self, old: Optional[SourceHealth], new: Optional[SourceHealth]) -> None:
+        """Say in the app what changed about the writer, and take over when it is gone."""
+        if new is None:
+            return
+        if old is None and new.unwatched:
+            self.notify(f"{new.who()} writes this index for other roots; showing its index "
+                        f"({', '.join(new.unwatched)} not indexed)", severity="warning", timeout=15)
+        if old is not None and (old.writer, old.pid) != (new.writer, new.pid):
+            if new.writer == WRITER_NONE:
+                self.notify(f"{old.who()} stopped writing the index", severity="warning", timeout=8)
+            elif new.writer == WRITER_EMBEDDED:
+                self.notify("this watch now indexes its roots", timeout=6)
+            else:
+                self.notify(f"{new.who()} now writes the index", timeout=6)
+        takes_over = getattr(self.source, "can_take_over", None)
+        if new.writer == WRITER_NONE and takes_over is not None and takes_over() and \
+                time.monotonic() >= self._next_takeover:
+            self._next_takeover = time.monotonic() + TAKEOVER_RETRY_S  # a failed attempt is not retried every poll
+            self.take_over_writer()
+
+    @work(thread=True, exclusive=True, group="writer", exit_on_error=False)
+    def take_over_writer(self) -> None:
+        """Start this watch's own ingester (off the UI thread: opening the index takes a while)."""
+        self.source.take_over()
+        self._wake.set()  # show the new writer at once
+
     # -- alerts (bell + notification), toggled with `a`
     def _alert_runs(self, previous: Optional[RunsSnapshot], snap: RunsSnapshot) -> None:
         if previous is None:
             return  # what was already broken at startup is on screen, not news
+        # Silence is news only while the same writer indexed this watch's roots before and now: across a writer
+        # gap (it quit, this watch or another takes over) the states are as of when the old one last did.
+        before_h, now_h = previous.health, snap.health
+        writer_steady = (before_h is None and now_h is None) or (
+            before_h is not None and now_h is not None and (before_h.writer, before_h.pid) == (now_h.writer, now_h.pid)
+            and now_h.writer != WRITER_NONE and before_h.stale_since is None and now_h.stale_since is None)
         before = {r.run_id: r for r in previous.rows}
         for row in snap.rows:
             old = before.get(row.run_id)
+            if not writer_steady and row.status == "stalled":
+                continue
             if row.status in ATTENTION_WORDS and (old is None or old.status != row.status):
                 first = f" — rank {row.first_failed} failed first" if row.first_failed is not None else ""
                 self._alert(f"run {row.name} {row.status}{first}")
             new_silent = set(row.silent_ranks) - set(old.silent_ranks if old else ())
-            if new_silent and row.status not in ATTENTION_WORDS:
+            if new_silent and row.status not in ATTENTION_WORDS and writer_steady:
                 self._alert(f"run {row.name}: rank {', '.join(map(str, sorted(new_silent)))} went silent")
 
     def _alert(self, text: str) -> None:

@@ -9,10 +9,15 @@ imported only here, after the arguments are checked, so the rest of the
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
 from typing import Optional
+
+#: The writer re-stats known files this often (the daemon's default --poll-interval): the header's commit-age
+#: warning counts in it, or in --poll when that is longer.
+WRITER_POLL_S = 1.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,7 +150,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (OSError, RuntimeError) as exc:
         return _fail(str(exc))
     if running is not None:
-        missing = [r for r in roots if not any(r == w or r.startswith(w.rstrip(os.sep) + os.sep) for w in running.roots)]
+        real = [os.path.realpath(r) for r in roots]  # the writer names its roots by their real paths
+        missing = [r for r, p in zip(roots, real)
+                   if not any(p == w or p.startswith(w.rstrip(os.sep) + os.sep) for w in running.roots)]
         if missing:
             print(f"traceml watch: a {running.mode} (pid {running.pid}) already writes {index} for "
                   f"{', '.join(running.roots) or 'other roots'}; showing its index ({', '.join(missing)} not watched)",
@@ -161,8 +168,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     from traceml_tui.tui.app import create_app
     from traceml_tui.tui.source import IndexSource
 
-    source = IndexSource(index, ingester=ingester, **({} if args.stall_after is None else
-                                                      {"stall_floor_s": args.stall_after}))
+    # ROOT arguments filter what is shown, whoever writes the index; the header says who does, and when
+    # that writer exits this watch takes over for its roots (docs/watch.md, "Data source").
+    source = IndexSource(index, ingester=ingester, roots=roots if explicit else None, ingest_roots=roots,
+                         probe=functools.partial(service.find_running_daemon, index),
+                         takeover=functools.partial(_embed_or_join, service, index),
+                         poll_s=max(args.poll, WRITER_POLL_S),
+                         **({} if args.stall_after is None else {"stall_floor_s": args.stall_after}))
     app = create_app(source, poll_interval=args.poll, alerts=not args.no_alerts,
                      compare=tuple(args.compare) if args.compare else None, threshold_pct=threshold)
     try:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from daemon.reader import IngestError  # one ingest-error type: the reader's, shown as it is
 from traceml_tui.core.state import ALERT_STATES, BACKLOG_ORDER, RUN_ATTENTION
+from traceml_tui.tui.textplot import duration
 
 #: Run states shown in the Runs table, in the order used to sort by status (the core's attention order).
 RUN_STATES: tuple[str, ...] = tuple(str(s) for s in RUN_ATTENTION)
@@ -64,6 +65,63 @@ class RunsSnapshot:
     index_ready: bool = True
     note: Optional[str] = None  # why the list is empty, shown in the empty state
     indexing: Optional[str] = None  # "indexing 3.2 M / 8.0 M records · 40 s left" while a first launch reads
+    health: Optional["SourceHealth"] = None  # who writes the index and how fresh it is (None: not known)
+
+
+#: Who writes the index, as :class:`SourceHealth` names it.
+WRITER_EMBEDDED, WRITER_DAEMON, WRITER_WATCH, WRITER_NONE = "this watch", "daemon", "watch", "none"
+
+
+@dataclass(frozen=True)
+class SourceHealth:
+    """The data source's health, shown in every screen's header (docs/watch.md, "Data source").
+
+    ``writer`` is who holds the index's writer lock: this watch (its embedded
+    ingester), a ``traceml daemon`` or another ``traceml watch`` (with ``pid``),
+    or nobody. ``stale_since`` is set when nobody indexes this watch's roots
+    any more though a writer did earlier: the time it last did, as of which the
+    states shown are decided (a silent writer is not a stalled rank).
+    ``unwatched`` are this watch's roots that the writer does not index.
+    """
+
+    writer: str
+    pid: Optional[int] = None
+    commit_age_s: Optional[float] = None  # seconds since the writer's newest commit (None: nothing committed)
+    overdue: bool = False  # that age is too old while runs are live (core.state.commit_overdue)
+    stale_since: Optional[float] = None
+    unwatched: tuple[str, ...] = ()
+    taking_over: bool = False  # this watch is starting its own ingester (the writer is gone)
+
+    @property
+    def stale(self) -> bool:
+        """Whether the header warns: nobody writes, the writer's newest commit is overdue, it leaves roots out,
+        or the data is as of an earlier time (a new writer has not caught up yet)."""
+        return self.writer == WRITER_NONE or self.overdue or bool(self.unwatched) or self.stale_since is not None
+
+    def who(self) -> str:
+        """``this watch``, ``daemon pid 4242``, ``watch pid 4242`` or ``no writer``."""
+        if self.writer == WRITER_NONE:
+            return "no writer"
+        if self.writer == WRITER_EMBEDDED or self.pid is None:
+            return self.writer
+        return f"{self.writer} pid {self.pid}"
+
+    def text(self) -> str:
+        """The header's source line: ``daemon pid 4242 · commit 2s ago`` (⚠ first when it warns)."""
+        age = duration(self.commit_age_s) if self.commit_age_s is not None else None
+        if self.writer == WRITER_NONE:
+            what = "writer gone, taking over" if self.taking_over else "no writer"
+            return f"⚠ {what}" + (f" · data {age} old" if age else "")
+        text = f"{self.who()} · " + (f"commit {age} ago" if age else "nothing committed yet")
+        if self.overdue:
+            text = f"{self.who()} · last commit {age} ago"
+        elif self.stale_since is not None:  # a new writer reading what was written while nobody did
+            text = f"{self.who()} · catching up"
+        if self.stale:
+            text = "⚠ " + text
+        if self.unwatched:
+            text += f" · {len(self.unwatched)} root{'s' if len(self.unwatched) > 1 else ''} not indexed"
+        return text
 
 
 @dataclass(frozen=True)
