@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict
 
 from traceml_tui.core import artifacts
+from traceml_tui.core.rundir import middle_cut
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RankState, RunStatus, count_states
 
 from . import index as idx
@@ -20,6 +21,9 @@ from .reader import IndexVersionError, Reader
 #: Words a status bar shows while anything is going on (finished runs would clutter it).
 _ONELINE_ACTIVE = (RunStatus.FAILED, RunStatus.LOST, RunStatus.STALLED, RunStatus.RUNNING)
 
+
+#: Widest run-name column of the status table (longer names are cut in the middle).
+NAME_WIDTH_MAX = 40
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="traceml status", description="Print what the traceml index holds.")
@@ -111,9 +115,11 @@ def main(argv: list[str]) -> int:
         if not runs:
             print(f"no runs in {index_path}")
             return 0
-        print(f"{'RUN':<24} {'STATUS':<10} {'RANKS':>5} {'STEP':>8} {'STEPS/S':>8} {'ERRORS':>6}  DIR")
+        # Names are cut in the middle, never at the end: runs named alike differ in their last characters.
+        width = min(max(len(r.name) for r in runs), NAME_WIDTH_MAX)
+        print(f"{'RUN':<{width}} {'STATUS':<10} {'RANKS':>5} {'STEP':>8} {'STEPS/S':>8} {'ERRORS':>6}  DIR")
         for r in runs:
-            print(f"{r.name[:24]:<24} {_status_cell(r):<10} {r.ranks:>5} {_fmt(r.last_step):>8} "
+            print(f"{middle_cut(r.name, width):<{width}} {_status_cell(r):<10} {r.ranks:>5} {_fmt(r.last_step):>8} "
                   f"{_fmt(r.steps_per_s, '.2f'):>8} {r.errors:>6}  {r.dir}")
         return 0
     except sqlite3.DatabaseError as exc:

@@ -160,3 +160,26 @@ def test_backlog_words_agree_across_validate_status_index_and_screen(real_runs, 
         return out
 
     assert asyncio.run(screen()) == expected
+
+
+def test_status_table_cuts_long_names_in_the_middle(tmp_path, cli_env, traceml_cmd):
+    """Runs named alike (a timestamp suffix) stay distinguishable in the status table: the end is kept."""
+    (tmp_path / "train.py").write_text(
+        "import traceml_tui as traceml\ntraceml.init()\nfor _ in range(3):\n    with traceml.trace_step():\n"
+        "        pass\n")
+    names = ["guard-candidate-20261130-173447-and-a-long-experiment-suffix-1",
+             "guard-candidate-20261130-173447-and-a-long-experiment-suffix-2"]
+    for name in names:
+        run = subprocess.run([*traceml_cmd, "run", "train.py", "--run-name", name], cwd=tmp_path, env=cli_env,
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+    index = tmp_path / "index.sqlite"
+    ing = subprocess.run([*traceml_cmd, "daemon", str(tmp_path / "logs"), "--once", "--no-inotify", "--index",
+                          str(index)], env=cli_env, capture_output=True, text=True, timeout=120)
+    assert ing.returncode == 0, ing.stderr
+    out = subprocess.run([*traceml_cmd, "status", "--index", str(index)], env=cli_env, capture_output=True,
+                         text=True, timeout=60)
+    shown = [line.split()[0] for line in out.stdout.splitlines()[1:]]
+    assert len(shown) == 2 and len(set(shown)) == 2, out.stdout
+    for cell in shown:
+        assert "…" in cell and cell.endswith(("-1", "-2")) and cell.startswith("guard-cand"), cell

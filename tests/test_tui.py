@@ -512,7 +512,7 @@ async def test_columns_fit_the_width_attention_first_name_pinned(fixture_index):
 
 
 def test_middle_cut_keeps_both_ends():
-    from traceml_tui.tui.widgets.table_base import middle_cut
+    from traceml_tui.core.rundir import middle_cut
 
     a, b = middle_cut("guard-candidate-20261130-133543", 18), middle_cut("guard-candidate-20261130-140102", 18)
     assert a == "guard-can…-133543" or (len(a) == 18 and a.endswith("-133543") and "…" in a)

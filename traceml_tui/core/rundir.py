@@ -86,6 +86,19 @@ def validate_run_name(name: object) -> str:
     return name
 
 
+def middle_cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells, cut in the middle (``guard-cand…-133543``): both ends stay readable."""
+    if width <= 0:
+        return ""
+    if len(text) <= width:
+        return text
+    if width == 1:
+        return "…"
+    tail = (width - 1) // 2
+    head = width - 1 - tail
+    return f"{text[:head]}…{text[len(text) - tail:]}" if tail else text[:head] + "…"
+
+
 def steps_file_name(attempt: int) -> str:
     """File name of one rank's step stream for one attempt."""
     return f"steps-{int(attempt)}.jsonl"

@@ -19,6 +19,8 @@ from textual.reactive import reactive
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowKey
 
+from traceml_tui.core.rundir import middle_cut
+
 #: Columns a vertical scrollbar may take from the table's width.
 SCROLLBAR = 2
 
@@ -33,19 +35,6 @@ class Col(NamedTuple):
     label: str
     width: int | None
     cut: bool = False
-
-
-def middle_cut(text: str, width: int) -> str:
-    """``text`` in at most ``width`` cells, cut in the middle (``guard-cand…-133543``): both ends stay readable."""
-    if width <= 0:
-        return ""
-    if len(text) <= width:
-        return text
-    if width == 1:
-        return "…"
-    tail = (width - 1) // 2
-    head = width - 1 - tail
-    return f"{text[:head]}…{text[len(text) - tail:]}" if tail else text[:head] + "…"
 
 
 def cell_width(cell: Any) -> int:
