@@ -268,6 +268,8 @@ class Ingester:
         self.records_ingested = 0
         self._fds = _FdCache(256)  # resized at open() once the open-file limit is known
         self._heads: dict[str, tuple[bytes, str]] = {}  # path -> its header line as last read, and its identity
+        self._deferred: list[tuple] = []  # (run, file, cur, bytes, offset): small appends decoded together
+        self._deferred_bytes = 0
         self._progress: Optional[_Progress] = None
         self._worker = None  # a decode process while a large backlog is read (concurrent.futures)
         self._ahead: dict[int, tuple] = {}  # file_id -> (offset, block, future) handed to the worker
@@ -486,6 +488,7 @@ class Ingester:
         return self._batch
 
     def _commit(self) -> None:
+        self._flush_deferred()
         batch = self._batch
         if batch is None:
             return
@@ -533,6 +536,8 @@ class Ingester:
                 pass
             self._batch = None
         # Memory may be ahead of the index now: reload what was committed, and re-open every stream.
+        self._deferred.clear()
+        self._deferred_bytes = 0
         self._fds.clear()
         self._heads.clear()
         self._stop_worker()
@@ -790,6 +795,7 @@ class Ingester:
             self._begin()
         if pipelined:
             self._stop_worker()
+        self._flush_deferred()
         return progressed
 
     def _backlog(self, due: list) -> list:
@@ -902,7 +908,19 @@ class Ingester:
         self._nul_fresh = time.time() - fst.st_mtime < NUL_GRACE_S
         if data is None:
             data = tailer.read_block(fd, offset, fst.st_size)
-        if data:
+        if data and (self._worker is None and not cur["skipping"] and len(data) <= SMALL_READ
+                     and data[-1:] == b"\n" and offset + len(data) == fst.st_size and data[:1] != b"\0"
+                     and b"\n\0" not in data):
+            # A small append of complete lines (the live case): decoded together with every other one of the
+            # pass and routed before the pass commits (_flush_deferred); its offset and tail are known now.
+            last_line = data[data.rfind(b"\n", 0, len(data) - 1) + 1:-1]
+            cur.update(offset=offset + len(data), skipping=0,
+                       tail=f"{len(last_line)}:{hashlib.sha1(last_line).hexdigest()}")
+            self._deferred.append((run, f, cur, data, offset))
+            self._deferred_bytes += len(data)
+            if self._deferred_bytes >= tailer.READ_BYTES:
+                self._flush_deferred()
+        elif data:
             offset, skipping, tail, more = self._ingest_block(run, f, cur, data, offset, fst.st_size)
             cur.update(offset=offset, skipping=skipping, tail=tail)
         # Held back at a NUL line: stat may not change when the data lands (NFS), so look again next poll.
@@ -914,6 +932,40 @@ class Ingester:
         if new_gen:
             batch.runs.add(run.run_id)
         return more
+
+    def _flush_deferred(self) -> None:
+        """Decode the small appends :meth:`_ingest_file` set aside (all together) and route their rows.
+
+        Runs before every commit and at the end of every poll: the rows join the transaction that holds
+        their files' new offsets (rule 2).
+        """
+        items, self._deferred = self._deferred, []
+        self._deferred_bytes = 0
+        if not items:
+            return
+        try:
+            prepared = tailer.prepare_blocks([(data, offset) for _, _, _, data, offset in items])
+        except Exception:  # decoded file by file below, so that a failure names its file
+            prepared = None
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # short-lived tuples, no cycles (as in _ingest_block)
+        try:
+            for i, (run, f, cur, data, offset) in enumerate(items):
+                try:
+                    prep = prepared[i] if prepared is not None else tailer.prepare_block(data, offset)
+                    for off, length, message in prep.errors:
+                        self._error(run, f, cur, off, length, message)
+                    if prep.others or prep.groups:
+                        self._route(run, f, cur, prep)
+                except Exception as exc:
+                    self._fds.drop(f.path)
+                    if not _index_failure(exc):
+                        log.error("traceml daemon: skipping %s until restart: %s", f.path, exc)
+                        self._quarantine.add(f.path)
+                    raise
+        finally:
+            if gc_was_enabled:
+                gc.enable()
 
     def _drain_renamed(self, run: _Run, f: _File, cur: dict, ino: int, dev: int) -> bool:
         """Read the rest of ``f``'s previous file, now renamed in the same folder (found by inode ``ino``).

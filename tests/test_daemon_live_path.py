@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from test_daemon_support import append_raw, header_line, step_line, write_steps
 
+from daemon import tailer
 from daemon.reader import Reader
 from daemon.service import Ingester
 
@@ -234,3 +235,19 @@ def test_an_inotify_hint_makes_an_append_visible_before_the_next_poll(tmp_path):
         assert _wait_for(lambda: _rank(index, "r")[1].last_step == 4)
     finally:
         ing.stop()
+
+
+@pytest.mark.parametrize("odd", [None, b"{not json\n", b"\n", "header"])
+def test_blocks_decoded_together_equal_blocks_decoded_one_by_one(odd):
+    """A live pass decodes every file's small append at once (tailer.prepare_blocks): the same rows, errors and
+    other records as one prepare_block per file, also when one block holds a bad line, a blank line or a header."""
+    blocks = []
+    for rank in range(6):
+        data = b"".join(step_line("r", rank, s, ratio=0.1 * s) for s in range(5 + rank, 7 + rank))
+        if odd is not None and rank == 3:
+            data = (header_line("r", rank) if odd == "header" else odd) + data
+        blocks.append((data, 1000 * rank + 17))
+    together = tailer.prepare_blocks(blocks)
+    one_by_one = [tailer.prepare_block(b, base) for b, base in blocks]
+    assert together == one_by_one
+    assert sum(len(p.errors) for p in together) == (1 if odd == b"{not json\n" else 0)
