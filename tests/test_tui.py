@@ -649,3 +649,27 @@ async def test_a_cell_whose_style_alone_changes_is_redrawn():
         table.table_rows = (("a", ("Step", "1", "2", Text("+9%", style="red"))),)
         await pilot.pause()
         assert str(table.get_row_at(0)[3].style) == "red"
+
+
+def test_delta_median_compares_each_ranks_median_with_the_median_ranks(tmp_path):
+    """Δ median is like against like: on a real 2-rank run one rank is above the median and one below,
+    whatever outlier step inflates the window's mean step time shown beside it."""
+    import statistics
+
+    import fixture_runs as fr
+
+    from daemon.reader import Reader
+
+    _, index = fr.build_real_index(tmp_path)
+    source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    try:
+        with Reader(index) as reader:
+            run = reader.find_run(fr.name_of("completed"))
+            medians = {r.rank: r.median_step_ms for r in reader.rank_rows(run.run_id) if r.latest}
+        detail = source.run_detail(run.run_id)
+        deltas = {r.rank: r.delta_pct for r in detail.ranks}
+    finally:
+        source.close()
+    middle = statistics.median(medians.values())
+    assert deltas == pytest.approx({rank: (ms / middle - 1) * 100 for rank, ms in medians.items()})
+    assert len(deltas) == 2 and min(deltas.values()) <= 0 <= max(deltas.values())

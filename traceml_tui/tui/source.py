@@ -498,7 +498,9 @@ class IndexSource:
             rank_rows.append(RankRow(
                 rank=r.rank, attempt=r.attempt, node=r.node, step=r.last_step, step_ms=ms,
                 parts=tuple(sp.get(name) for name in steptime.PART_NAMES),
-                delta_pct=None if ms is None or not median else (ms / median - 1.0) * 100.0,
+                # like with like: this rank's median against the median rank's (ms is the window's mean, whose
+                # parts add up; one slow step would otherwise make every rank look slower than the median)
+                delta_pct=None if r.median_step_ms is None or not median else (r.median_step_ms / median - 1.0) * 100.0,
                 silent_s=None if r.last_ts is None else max(0.0, now - r.last_ts),
                 silent=r.state in (RankState.STALLED, RankState.LOST), ended=r.ended,
                 state=None if r.state is None else str(r.state)))
