@@ -10,7 +10,9 @@ is read. Which folders are runs and which files they hold is
 One thread reads the inotify descriptor (``inotify_simple``, a thin ctypes
 wrapper) in batches: a burst of appends is one read and each path is reported
 once per batch, so a live daemon's hints cost a few reads a second however
-many lines are appended (docs/daemon.md, "Live path").
+many lines are appended (docs/daemon.md, "Live path"). Where inotify is not
+available (macOS, or ``inotify_simple`` missing) watchdog's observer gives
+the same hints, at a higher cost per event.
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ class Watcher:
     through a symbolic link.
     """
 
-    def __init__(self, roots: list[str], on_change: Callable[[str], None]) -> None:
+    def __init__(self, roots: list[str], on_change: Callable[[str], None], backend: str = "auto") -> None:
+        """``backend``: "auto" (inotify, else watchdog), "inotify" or "watchdog"."""
         self.roots = roots
+        self.backend = backend
+        self._observer = None  # watchdog's, when it is the backend
         self.on_change = on_change
         self._ino = None
         self._dirs: dict[int, str] = {}  # watch descriptor -> folder
@@ -55,7 +60,39 @@ class Watcher:
         self._full = False  # the watch limit was reached: folders beyond it are polled only
 
     def start(self) -> bool:
-        """Watch every folder under the roots and start the reading thread; False when inotify is unavailable."""
+        """Watch every folder under the roots and start the reading thread; False when no backend works."""
+        if self.backend in ("auto", "inotify") and self._start_inotify():
+            return True
+        return self.backend in ("auto", "watchdog") and self._start_watchdog()
+
+    def _start_watchdog(self) -> bool:
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:
+            return False
+        on_change = self.on_change
+
+        class _Hints(FileSystemEventHandler):
+            def on_any_event(self, event) -> None:  # every kind is a hint; the ingester decides
+                if event.event_type in ("opened", "closed_no_write"):
+                    return
+                on_change(os.fsdecode(event.src_path))
+                dest = getattr(event, "dest_path", "")
+                if dest:
+                    on_change(os.fsdecode(dest))
+
+        observer = Observer()
+        try:
+            for root in self.roots:
+                observer.schedule(_Hints(), root, recursive=True)
+            observer.start()
+        except (OSError, RuntimeError):
+            return False
+        self._observer = observer
+        return True
+
+    def _start_inotify(self) -> bool:
         try:
             from inotify_simple import INotify
         except ImportError:
@@ -81,6 +118,10 @@ class Watcher:
 
     def stop(self) -> None:
         """Stop the reading thread and close the descriptor (idempotent)."""
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout=2)
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:

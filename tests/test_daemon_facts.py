@@ -252,7 +252,7 @@ def test_an_index_of_a_newer_version_is_refused_untouched(env, tmp_path):
 def test_the_daemon_imports_only_the_core():
     """daemon/ may import traceml_tui.core (and stdlib, msgspec, numpy, inotify_simple, psutil, prometheus_client
     for --metrics), never other parts."""
-    allowed_third_party = {"msgspec", "numpy", "inotify_simple", "psutil", "prometheus_client"}
+    allowed_third_party = {"msgspec", "numpy", "inotify_simple", "watchdog", "psutil", "prometheus_client"}
     import sys
 
     stdlib = set(sys.stdlib_module_names)

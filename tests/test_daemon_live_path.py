@@ -190,13 +190,15 @@ def _wait_for(cond, timeout: float = 20.0) -> bool:
     return cond()
 
 
-def test_the_watcher_hints_appends_and_files_in_folders_made_after_it_started(tmp_path):
+@pytest.mark.parametrize("backend", ["inotify", "watchdog"])
+def test_the_watcher_hints_appends_and_files_in_folders_made_after_it_started(tmp_path, backend):
+    """inotify on Linux; watchdog's observer where inotify is not available (macOS) gives the same hints."""
     from daemon.watcher import Watcher
 
     root = tmp_path / "logs"
     old = write_steps(root / "a", 0, range(1, 3))
     seen: set[str] = set()
-    w = Watcher([str(root)], seen.add)
+    w = Watcher([str(root)], seen.add, backend=backend)
     assert w.start()
     try:
         append_raw(old, step_line("a", 0, 3))
@@ -212,7 +214,7 @@ def test_the_watcher_hints_appends_and_files_in_folders_made_after_it_started(tm
     finally:
         w.stop()
         w.stop()  # idempotent
-    assert w._thread is None and w._ino is None
+    assert w._thread is None and w._ino is None and w._observer is None
 
 
 def _has_run(index: Path, name: str) -> bool:
