@@ -91,7 +91,8 @@ def test_status_and_run_screen_show_culprit_and_victim(real_runs, case, tmp_path
     table = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--index", str(index)],
                            capture_output=True, text=True, env=cli_env, timeout=120, check=False)
     (line,) = [ln for ln in table.stdout.splitlines() if ln.startswith(run.name)]
-    assert line[25:].split()[:2] == ["failed", "r1"], line  # the culprit, not the aborted rank 0
+    at = table.stdout.splitlines()[0].index("STATUS")  # the name column is as wide as the longest name
+    assert line[at:].split()[:2] == ["failed", "r1"], line  # the culprit, not the aborted rank 0
 
     async def screen() -> tuple[str, list[str]]:
         source = IndexSource(index)

@@ -117,7 +117,8 @@ def test_every_surface_says_the_same_word(case, real_runs, tmp_path, cli_env):
 
     table = _cli(["status", "--index", str(index), "--stall-after", str(STALL_AFTER)], cli_env)
     (line,) = [ln for ln in table.stdout.splitlines() if ln.startswith(run.name[:24])]
-    assert line[25:].split()[0] == want_status, line
+    at = table.stdout.splitlines()[0].index("STATUS")  # the name column is as wide as the longest name
+    assert line[at:].split()[0] == want_status, line
 
     status_cell, screen_ranks, alerts = asyncio.run(_screens(run, tmp_path))
     assert d.status_word(status_cell) == want_status
