@@ -253,3 +253,41 @@ def test_blocks_decoded_together_equal_blocks_decoded_one_by_one(odd):
     one_by_one = [tailer.prepare_block(b, base) for b, base in blocks]
     assert together == one_by_one
     assert sum(len(p.errors) for p in together) == (1 if odd == b"{not json\n" else 0)
+
+
+def test_a_repeated_step_in_a_pass_of_one_line_appends_counts_like_a_cold_ingest(tmp_path):
+    """A pass's one-line appends share one INSERT; a line repeating a stored step (the row is ignored) sends
+    the pass's rows through one INSERT per rank, so each rank's counts and series equal a cold read's."""
+    live_root, cold_root = tmp_path / "live", tmp_path / "cold"
+    ranks = 4
+    heads = {rank: header_line("r", rank, uuid=f"u{rank}") for rank in range(ranks)}
+    plan = [list(range(1, 9)) for _ in range(ranks)]
+    plan[2][5] = 3  # rank 2 writes step 3 again in the sixth pass
+    lines = {rank: [step_line("r", rank, s, step_ms=100.0 + s + rank) for s in plan[rank]] for rank in range(ranks)}
+    for rank in range(ranks):
+        folder = cold_root / "r" / "ranks" / f"rank_{rank}"
+        folder.mkdir(parents=True)
+        (folder / "steps-0.jsonl").write_bytes(heads[rank] + b"".join(lines[rank]))
+        folder = live_root / "r" / "ranks" / f"rank_{rank}"
+        folder.mkdir(parents=True)
+        (folder / "steps-0.jsonl").write_bytes(heads[rank])
+    cold = Ingester(tmp_path / "cold.sqlite", [str(cold_root)], use_inotify=False)
+    cold.run_once()
+    cold.close()
+    live = Ingester(tmp_path / "live.sqlite", [str(live_root)], use_inotify=False)
+    live.run_once()
+    for i in range(len(plan[0])):
+        for rank in range(ranks):
+            append_raw(live_root / "r" / "ranks" / f"rank_{rank}" / "steps-0.jsonl", lines[rank][i])
+        live.run_once()
+    live.close()
+    with Reader(tmp_path / "cold.sqlite") as a, Reader(tmp_path / "live.sqlite") as b:
+        ra, rb = a.find_run("r").run_id, b.find_run("r").run_id
+        assert a.step_count(ra) == b.step_count(rb) == ranks * 8 - 1
+        rows_a, rows_b = a.rank_rows(ra), b.rank_rows(rb)
+        assert [(x.rank, x.records, x.first_step, x.last_step, x.median_step_ms) for x in rows_a] == \
+               [(x.rank, x.records, x.first_step, x.last_step, x.median_step_ms) for x in rows_b]
+        assert a.find_run("r").records == b.find_run("r").records == ranks * 8 - 1
+        for rank in range(ranks):  # each stored step folded once, the repeated line not at all
+            points = b.series(rb, rank, "step_ms").points
+            assert [(p.step_lo, p.n) for p in points] == [(s, 1) for s in sorted(set(plan[rank]))]
