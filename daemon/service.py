@@ -943,7 +943,6 @@ class Ingester:
         self._deferred_bytes = 0
         if not items:
             return
-        pending: list = []  # one-row groups whose INSERT is shared with the other files of the pass
         try:
             prepared = tailer.prepare_blocks([(data, offset) for _, _, _, data, offset in items])
         except Exception:  # decoded file by file below, so that a failure names its file
@@ -957,61 +956,16 @@ class Ingester:
                     for off, length, message in prep.errors:
                         self._error(run, f, cur, off, length, message)
                     if prep.others or prep.groups:
-                        self._route(run, f, cur, prep, pending)
+                        self._route(run, f, cur, prep)
                 except Exception as exc:
                     self._fds.drop(f.path)
                     if not _index_failure(exc):
                         log.error("traceml daemon: skipping %s until restart: %s", f.path, exc)
                         self._quarantine.add(f.path)
                     raise
-            self._insert_pending(pending)
         finally:
             if gc_was_enabled:
                 gc.enable()
-
-    def _insert_pending(self, pending: list) -> None:
-        """Insert the one-row groups :meth:`_route` set aside: one statement per run and column set.
-
-        The common case (every row new) needs no per-rank count. A row that was already stored (or a
-        failing statement) rolls the grouped insert back to its savepoint and inserts rank by rank as
-        before, so that each rank's window and series get exactly the rows it inserted.
-        """
-        if not pending:
-            return
-        items = pending[:]
-        pending.clear()
-        conn = self.conn
-        groups: dict[tuple[int, tuple], list] = {}
-        for item in items:
-            groups.setdefault((item[0].run_id, item[3]), []).append(item[4])
-        conn.execute("SAVEPOINT live_rows")
-        before = conn.total_changes
-        try:
-            for (run_id, keep), values in groups.items():
-                conn.executemany(idx.insert_steps_sql(run_id, keep), values)
-            grouped = conn.total_changes - before == len(items)
-        except Exception as exc:
-            if _index_failure(exc):
-                raise
-            grouped = False
-        if not grouped:
-            conn.execute("ROLLBACK TO live_rows")
-        conn.execute("RELEASE live_rows")
-        for run, f, key, keep, value, row, latest, ratios in items:
-            if grouped:
-                inserted = 1
-            else:
-                try:
-                    before = conn.total_changes
-                    conn.execute(idx.insert_steps_sql(run.run_id, keep), value)
-                    inserted = conn.total_changes - before
-                except Exception as exc:
-                    self._fds.drop(f.path)
-                    if not _index_failure(exc):
-                        log.error("traceml daemon: skipping %s until restart: %s", f.path, exc)
-                        self._quarantine.add(f.path)
-                    raise
-            self._routed(run, key, [row], None, latest, ratios, inserted)
 
     def _drain_renamed(self, run: _Run, f: _File, cur: dict, ino: int, dev: int) -> bool:
         """Read the rest of ``f``'s previous file, now renamed in the same folder (found by inode ``ino``).
@@ -1186,41 +1140,24 @@ class Ingester:
             self.conn.execute("UPDATE runs SET errors = errors + 1 WHERE run_id = ?", (run.run_id,))
             batch.runs.add(run.run_id)
 
-    def _route(self, run: _Run, f: _File, cur: dict, prepared: tailer.Prepared,
-               pending: Optional[list] = None) -> None:
-        """Insert a block's step rows and fold them into their ranks' windows and series.
-
-        With ``pending`` (a pass's small appends), a one-row group of a first generation is set aside
-        there and inserted with the other files' (:meth:`_insert_pending`); anything else first inserts
-        what is pending, so that a rank's rows reach it in order.
-        """
+    def _route(self, run: _Run, f: _File, cur: dict, prepared: tailer.Prepared) -> None:
         batch = self._batch
         if prepared.others:
-            if pending:
-                self._insert_pending(pending)
             self._route_other(run, f, cur, prepared.others)
         conn = self.conn
+        agg = self._agg
         for (rank, attempt), (rows, ratios, latest) in prepared.groups.items():
-            n = len(rows)
-            key = (run.run_id, rank, attempt)
-            if n == 1 and pending is not None and not cur["generation"]:
-                # the live case: one line per rank per pass, masked in C
-                mask = list(map(operator.is_not, rows[0], _NONES))
-                keep = tuple(compress(_POSITIONS, mask))
-                pending.append((run, f, key, keep, tuple(compress(rows[0], mask)), rows[0], latest, ratios))
-                batch.rows += 1
-                continue
-            if pending:
-                self._insert_pending(pending)
             cols = list(zip(*rows))  # transpose in C: the insert, the window and the series read columns
+            n = len(rows)
             # Columns NULL in the whole group are left out of the INSERT (same rows, far fewer None binds).
-            if n == 1:
+            if n == 1:  # the live case: one line per rank per pass, masked in C
                 mask = list(map(operator.is_not, rows[0], _NONES))
                 keep = tuple(compress(_POSITIONS, mask))
                 values = [tuple(compress(rows[0], mask))]
             else:
                 keep = tuple(i for i, col in enumerate(cols) if col[0] is not None or col.count(None) != n)
                 values = list(zip(*[cols[i] for i in keep]))
+            key = (run.run_id, rank, attempt)
             if cur["generation"]:
                 # A later generation re-supplies rows: its values win (REPLACE), and a row it replaced sends
                 # the rank's window and series to be rebuilt from the rows that remain (at commit).
@@ -1238,28 +1175,20 @@ class Ingester:
                 conn.executemany(idx.insert_steps_sql(run.run_id, keep), values)
                 inserted = conn.total_changes - before
             batch.rows += n
-            self._routed(run, key, rows, cols, latest, ratios, inserted)
-
-    def _routed(self, run: _Run, key: tuple[int, int, int], rows: list, cols: Optional[list], latest,
-                ratios, inserted: int) -> None:
-        """Fold a group's inserted rows into its rank's window and (small ones at commit) its series."""
-        batch = self._batch
-        batch.records += inserted
-        window = self._agg.window(key)
-        if len(rows) == 1:
-            window.add_row(rows[0], inserted)
-        else:
-            window.add_columns(cols, inserted)
-        if latest is not None:
-            window.ratios = latest
-        batch.ranks.add(key)
-        if inserted:
-            if cols is None:
-                cols = list(zip(*rows))
-            if len(rows) <= SMALL_FOLD_ROWS:  # a live append: folded at commit with every other rank of the pass
-                batch.series.append((run.run_id, key[1], cols, ratios))
+            batch.records += inserted
+            window = agg.window(key)
+            if n == 1:
+                window.add_row(rows[0], inserted)
             else:
-                self._agg.write_series(run.run_id, key[1], cols, ratios)
+                window.add_columns(cols, inserted)
+            if latest is not None:
+                window.ratios = latest
+            batch.ranks.add(key)
+            if inserted:
+                if n <= SMALL_FOLD_ROWS:  # a live append: folded at commit with every other rank of the pass
+                    batch.series.append((run.run_id, rank, cols, ratios))
+                else:
+                    agg.write_series(run.run_id, rank, cols, ratios)
 
     def _route_other(self, run: _Run, f: _File, cur: dict, others: list) -> None:
         """Records that are not steps (``(record, line offset)`` pairs): headers, events, system samples."""
