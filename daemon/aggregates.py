@@ -101,14 +101,18 @@ class Aggregates:
             (w.records, w.first_step, w.last_step, w.last_ts, w.loss, ratios, w.ended, w.exit_code, w.end_ts,
              w.node) = row
             w.ratios = json.loads(ratios) if ratios else None
-            tail = self.conn.execute(
-                f"SELECT {', '.join(live.WINDOW_COLUMNS)} FROM steps WHERE run_id = ? AND rank = ?"
-                " AND attempt = ? ORDER BY step DESC LIMIT ?", (*key, live.WINDOW)).fetchall()
-            w.add_stored(tail[::-1])
+            self._load_tail(w, key)
         if w.node is None:
             w.node = self.header_node(key)
         self.windows[key] = w
         return w
+
+    def _load_tail(self, w: live.RankWindow, key: RankKey) -> None:
+        """Fill ``w``'s rolling window with the rank's newest stored rows (at most ``live.WINDOW``)."""
+        tail = self.conn.execute(
+            f"SELECT {', '.join(live.WINDOW_COLUMNS)} FROM steps WHERE run_id = ? AND rank = ?"
+            " AND attempt = ? ORDER BY step DESC LIMIT ?", (*key, live.WINDOW)).fetchall()
+        w.add_stored(tail[::-1])
 
     def header_node(self, key: RankKey) -> Optional[int]:
         """``node_rank`` from the committed header of the rank's stream (None when unknown)."""
@@ -370,10 +374,7 @@ class Aggregates:
             w.last_ts, w.loss = self.conn.execute(
                 "SELECT ts, loss FROM steps WHERE run_id = ? AND rank = ? AND attempt = ? AND step = ?",
                 (*key, last)).fetchone()
-            tail = self.conn.execute(
-                f"SELECT {', '.join(live.WINDOW_COLUMNS)} FROM steps WHERE run_id = ? AND rank = ?"
-                " AND attempt = ? ORDER BY step DESC LIMIT ?", (*key, live.WINDOW)).fetchall()
-            w.add_stored(tail[::-1])
+            self._load_tail(w, key)
         if w.node is None:
             w.node = self.header_node(key)
         self.windows[key] = w

@@ -90,14 +90,18 @@ def last_recorded_step(run_dir: Path, rank: int) -> tuple[int, int]:
     return best_attempt, best_step
 
 
+def _read_tail(handle, limit: int = 1 << 20) -> tuple[bytes, bool]:
+    """The last ``limit`` bytes of an open file, and whether that is the whole file."""
+    size = handle.seek(0, os.SEEK_END)
+    chunk = min(size, limit)
+    handle.seek(size - chunk)
+    return handle.read(chunk), chunk == size
+
+
 def _last_step_in_file(path: Path) -> int:
     try:
         with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            chunk = min(size, 1 << 20)
-            handle.seek(size - chunk)
-            data = handle.read(chunk)
+            data, _ = _read_tail(handle)
     except OSError:
         return 0
     end = data.rfind(b"\n")
@@ -134,12 +138,8 @@ def _examples_at(path: Path, step: int) -> tuple[bool, Optional[int]]:
     """(whether the file records update ``step``, its ``examples``); the tail is read first."""
     try:
         with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            chunk = min(size, 1 << 20)
-            handle.seek(size - chunk)
-            data = handle.read(chunk)
-            if chunk < size and _first_step(data) > step:  # resumed from far back: read the whole file
+            data, whole = _read_tail(handle)
+            if not whole and _first_step(data) > step:  # resumed from far back: read the whole file
                 handle.seek(0)
                 data = handle.read()
     except OSError:
