@@ -15,15 +15,13 @@ from typing import Callable, Iterator, Optional
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from traceml_tui.core.state import BacklogState, RankState, RunStatus
+from traceml_tui.core.state import LIVE_RUN_STATES, BacklogState, RankState, RunStatus
 
 from .reader import Reader, RunSummary
 
 #: Default seconds a finished run stays exported after its last record.
 DEFAULT_RETENTION_S = 3600.0
 
-#: Run states whose run is still going (exported whatever its age).
-_LIVE = {RunStatus.RUNNING, RunStatus.STALLED}
 #: Rank states without an end record: their silence is worth a number.
 _SILENT_STATES = {RankState.RUNNING, RankState.STALLED, RankState.LOST}
 
@@ -58,7 +56,7 @@ class IndexCollector(Collector):
     def _exported(self, run: RunSummary, now: float) -> bool:
         if run.missing:
             return False
-        if run.status in _LIVE:
+        if run.status in LIVE_RUN_STATES:
             return True
         last = max((t for t in (run.last_seen, run.last_ts) if t is not None), default=None)
         return last is None or now - last <= self.retention_s
@@ -174,7 +172,7 @@ class IndexCollector(Collector):
                                 "Seconds between a run's newest record being written and being committed",
                                 labels=["run", "run_id"])
         for run in runs:
-            if run.status in _LIVE and run.last_seen is not None and run.last_ts is not None:
+            if run.status in LIVE_RUN_STATES and run.last_seen is not None and run.last_ts is not None:
                 lag.add_metric(self._labels(run), max(0.0, run.last_seen - run.last_ts))
         yield from (records, errors, commit, lag)
 

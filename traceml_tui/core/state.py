@@ -90,6 +90,8 @@ RUN_ATTENTION: tuple[RunStatus, ...] = (
     RunStatus.COMPLETED, RunStatus.MISSING,
 )
 #: Run states an alert (bell, notification) announces when a run enters them.
+#: Run states of a run still going (its duration runs up to now; always exported as a metric).
+LIVE_RUN_STATES: frozenset[RunStatus] = frozenset({RunStatus.RUNNING, RunStatus.STALLED})
 ALERT_STATES: frozenset[RunStatus] = frozenset({RunStatus.FAILED, RunStatus.LOST, RunStatus.STALLED})
 #: Run states that are over: nothing more will be written.
 FINAL_RUN_STATES: frozenset[RunStatus] = frozenset({

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 from traceml_tui.core import forensics, steptime
-from traceml_tui.core.state import STALL_FLOOR_S, BacklogState, RankState, RunStatus, commit_overdue, count_states
+from traceml_tui.core.state import (
+    LIVE_RUN_STATES,
+    STALL_FLOOR_S,
+    BacklogState,
+    RankState,
+    RunStatus,
+    commit_overdue,
+    count_states,
+)
 from traceml_tui.tui.snapshots import (
     BACKLOG_STATES,
     WRITER_DAEMON,
@@ -605,7 +613,7 @@ class IndexSource:
                           files=tuple((f.node, f.stream, f.rel) for f in files),
                           first_failed=failure.rank if failure is not None else _first_failed(run),
                           single_rank=(run.ranks_in(*RankState)[:1] or (0,))[0] if single else None,
-                          live=str(run.status) in ("running", "stalled"))
+                          live=run.status in LIVE_RUN_STATES)
 
     @_serialized
     def describe(self, run_id: int) -> Optional[DescribeSnapshot]:

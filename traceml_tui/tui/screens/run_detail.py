@@ -12,6 +12,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
 
+from traceml_tui.core.state import LIVE_RUN_STATES
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RunDetail
@@ -42,17 +43,13 @@ def headline(detail: RunDetail) -> list:
     return [(run_label(r.status, status), STATUS_STYLE.get(r.status, "")), " · ".join(facts), timing(detail)]
 
 
-#: Live states: the run's duration runs up to now (else to its end, or to its newest record).
-_LIVE = ("running", "stalled")
-
-
 def timing(detail: RunDetail) -> str:
     """Start time, duration and, for a running run with a declared last step, the ETA at the current steps/s."""
     r = detail.run
     if detail.started_at is None:
         return "started – (no manifest yet)"
     end = detail.ended_at if detail.ended_at is not None else (
-        detail.now if r.status in _LIVE or r.last_ts is None else r.last_ts)
+        detail.now if r.status in LIVE_RUN_STATES or r.last_ts is None else r.last_ts)
     parts = [f"started {textplot.clock_time(detail.started_at)}",
              f"duration {textplot.duration(max(0.0, end - detail.started_at))}"]
     if detail.eta_s is not None:
