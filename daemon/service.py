@@ -1171,9 +1171,15 @@ class Ingester:
                 if had:
                     batch.rebuild.add(key)
             else:
+                # Steps of this batch stored before it (one range seek; none on a first read) are ignored by the
+                # INSERT, like a step repeated within the batch: the series must fold only the rows it stores.
+                stored = (conn.execute(_STORED_IN_RANGE, (*key, min(cols[live.COL_STEP]), max(cols[live.COL_STEP])))
+                          .fetchall() if n > 1 else ())
                 before = conn.total_changes
                 conn.executemany(idx.insert_steps_sql(run.run_id, keep), values)
                 inserted = conn.total_changes - before
+                if 0 < inserted < n:
+                    cols, ratios = _stored_only(cols, ratios, {r[0] for r in stored})
             batch.rows += n
             batch.records += inserted
             window = agg.window(key)
@@ -1239,6 +1245,36 @@ class Ingester:
 
 
 SMALL_READ = 64 << 10  # new bytes up to this much are read in the same pread as the committed tail
+
+
+_STORED_IN_RANGE = "SELECT step FROM steps WHERE run_id = ? AND rank = ? AND attempt = ? AND step BETWEEN ? AND ?"
+
+
+def _stored_only(cols: list, ratios: dict, stored_before: set) -> tuple[list, dict]:
+    """The columns (and component ratios) of the rows an ``INSERT OR IGNORE`` of ``cols`` stored.
+
+    Ignored were the steps in ``stored_before`` and every repeat of a step within the batch (the first
+    line wins, as in the index): the series and ratios then count each stored step once, as a rebuild
+    from the index would (docs/daemon.md rule 2).
+    """
+    steps = cols[live.COL_STEP]
+    first: dict[int, int] = {}
+    for i, step in enumerate(steps):
+        if step not in stored_before:
+            first.setdefault(step, i)
+    keep = sorted(first.values())
+    cols = [tuple(c[i] for i in keep) for c in cols]
+    out = {}
+    for name, pairs in (ratios or {}).items():
+        seen: set = set()
+        kept = []
+        for step, value in pairs:
+            if step in first and step not in seen:
+                seen.add(step)
+                kept.append((step, value))
+        if kept:
+            out[name] = kept
+    return cols, out
 
 
 def _read_past_tail(fd: int, offset: int, tail: Optional[str], size: int) -> Optional[bytes]:

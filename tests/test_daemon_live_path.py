@@ -291,3 +291,29 @@ def test_a_repeated_step_in_a_pass_of_one_line_appends_counts_like_a_cold_ingest
         for rank in range(ranks):  # each stored step folded once, the repeated line not at all
             points = b.series(rb, rank, "step_ms").points
             assert [(p.step_lo, p.n) for p in points] == [(s, 1) for s in sorted(set(plan[rank]))]
+
+
+def test_repeated_and_already_stored_steps_in_a_multi_line_read_are_folded_once(live):
+    """A block of several lines repeating a step (within the block, or one stored by an earlier read) stores
+    the first line of each step; the series and the ratio series count each stored step once, with the
+    stored line's values, exactly as the steps table holds them."""
+    root, index, ing = live
+    path = root / "r" / "ranks" / "rank_0" / "steps-0.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(header_line("r", 0, uuid="u")
+                     + b"".join(step_line("r", 0, s, step_ms=10.0 * s, ratio=0.1 * s) for s in (1, 2, 3, 2)))
+    ing.run_once()
+    # a later read of several lines: step 3 again (stored by the first read), new steps, and 5 twice
+    append_raw(path, b"".join(step_line("r", 0, s, step_ms=999.0, ratio=9.0) for s in (3, 4, 5)))
+    append_raw(path, step_line("r", 0, 5, step_ms=777.0, ratio=7.0))
+    ing.run_once()
+    with Reader(index) as r:
+        run_id = r.find_run("r").run_id
+        assert r.step_count(run_id) == 5
+        points = r.series(run_id, 0, "step_ms").points
+        assert [(p.step_lo, p.n) for p in points] == [(s, 1) for s in range(1, 6)]
+        ratios = r.series(run_id, 0, "ratio/mse").points
+        assert [(p.step_lo, p.n) for p in ratios] == [(s, 1) for s in range(1, 6)]
+        # the first line of each step won: 2 kept 0.2 (not the repeat), 3 kept 0.3 (stored first), 4 and 5 the new
+        assert [round(p.vmax, 6) for p in ratios] == [0.1, 0.2, 0.3, 9.0, 9.0]
+        assert r.rank_rows(run_id)[0].records == 5
