@@ -1020,7 +1020,8 @@ class Ingester:
             tail = None
         # A line starting with a NUL byte is a region extended before its data landed (NFS): never commit past
         # it; read it again next poll.
-        hole = 0 if data[:1] == b"\0" else data.find(b"\n\0") + 1 or None
+        # (`b"\0" in data` is one memchr; the two-byte search only runs when a NUL is there at all)
+        hole = 0 if data[:1] == b"\0" else (data.find(b"\n\0") + 1 or None) if b"\0" in data else None
         if hole is not None:
             end = data.find(b"\n", hole)
             if (end >= 0 and not data[hole:end].strip(b"\0")) or not self._nul_fresh:
