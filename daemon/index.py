@@ -11,26 +11,119 @@ Only the daemon (or the embedded ingester) writes, under the lock held by
 
 An index written by an older version, or by this version before some of its
 columns were added, is upgraded in place when the writer opens it
-(:func:`connect_writer`): the columns it lacks are created with
-``ALTER TABLE … ADD COLUMN`` and the index is flagged so that the ingester
-derives their values from what the index already holds
-(:func:`needs_rederive`) — the runs whose folders are gone keep their rows
-(rule 7), which a rebuild from the run directories could not do.
+(:func:`connect_writer`): the rows of a ``steps`` table of version 2 or
+older move, converted, into the compact table of version 3, the columns it
+lacks are created with ``ALTER TABLE … ADD COLUMN`` and, when some were
+missing, the index is flagged so that the ingester derives their values from
+what the index already holds (:func:`needs_rederive`) — the runs whose
+folders are gone keep their rows (rule 7), which a rebuild from the run
+directories could not do.
+
+How a step row is stored (integers where a REAL would cost 8 bytes, the
+timings a CPU run leaves NULL in one column) is said once, in
+:data:`STEP_STORED`, and how each column is read back, in
+:data:`STEP_DERIVED`: step rows live in :data:`STEPS_TABLE` and every reader
+selects from the view ``steps``, which has the columns of
+:data:`STEP_COLUMNS`. :func:`step_values_sql` turns the first into SQL for
+any writer of step rows.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+#: Metrics kept as downsampled series in the wide ``series`` table, in column order.
+SERIES_METRICS: tuple[str, ...] = ("step_ms", "input_wait_ms", "gpu_step_ms", "loss", "grad_norm", "lr")
+
+#: The columns of a step row, in row-tuple order (run_id comes first): what the ingester binds and what every
+#: SELECT on ``steps`` names. The timings are the record's own fields on the CPU clock (``step_ms`` is
+#: ``cpu_ms.step``, the traced envelope; ``input_wait_ms`` the gap before it; ``data_wait_ms`` /
+#: ``data_in_step_ms`` the loader waits in the gap / in the envelope) and, ``gpu_`` prefixed, on the GPU clock;
+#: the step *time* and its parts are derived from them by core.steptime. How each is stored:
+#: :data:`STEP_STORED` and :data:`STEP_DERIVED` (docs/daemon.md, "How a step row is stored").
+STEP_COLUMNS: tuple[str, ...] = (
+    "run_id", "rank", "attempt", "step", "ts",
+    "step_ms", "input_wait_ms", "h2d_ms", "forward_ms", "backward_ms", "optimizer_ms",
+    "gpu_step_ms", "gpu_input_wait_ms", "gpu_h2d_ms", "gpu_forward_ms", "gpu_backward_ms", "gpu_optimizer_ms",
+    "loss", "lr", "grad_norm", "examples", "rss", "extra",
+    "data_wait_ms", "data_in_step_ms",
+)
+
+#: The timings a plain CPU training loop leaves NULL (the host-to-device copy, the loader waits, the GPU
+#: clock), folded into one stored column (``more_us``, a JSON array of integer microseconds in this order):
+#: one NULL costs a row one byte, so nine of them cost nine on every row of a CPU run.
+STEP_FOLDED: tuple[str, ...] = (
+    "h2d_ms", "data_wait_ms", "data_in_step_ms",
+    "gpu_step_ms", "gpu_input_wait_ms", "gpu_h2d_ms", "gpu_forward_ms", "gpu_backward_ms", "gpu_optimizer_ms",
+)
+
+
+def _us(name: str) -> str:
+    return f"round({{{name}}} * 1000)"
+
+
+#: The table that holds the step rows; ``steps`` is a view over it with every column of :data:`STEP_COLUMNS`.
+STEPS_TABLE = "steps_stored"
+
+#: The stored columns of :data:`STEPS_TABLE`, in order: (column, declaration, SQL expression of the row's values,
+#: where ``{name}`` stands for the value of the :data:`STEP_COLUMNS` column ``name``). SQLite stores an integer
+#: in 0-6 bytes and a REAL in 8, and a NULL costs one header byte: timings are integer microseconds (``round``:
+#: within 0.0005 ms, far below what any surface shows), ``ts`` integer milliseconds, ``rss`` KiB (exact for RSS
+#: in pages), a learning rate with at most six decimals (1e-3, 3e-4, 5e-6: constant and step schedules) an
+#: integer count of 1e-6 when that gives back the very same double, any other learning rate its REAL (``lr_e6``
+#: has no declared type, hence no affinity to convert one into the other: nothing is lost).
+STEP_STORED: tuple[tuple[str, str, str], ...] = (
+    ("run_id", "INTEGER NOT NULL", "{run_id}"),
+    ("rank", "INTEGER NOT NULL", "{rank}"),
+    ("attempt", "INTEGER NOT NULL", "{attempt}"),
+    ("step", "INTEGER NOT NULL", "{step}"),
+    ("ts_ms", "INTEGER", "round({ts} * 1000)"),
+    ("step_us", "INTEGER", _us("step_ms")),
+    ("input_wait_us", "INTEGER", _us("input_wait_ms")),
+    ("forward_us", "INTEGER", _us("forward_ms")),
+    ("backward_us", "INTEGER", _us("backward_ms")),
+    ("optimizer_us", "INTEGER", _us("optimizer_ms")),
+    ("loss", "REAL", "{loss}"),
+    ("lr_e6", "", "CASE WHEN CAST(round({lr} * 1e6) AS INTEGER) / 1e6 = {lr}"
+                  " THEN CAST(round({lr} * 1e6) AS INTEGER) ELSE {lr} END"),
+    ("grad_norm", "REAL", "{grad_norm}"),
+    ("examples", "INTEGER", "{examples}"),
+    ("rss_kib", "INTEGER", "round({rss} / 1024.0)"),
+    ("extra", "TEXT", "{extra}"),
+    # JSON integers: CAST (a value past 9.2e15 ms, 292,000 years, is clamped); NULL when all nine are NULL.
+    ("more_us", "TEXT", "nullif(json_array(" + ", ".join(f"CAST({_us(c)} AS INTEGER)" for c in STEP_FOLDED)
+     + "), '[" + ",".join(["null"] * len(STEP_FOLDED)) + "]')"),
+)
+
+#: Each column of :data:`STEP_COLUMNS` as the ``steps`` view computes it from the stored columns (a column
+#: stored as it is read is itself). A view, not generated columns: SQLite computes a table's generated columns
+#: on every INSERT (measured: a third more CPU per inserted row), a view only when it is read; simple views
+#: are flattened into the query, so a SELECT on ``steps`` uses the key of :data:`STEPS_TABLE` as before.
+STEP_DERIVED: dict[str, str] = {
+    **{c: c for c in STEP_COLUMNS},
+    "ts": "ts_ms / 1000.0",
+    "step_ms": "step_us / 1000.0",
+    "input_wait_ms": "input_wait_us / 1000.0",
+    "forward_ms": "forward_us / 1000.0",
+    "backward_ms": "backward_us / 1000.0",
+    "optimizer_ms": "optimizer_us / 1000.0",
+    "lr": "CASE typeof(lr_e6) WHEN 'integer' THEN lr_e6 / 1e6 ELSE lr_e6 END",
+    "rss": "rss_kib * 1024",
+    **{name: f"json_extract(more_us, '$[{i}]') / 1000.0" for i, name in enumerate(STEP_FOLDED)},
+}
+
 #: Columns added after schema version 1, in the order they were added: (table, column, declaration).
-#: They sit at the end of their tables, in a new index as in an upgraded one. Version 2 is not released
-#: yet and gained columns after its first indexes were written, so the writer upgrades an index that
-#: lacks any of them whatever its version number says (:func:`missing_columns`).
+#: They sit at the end of their tables, in a new index as in an upgraded one. Version 2 gained columns after
+#: its first indexes were written, so the writer upgrades an index that lacks any of them whatever its version
+#: number says (:func:`missing_columns`); the ``steps`` ones are columns of the view since version 3 (a
+#: ``steps`` table of version 2 is rebuilt, never altered: :func:`upgrade`).
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("rank_live", "end_ts", "REAL"),
     ("runs", "outcome_nodes", "TEXT"),
@@ -40,20 +133,38 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("rank_live", "step_parts", "TEXT"),
 )
 
-#: Metrics kept as downsampled series in the wide ``series`` table, in column order.
-SERIES_METRICS: tuple[str, ...] = ("step_ms", "input_wait_ms", "gpu_step_ms", "loss", "grad_norm", "lr")
 
-#: Column order of the ``steps`` table (run_id comes first). The timings are the record's own fields on the
-#: CPU clock (``step_ms`` is ``cpu_ms.step``, the traced envelope; ``input_wait_ms`` the gap before it;
-#: ``data_wait_ms`` / ``data_in_step_ms`` the loader waits in the gap / in the envelope) and, ``gpu_``
-#: prefixed, on the GPU clock; the step *time* and its parts are derived from them by core.steptime.
-STEP_COLUMNS: tuple[str, ...] = (
-    "run_id", "rank", "attempt", "step", "ts",
-    "step_ms", "input_wait_ms", "h2d_ms", "forward_ms", "backward_ms", "optimizer_ms",
-    "gpu_step_ms", "gpu_input_wait_ms", "gpu_h2d_ms", "gpu_forward_ms", "gpu_backward_ms", "gpu_optimizer_ms",
-    "loss", "lr", "grad_norm", "examples", "rss", "extra",
-    "data_wait_ms", "data_in_step_ms",
-)
+def _steps_table(name: str) -> str:
+    stored = ",\n  ".join(f"{col} {decl}".rstrip() for col, decl, _ in STEP_STORED)
+    return f"CREATE TABLE IF NOT EXISTS {name} (\n  {stored},\n  PRIMARY KEY (run_id, rank, attempt, step)\n) WITHOUT ROWID"
+
+
+def _steps_view() -> str:
+    cols = ",\n  ".join(STEP_DERIVED[c] if STEP_DERIVED[c] == c else f"{STEP_DERIVED[c]} AS {c}" for c in STEP_COLUMNS)
+    return f"CREATE VIEW IF NOT EXISTS steps AS SELECT\n  {cols}\nFROM {STEPS_TABLE}"
+
+
+_SOURCE = re.compile(r"\{(\w+)\}")
+
+
+def step_values_sql(source: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(stored column, SQL expression)`` for the columns of :data:`STEPS_TABLE` that ``source`` feeds.
+
+    ``source`` maps a :data:`STEP_COLUMNS` name to the SQL text of its value:
+    a bound parameter (``?3``), a literal, or a column of another table
+    (``s.step_ms``, for an ``INSERT … SELECT``). A name that is not in it is
+    NULL; a stored column none of whose values it gives is left out (stored
+    NULL). The one place that says how a step row is stored: every writer of
+    step rows goes through it (``INSERT INTO steps_stored (cols) VALUES
+    (exprs)`` or ``… SELECT exprs FROM staging``).
+    """
+    out = []
+    for column, _, template in STEP_STORED:
+        names = _SOURCE.findall(template)
+        if any(n in source for n in names):
+            out.append((column, _SOURCE.sub(lambda m: source.get(m.group(1), "NULL"), template)))
+    return out
+
 
 _series_cols = ",\n".join(
     f"  {m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER NOT NULL DEFAULT 0" for m in SERIES_METRICS
@@ -114,17 +225,8 @@ CREATE TABLE IF NOT EXISTS segments (
   PRIMARY KEY (identity, generation, start)
 ) WITHOUT ROWID;
 
-CREATE TABLE IF NOT EXISTS steps (
-  run_id INTEGER NOT NULL, rank INTEGER NOT NULL, attempt INTEGER NOT NULL, step INTEGER NOT NULL,
-  ts REAL,
-  step_ms REAL, input_wait_ms REAL, h2d_ms REAL, forward_ms REAL, backward_ms REAL, optimizer_ms REAL,
-  gpu_step_ms REAL, gpu_input_wait_ms REAL, gpu_h2d_ms REAL, gpu_forward_ms REAL, gpu_backward_ms REAL,
-  gpu_optimizer_ms REAL,
-  loss REAL, lr REAL, grad_norm REAL, examples INTEGER, rss INTEGER,
-  extra TEXT,
-  data_wait_ms REAL, data_in_step_ms REAL,
-  PRIMARY KEY (run_id, rank, attempt, step)
-) WITHOUT ROWID;
+{_steps_table(STEPS_TABLE)};
+{_steps_view()};
 
 CREATE TABLE IF NOT EXISTS events (
   run_id INTEGER NOT NULL, identity TEXT NOT NULL, generation INTEGER NOT NULL, offset INTEGER NOT NULL,
@@ -268,16 +370,40 @@ def _connect_writer(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
+def table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """The columns of ``table`` (or view), hidden and generated ones included (``table_info`` leaves them out)."""
+    return {r[1] for r in conn.execute(f"PRAGMA table_xinfo({table})")}
+
+
 def missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
     """The columns of :data:`ADDED_COLUMNS` that the index lacks (an index written before they were added)."""
     have: dict[str, set[str]] = {}
     out = []
     for table, column, decl in ADDED_COLUMNS:
         if table not in have:
-            have[table] = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+            have[table] = table_columns(conn, table)
         if column not in have[table]:
             out.append((table, column, decl))
     return out
+
+
+def stored_as_written(conn: sqlite3.Connection) -> bool:
+    """True when ``steps`` is a table storing every column as written (schema version 2 or older)."""
+    row = conn.execute("SELECT type FROM sqlite_master WHERE name = 'steps'").fetchone()
+    return row is not None and row[0] == "table"
+
+
+def _restore_steps(conn: sqlite3.Connection) -> None:
+    """Move the rows of a ``steps`` table of version 2 or older into :data:`STEPS_TABLE` and put the view in its
+    place (inside the caller's transaction): every row converted by the same expressions as a new row
+    (:func:`step_values_sql`) and kept, in key order; a column the old table lacks is NULL."""
+    have = table_columns(conn, "steps")
+    pairs = step_values_sql({c: c for c in STEP_COLUMNS if c in have})
+    conn.execute(_steps_table(STEPS_TABLE))
+    conn.execute(f"INSERT INTO {STEPS_TABLE} ({', '.join(c for c, _ in pairs)})"
+                 f" SELECT {', '.join(e for _, e in pairs)} FROM steps ORDER BY run_id, rank, attempt, step")
+    conn.execute("DROP TABLE steps")
+    conn.execute(_steps_view())
 
 
 #: Tables whose key gained ``run_id`` after their first indexes were written (a copied run folder has the
@@ -321,15 +447,26 @@ def _rekey(conn: sqlite3.Connection, table: str) -> None:
 
 
 def upgrade(conn: sqlite3.Connection) -> None:
-    """Add the columns of :data:`ADDED_COLUMNS` that are missing and rebuild the tables of :func:`stale_keys`,
-    in one transaction, and flag the rederive."""
+    """Bring an index of an older version (or one lacking columns) to this one, in one transaction.
+
+    A ``steps`` table of version 2 or older is rebuilt with its rows converted (:func:`_restore_steps`), the
+    columns of :data:`ADDED_COLUMNS` that are missing are added, the tables of :func:`stale_keys` rebuilt, and,
+    when columns were missing (or the index is of version 1), the rederive flagged: the figures those columns
+    feed are derived by the writer from what the index holds. A complete version-2 index needs no rederive: its
+    aggregates were computed from the same records as a new index's.
+    """
     conn.execute("BEGIN IMMEDIATE")
     try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        rederive = (row is not None and int(row[0]) < 2) or bool(missing_columns(conn)) or bool(stale_keys(conn))
+        if stored_as_written(conn):
+            _restore_steps(conn)
         for table, column, decl in missing_columns(conn):
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         for table in stale_keys(conn):
             _rekey(conn, table)
-        conn.execute("INSERT OR REPLACE INTO meta VALUES ('rederive', '1')")
+        if rederive:
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('rederive', '1')")
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         conn.execute("COMMIT")
     except BaseException:
@@ -359,21 +496,26 @@ def insert_steps_sql(run_id: int, columns: Optional[tuple[int, ...]] = None) -> 
     """INSERT for step rows; run_id is inlined so that row tuples need not carry it.
 
     ``columns`` (positions in a row tuple, i.e. in ``STEP_COLUMNS[1:]``) names
-    the columns that the rows carry; every other column is stored as NULL. The
-    ingester leaves out columns that are NULL in a whole batch: binding None
-    costs the sqlite3 module an adapter lookup per value, more than the insert.
+    the columns that the rows carry, bound in that order; every other column is
+    stored as NULL. The ingester leaves out columns that are NULL in a whole
+    batch: binding None costs the sqlite3 module an adapter lookup per value,
+    more than the insert. The values are converted to their stored form in the
+    statement (:func:`step_values_sql`), so building a row costs nothing more;
+    the parameters are numbered (``?3``) because an expression may read a value
+    twice.
     """
     if columns is None:
-        holes = ",".join("?" * (len(STEP_COLUMNS) - 1))
-        return f"INSERT OR IGNORE INTO steps VALUES ({int(run_id)},{holes})"
+        columns = tuple(range(len(STEP_COLUMNS) - 1))
     key = (int(run_id), tuple(columns))
     sql = _insert_sql_cache.get(key)
     if sql is None:
         if len(_insert_sql_cache) > 4096:
             _insert_sql_cache.clear()
-        names = ", ".join(STEP_COLUMNS[1 + i] for i in columns)
-        sql = _insert_sql_cache[key] = (f"INSERT OR IGNORE INTO steps (run_id, {names})"
-                                        f" VALUES ({int(run_id)},{','.join('?' * len(columns))})")
+        source = {"run_id": str(int(run_id))}
+        source.update((STEP_COLUMNS[1 + i], f"?{k}") for k, i in enumerate(columns, 1))
+        pairs = step_values_sql(source)
+        sql = _insert_sql_cache[key] = (f"INSERT OR IGNORE INTO {STEPS_TABLE} ({', '.join(c for c, _ in pairs)})"
+                                        f" VALUES ({', '.join(e for _, e in pairs)})")
     return sql
 
 
@@ -408,7 +550,7 @@ def prune_missing(conn: sqlite3.Connection, run_ids: Optional[Iterable[int]] = N
             idents = [r[0] for r in conn.execute("SELECT identity FROM files WHERE run_id=? AND identity IS NOT NULL", (run_id,))]
             for ident in idents:
                 conn.execute("DELETE FROM segments WHERE identity = ?", (ident,))
-            for table in ("steps", "events", "system", "errors", "side_files", "rank_live", "series",
+            for table in (STEPS_TABLE, "events", "system", "errors", "side_files", "rank_live", "series",
                           "series_extra", "series_width", "files", "runs"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         if run_ids:

@@ -330,7 +330,7 @@ class Reader:
                 f"the index {self.index_path} has schema version {version[0][0]}; this traceml reads "
                 f"{idx.SCHEMA_VERSION}: " + ("use a newer traceml or another --index" if newer else
                                              "run `traceml daemon ROOT --once` (or `traceml watch`) to upgrade it"))
-        columns = {t: {r[1] for r in self._rows(f"PRAGMA table_info({t})")} for t, _, _ in idx.ADDED_COLUMNS}
+        columns = {t: idx.table_columns(self.conn, t) for t, _, _ in idx.ADDED_COLUMNS}
         lacking = [f"{t}.{c}" for t, c, _ in idx.ADDED_COLUMNS if columns[t] and c not in columns[t]]
         if lacking:  # written by this version before these columns were added; the writer adds them on open
             self.conn.close()

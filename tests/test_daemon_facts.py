@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from test_daemon_support import append_raw, step_line, steps_path
+from test_daemon_support import append_raw, make_v2_index, step_line, steps_path
 
 from daemon import index as idx
 from daemon import sidefiles
@@ -186,10 +186,13 @@ def test_sidefiles_parse_is_pure_and_typed():
 
 def _downgrade_to_v1(index: Path) -> None:
     """Make ``index`` look written by schema version 1 (no new columns, the old ranks_failed rule's count)."""
+    added = [(table, column) for table, column, _ in reversed(idx.ADDED_COLUMNS)]
+    make_v2_index(index, lacking=tuple(column for table, column in added if table == "steps"))
     conn = sqlite3.connect(index)
     try:
-        for table, column, _ in reversed(idx.ADDED_COLUMNS):
-            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        for table, column in added:
+            if table != "steps":
+                conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         conn.execute("UPDATE rank_live SET node = NULL")  # version 1 never wrote it
         conn.execute("UPDATE runs SET ranks_failed = ranks_ended")  # every 'exited' counted as failed
         conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")

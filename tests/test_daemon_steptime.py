@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_daemon_support import append_raw, header_line, steps_path
+from test_daemon_support import US_ROUNDING, append_raw, header_line, make_v2_index, rows_match, steps_path
 
 from daemon import index as idx
 from daemon import live
@@ -141,11 +141,11 @@ def _expected_parts(steps: list[records.Step]) -> dict:
             "steps_without_gap": avg.steps_without_gap, "clock": "gpu" if gpu else "cpu"}
 
 
-def _assert_parts_equal(got: dict, want: dict) -> None:
+def _assert_parts_equal(got: dict, want: dict, abs_tol: float = 1e-12) -> None:
     assert got.keys() == want.keys()
     for key, value in want.items():
         if isinstance(value, float):
-            assert math.isclose(got[key], value, rel_tol=1e-12, abs_tol=1e-12), (key, got[key], value)
+            assert math.isclose(got[key], value, rel_tol=1e-12, abs_tol=abs_tol), (key, got[key], value)
         else:
             assert got[key] == value, key
 
@@ -212,14 +212,16 @@ def test_ingested_columns_rank_parts_and_series_survive_restarts(env) -> None:
         _write_rank(run_dir, rank, steps[210:], header=False)
     ingest()
     stored = _rows(index, "SELECT rank, step, data_wait_ms, data_in_step_ms FROM steps ORDER BY rank, step")
-    assert stored == [(s.rank, s.step, s.cpu_ms.data_wait, s.cpu_ms.data_in_step)
-                      for rank in (0, 1) for s in by_rank[rank]]
+    assert rows_match(stored, [(s.rank, s.step, s.cpu_ms.data_wait, s.cpu_ms.data_in_step)
+                               for rank in (0, 1) for s in by_rank[rank]])  # stored in µs: rounding only
     with Reader(index) as r:
         run = r.find_run("r")
         rows = {k.rank: k for k in r.rank_rows(run.run_id)}
         for rank, steps in by_rank.items():
             tail = steps[-live.WINDOW:]
-            _assert_parts_equal(rows[rank].step_parts, _expected_parts(tail))
+            # The window is read back from the index (timings in µs): a part sums or subtracts up to six stored
+            # timings (the residual: traced minus five phases), each within rounding.
+            _assert_parts_equal(rows[rank].step_parts, _expected_parts(tail), abs_tol=6 * US_ROUNDING)
             assert rows[rank].step_parts["clock"] == ("gpu" if rank == 1 else "cpu")
             series = r.series(run.run_id, rank, "step_ms")
             assert series.width == 1  # one step per bucket
@@ -238,10 +240,10 @@ def test_ingested_columns_rank_parts_and_series_survive_restarts(env) -> None:
 
 def _drop_step_time_columns(index: Path) -> None:
     """Make ``index`` look written by version 2 before the step-time columns (the old figures' meaning)."""
+    make_v2_index(index, lacking=("data_in_step_ms", "data_wait_ms"))
     conn = sqlite3.connect(index)
     try:
-        for table, column in (("rank_live", "step_parts"), ("steps", "data_in_step_ms"), ("steps", "data_wait_ms")):
-            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        conn.execute("ALTER TABLE rank_live DROP COLUMN step_parts")
         conn.execute("UPDATE rank_live SET median_step_ms = -1, median_input_wait_ms = -1")
         conn.execute("UPDATE series SET step_ms_min = -1, step_ms_max = -1, step_ms_sum = -1, gpu_step_ms_n = 99")
         conn.commit()
@@ -269,24 +271,32 @@ def test_a_version_2_index_without_the_step_time_columns_is_upgraded(env, tmp_pa
     want_runs = _rows(index, "SELECT slowest_rank, straggler_score FROM runs")
     _drop_step_time_columns(index)
     assert _rows(index, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
-    with pytest.raises(IndexVersionError, match=r"lacks .*step_parts.*traceml daemon ROOT --once"):
+    with pytest.raises(IndexVersionError, match=r"schema version 2.*traceml daemon ROOT --once"):
         Reader(index)
 
     ingest()  # the writer adds the columns and recomputes the figures from the stored rows
-    assert _rows(index, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
+    assert _rows(index, "SELECT value FROM meta WHERE key = 'schema_version'") == [(str(idx.SCHEMA_VERSION),)]
     assert _rows(index, "SELECT value FROM meta WHERE key = 'rederive'") == []
     assert idx.missing_columns(sqlite3.connect(index)) == []
     got_live = _rows(index, table)
     for got, want in zip(got_live, want_live, strict=True):
         assert got[:3] == want[:3] and got[6] == want[6]  # last_seen kept: an upgrade is no sign of life
-        assert got[3] == pytest.approx(want[3]) and got[4] == pytest.approx(want[4])
-        _assert_parts_equal(json.loads(got[5]), json.loads(want[5]))
+        # Recomputed from the stored rows, timings in µs: a step time is two stored timings (gap + traced), a part
+        # up to six (the residual), each within rounding.
+        assert got[3] == pytest.approx(want[3], abs=2 * US_ROUNDING)
+        assert got[4] == pytest.approx(want[4], abs=US_ROUNDING)
+        _assert_parts_equal(json.loads(got[5]), json.loads(want[5]), abs_tol=6 * US_ROUNDING)
     got_series = _rows(index, "SELECT * FROM series ORDER BY run_id, rank, bucket")
     assert len(got_series) == len(want_series)
+    width = _rows(index, "SELECT max(width) FROM series_width")[0][0]
     for got, want in zip(got_series, want_series):  # sums may be added in another order: approx
         assert [g is None for g in got] == [w is None for w in want]
-        assert [g for g in got if g is not None] == pytest.approx([w for w in want if w is not None], rel=1e-12)
-    assert _rows(index, "SELECT slowest_rank, straggler_score FROM runs") == want_runs
+        # Refolded from the stored rows: a step time within 2 roundings, a bucket's sum within 2 per step in it.
+        assert [g for g in got if g is not None] == pytest.approx([w for w in want if w is not None], rel=1e-12,
+                                                                  abs=2 * US_ROUNDING * width)
+    (slowest, score), = _rows(index, "SELECT slowest_rank, straggler_score FROM runs")
+    # The score is a ratio of two medians (≥ 30 ms here), each within 2 roundings: 1e-4 relative bounds it.
+    assert slowest == want_runs[0][0] and score == pytest.approx(want_runs[0][1], rel=1e-4)
     with Reader(index) as r:
         assert all(k.step_parts is not None for k in r.rank_rows(r.find_run("r").run_id))
     # New records after the upgrade store their loader waits.
@@ -363,8 +373,8 @@ def _assert_index_matches_the_summary(tmp_path: Path, run_dir: Path) -> dict:
             assert [(p.step_lo, p.vmin, p.vmax) for p in series] == [
                 (s.step, steptime.step_parts(s.cpu_ms).whole, steptime.step_parts(s.cpu_ms).whole) for s in steps]
         stored = _rows(index, "SELECT rank, step, data_wait_ms, data_in_step_ms FROM steps ORDER BY rank, step")
-        assert stored == [(s.rank, s.step, s.cpu_ms.data_wait, s.cpu_ms.data_in_step)
-                          for rank in sorted(by_rank) for s in by_rank[rank]]
+        assert rows_match(stored, [(s.rank, s.step, s.cpu_ms.data_wait, s.cpu_ms.data_in_step)
+                                   for rank in sorted(by_rank) for s in by_rank[rank]])  # stored in µs: rounding only
     return summary
 
 
