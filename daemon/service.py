@@ -442,9 +442,10 @@ class Ingester:
             if run is not None:
                 run.sides[rel] = (size, mtime_ns)
 
-    def _mark_dirty(self, path: str) -> None:
+    def _mark_dirty(self, paths: set[str]) -> None:
+        """The watcher's hints: the paths that changed, one call per read of the inotify queue."""
         with self._dirty_lock:
-            self._dirty.add(path)
+            self._dirty |= paths
         self._wake.set()
 
     def _take_dirty(self) -> set[str]:

@@ -198,7 +198,7 @@ def test_the_watcher_hints_appends_and_files_in_folders_made_after_it_started(tm
     root = tmp_path / "logs"
     old = write_steps(root / "a", 0, range(1, 3))
     seen: set[str] = set()
-    w = Watcher([str(root)], seen.add, backend=backend)
+    w = Watcher([str(root)], seen.update, backend=backend)
     assert w.start()
     try:
         append_raw(old, step_line("a", 0, 3))
@@ -215,6 +215,63 @@ def test_the_watcher_hints_appends_and_files_in_folders_made_after_it_started(tm
         w.stop()
         w.stop()  # idempotent
     assert w._thread is None and w._ino is None and w._observer is None
+
+
+def test_the_watcher_reports_every_appended_file_once_per_read(tmp_path):
+    """Many appends to many files come as sets of paths, one per read of the inotify queue: every file that
+    changed is in them, and nothing else is."""
+    from daemon.watcher import Watcher
+
+    root = tmp_path / "logs"
+    paths = [write_steps(root / f"r{i % 4}", i // 4, range(1, 2)) for i in range(40)]
+    calls: list[set[str]] = []
+    w = Watcher([str(root)], calls.append, backend="inotify")
+    assert w.start()
+    try:
+        for s in range(2, 5):
+            for path in paths:
+                append_raw(path, step_line(path.parts[-4], int(path.parts[-2][5:]), s))
+        assert _wait_for(lambda: set().union(*calls) >= {str(p) for p in paths})
+    finally:
+        w.stop()
+    assert all(isinstance(c, set) and c for c in calls)
+    assert set().union(*calls) == {str(p) for p in paths}
+    assert len(calls) < 3 * len(paths)  # each call covers every event of its read, not one event
+
+
+def _raw_event(wd: int, mask: int, name: bytes = b"") -> bytes:
+    """One ``struct inotify_event`` as the kernel writes it (name NUL-padded to a multiple of 16)."""
+    import struct
+
+    padded = name.ljust(-(-(len(name) + 1) // 16) * 16, b"\0") if name else b""
+    return struct.pack("iIII", wd, mask, 0, len(padded)) + padded
+
+
+def test_the_watcher_decodes_a_read_into_one_set_of_paths(tmp_path):
+    """Repeated events of a file are one path; a gone folder's watch is forgotten and its later events are
+    dropped; a lost-events overflow reports every root."""
+    from daemon import watcher
+
+    root = tmp_path / "logs"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    calls: list[set[str]] = []
+    w = watcher.Watcher([str(root)], calls.append, backend="inotify")
+    assert w.start()
+    w.stop()  # the reading thread is not needed: _dispatch is fed here
+    w._dirs = {1: str(root), 2: str(root / "a"), 3: str(root / "b")}
+    data = b"".join([_raw_event(2, watcher.IN_MODIFY, b"steps-0.jsonl")] * 5
+                    + [_raw_event(2, watcher.IN_CLOSE_WRITE, b"steps-0.jsonl"),
+                       _raw_event(2, watcher.IN_MODIFY, b"steps-1.jsonl"),
+                       _raw_event(3, watcher.IN_DELETE_SELF), _raw_event(3, watcher.IN_IGNORED)])
+    w._dispatch(data)
+    assert calls == [{str(root / "a" / "steps-0.jsonl"), str(root / "a" / "steps-1.jsonl"), str(root / "b")}]
+    assert 3 not in w._dirs
+    calls.clear()
+    w._dispatch(_raw_event(3, watcher.IN_MODIFY, b"late.jsonl"))
+    assert calls == []
+    w._dispatch(_raw_event(-1, watcher.IN_Q_OVERFLOW))
+    assert calls == [{str(root)}]
 
 
 def _has_run(index: Path, name: str) -> bool:
@@ -291,3 +348,4 @@ def test_a_repeated_step_in_a_pass_of_one_line_appends_counts_like_a_cold_ingest
         for rank in range(ranks):  # each stored step folded once, the repeated line not at all
             points = b.series(rb, rank, "step_ms").points
             assert [(p.step_lo, p.n) for p in points] == [(s, 1) for s in sorted(set(plan[rank]))]
+
