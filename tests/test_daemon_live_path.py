@@ -349,3 +349,24 @@ def test_a_repeated_step_in_a_pass_of_one_line_appends_counts_like_a_cold_ingest
             points = b.series(rb, rank, "step_ms").points
             assert [(p.step_lo, p.n) for p in points] == [(s, 1) for s in sorted(set(plan[rank]))]
 
+
+def test_the_run_rollup_counts_every_attempt_and_rolls_up_the_newest(tmp_path):
+    """The run's row (one scan of its rank rows): records of every attempt, but steps, ends and failures of
+    each rank's newest attempt only (a failed attempt that was resumed is not a failed rank)."""
+    from traceml_tui.core import records
+
+    root = tmp_path / "logs"
+    old = write_steps(root / "r", 0, range(1, 10), attempt=0)
+    append_raw(old, records.encode(records.RankEnd(v=1, run="r", rank=0, attempt=0, step=9, ts=2000.0,
+                                                   status="failed", exit_code=1)))
+    write_steps(root / "r", 0, range(1, 4), attempt=1)
+    write_steps(root / "r", 1, range(1, 5))
+    ing = Ingester(tmp_path / "index.sqlite", [str(root)], use_inotify=False)
+    ing.run_once()
+    ing.close()
+    conn = sqlite3.connect(tmp_path / "index.sqlite")
+    try:
+        row = conn.execute("SELECT records, last_step, ranks_total, ranks_ended, ranks_failed FROM runs").fetchone()
+    finally:
+        conn.close()
+    assert row == (9 + 3 + 4, 4, 2, 0, 0)
