@@ -350,6 +350,51 @@ def test_a_repeated_step_in_a_pass_of_one_line_appends_counts_like_a_cold_ingest
             assert [(p.step_lo, p.n) for p in points] == [(s, 1) for s in sorted(set(plan[rank]))]
 
 
+def test_passes_under_load_are_further_apart_but_bounded():
+    """The gap after a hint-driven pass (docs/daemon.md, "Live path"): a pass over one stream leaves the
+    next one MIN_PASS_GAP_S after it; the gap grows with the streams a pass read, never past
+    MAX_PASS_GAP_S after the pass began, and a pass longer than that leaves MIN_PASS_GAP_S after it."""
+    from daemon import service
+
+    start = 100.0
+    assert service._next_hint(start, start + 0.001, 1) == pytest.approx(start + 0.001 + service.MIN_PASS_GAP_S)
+    gaps = [service._next_hint(start, start + 0.01, n) - start for n in (1, 50, 200, 400, 1280, 100_000)]
+    assert gaps == sorted(gaps) and gaps[0] < gaps[-1]
+    assert gaps[-1] == pytest.approx(service.MAX_PASS_GAP_S)
+    slow = start + 2 * service.MAX_PASS_GAP_S
+    assert service._next_hint(start, slow, 100_000) == pytest.approx(slow + service.MIN_PASS_GAP_S)
+
+
+def test_a_live_daemon_under_load_reads_every_stream_to_its_last_line(tmp_path):
+    """Many streams appended round after round while the daemon serves with inotify (passes spread by the
+    load): every stream's last step becomes visible, none is left behind by the wider gaps."""
+    root = tmp_path / "logs"
+    runs, ranks, rounds = 4, 16, 12
+    paths = {(r, k): write_steps(root / f"run{r}", k, range(1, 2)) for r in range(runs) for k in range(ranks)}
+    index = tmp_path / "index.sqlite"
+    # Polls and rescans an hour apart: only hint-driven passes read the appends while the test waits.
+    ing = Ingester(index, [str(root)], poll_interval=3600, rescan_interval=3600, use_inotify=True)
+    ing.start()
+    try:
+        assert _wait_for(lambda: all(_has_run(index, f"run{r}") for r in range(runs)))
+        for step in range(2, 2 + rounds):
+            for (r, k), path in paths.items():
+                append_raw(path, step_line(f"run{r}", k, step))
+
+        def done() -> bool:
+            with Reader(index) as rd:
+                return all(rd.step_count(rd.find_run(f"run{r}").run_id) == ranks * (1 + rounds)
+                           for r in range(runs))
+
+        assert _wait_for(done, timeout=60)
+    finally:
+        ing.stop()
+    with Reader(index) as rd:
+        for r in range(runs):
+            rows = rd.rank_rows(rd.find_run(f"run{r}").run_id)
+            assert [(x.rank, x.last_step, x.records) for x in rows] == [(k, 1 + rounds, 1 + rounds) for k in range(ranks)]
+
+
 def test_the_run_rollup_counts_every_attempt_and_rolls_up_the_newest(tmp_path):
     """The run's row (one scan of its rank rows): records of every attempt, but steps, ends and failures of
     each rank's newest attempt only (a failed attempt that was resumed is not a failed rank)."""
