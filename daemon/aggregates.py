@@ -185,16 +185,22 @@ class Aggregates:
     # ----------------------------------------------------------------- runs rollup
     def write_run_rollup(self, run_id: int, version: int, now: float) -> None:
         """Roll the newest attempt of each rank up into the run's row (and mark it changed at ``version``)."""
-        rows = self.conn.execute(
-            "SELECT rank, median_step_ms, steps_per_s, examples_per_s, median_interval_s, last_step, last_ts,"
-            " last_seen, ended, exit_code FROM rank_live r WHERE run_id = ? AND attempt ="
-            " (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)", (run_id,)).fetchall()
-        cols = ("rank", "median_step_ms", "steps_per_s", "examples_per_s", "median_interval_s", "last_step",
-                "last_ts", "last_seen", "ended", "exit_code")
-        ranks = [dict(zip(cols, r)) for r in rows]
+        # One scan of the run's rows (every attempt), the newest attempt of each rank picked here: a
+        # correlated max(attempt) per row and a second scan for the total cost more than the rollup itself,
+        # and a live daemon rolls every run that changed up once per pass (docs/daemon.md, "Live path").
+        latest: dict[int, tuple] = {}
+        total_records = 0
+        for row in self.conn.execute(
+                "SELECT rank, attempt, records, median_step_ms, steps_per_s, examples_per_s, median_interval_s,"
+                " last_step, last_ts, last_seen, ended, exit_code FROM rank_live WHERE run_id = ?", (run_id,)):
+            total_records += row[2]
+            have = latest.get(row[0])
+            if have is None or row[1] > have[1]:
+                latest[row[0]] = row
+        cols = ("rank", "attempt", "records", "median_step_ms", "steps_per_s", "examples_per_s", "median_interval_s",
+                "last_step", "last_ts", "last_seen", "ended", "exit_code")
+        ranks = [dict(zip(cols, r)) for r in latest.values()]
         roll = live.run_rollup(ranks)
-        total_records = self.conn.execute("SELECT coalesce(sum(records), 0) FROM rank_live WHERE run_id = ?",
-                                          (run_id,)).fetchone()[0]
 
         def most(k):
             vals = [r[k] for r in ranks if r[k] is not None]

@@ -72,10 +72,27 @@ WORKER_MIN_BYTES = 64 << 20  # a backlog this large is decoded by a second proce
 AHEAD_MIN_BYTES = 256 << 10  # blocks smaller than this are decoded by the writer itself
 PROGRESS_MIN_BYTES = 16 << 20  # a backlog this large (≈50k records) is reported while it is read
 FD_CACHE_MAX = 8192  # open stream descriptors kept between passes (bounded by the open-file limit too)
-MIN_PASS_GAP_S = 0.1  # hint-driven passes start at least this far apart: events of a burst share one pass
+MIN_PASS_GAP_S = 0.05  # hint-driven passes start at least this far apart: events of a burst share one pass
 PASS_PACE = 2.0  # ... and this many times the last pass's duration apart (a burst's events share a pass) …
-MAX_PASS_GAP_S = 0.2  # … but never more than this: under a heavy load the lag stays bounded
+PASS_GAP_PER_STREAM_S = 0.001  # … and this much per stream the last pass read, from its start (see _next_hint) …
+MAX_PASS_GAP_S = 0.5  # … but never more than this: under a heavy load the lag stays bounded
+LIVE_CHECKPOINT_PAGES = 8000  # the live daemon's WAL checkpoints (~32 MiB) apart (docs/daemon.md, "Live path")
 QUIET_AFTER_S = 60.0  # a stream unchanged this long is re-stat'ed once per rescan, spread over the polls
+
+
+def _next_hint(start: float, done: float, streams: int) -> float:
+    """When the next hint-driven pass may start, after a pass that ran from ``start`` to ``done`` (monotonic)
+    and read ``streams`` streams (docs/daemon.md, "Live path").
+
+    At least MIN_PASS_GAP_S and PASS_PACE times the pass's duration after it ended (a burst's events share
+    one pass), and PASS_GAP_PER_STREAM_S per stream read after it began: the more streams a load keeps
+    changing, the further apart its passes, so that each pass brings more lines of each rank and its fixed
+    costs (the commit, the run rollups) are paid less often. Never more than MAX_PASS_GAP_S after the pass
+    began (MIN_PASS_GAP_S after it ended, for a pass longer than that), so that the lag stays bounded.
+    """
+    paced = done + max(MIN_PASS_GAP_S, PASS_PACE * (done - start))
+    cap = max(start + MAX_PASS_GAP_S, done + MIN_PASS_GAP_S)
+    return min(cap, max(paced, start + PASS_GAP_PER_STREAM_S * streams))
 
 
 class _FdCache:
@@ -276,6 +293,7 @@ class Ingester:
         #: Called after each commit while a large backlog is read, with :meth:`progress`'s dict (last: done).
         self.on_progress: Optional[Callable[[dict], None]] = None
         self._poll_round = 0
+        self._pass_streams = 0  # streams read since the serve loop's pass began (sets the next gap)
 
     # ----------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -349,16 +367,23 @@ class Ingester:
             if not self._watcher.start():
                 log.warning("traceml daemon: inotify unavailable; polling only")
                 self._watcher = None
+        # A live rank's last pages of `steps` and the series are rewritten pass after pass: checkpoints further
+        # apart copy each of them back once for several passes, not once per pass.
+        self.conn.execute(f"PRAGMA wal_autocheckpoint={LIVE_CHECKPOINT_PAGES}")
         self._agg.figures_every = FIGURES_EVERY_S  # a live rank's medians and rates, refreshed every 2 s at most
         next_scan = next_poll = next_hint = 0.0
         backoff = 0.0
         while not stop.is_set():
             now = time.monotonic()
+            self._pass_streams = 0
+            # With hints, a timed poll due between two hint-driven passes waits for the next one and is that
+            # pass (it reads the hinted streams too): one commit where there would be two.
+            poll_at = max(next_poll, next_hint) if self._watcher is not None else next_poll
             try:
                 if now >= next_scan:
                     self._scan()
                     next_scan = now + self.rescan_interval
-                if now >= next_poll:
+                if now >= poll_at:
                     self._take_dirty()
                     self._poll(self._poll_targets())
                     next_poll = now + self.poll_interval
@@ -384,8 +409,9 @@ class Ingester:
             # Hints arriving while a pass runs, or soon after it, wait for the next pass: every file they
             # name is read once there, in larger batches the busier the daemon is.
             done = time.monotonic()
-            next_hint = done + max(MIN_PASS_GAP_S, min(MAX_PASS_GAP_S, PASS_PACE * (done - now)))
-            deadline = min(next_poll, next_scan, self._agg.next_stale_due())
+            next_hint = _next_hint(now, done, self._pass_streams)
+            poll_at = max(next_poll, next_hint) if self._watcher is not None else next_poll
+            deadline = min(poll_at, next_scan, self._agg.next_stale_due())
             with self._dirty_lock:
                 pending = bool(self._dirty)
             if pending:
@@ -394,7 +420,7 @@ class Ingester:
             if timeout > 0:
                 self._wake.wait(timeout)
                 self._wake.clear()
-                gap = min(next_hint, next_poll, next_scan) - time.monotonic()
+                gap = min(next_hint, poll_at, next_scan) - time.monotonic()
                 if gap > 0 and not stop.is_set():
                     stop.wait(gap)  # a hint came early: let the burst gather for one pass
             else:
@@ -442,9 +468,10 @@ class Ingester:
             if run is not None:
                 run.sides[rel] = (size, mtime_ns)
 
-    def _mark_dirty(self, path: str) -> None:
+    def _mark_dirty(self, paths: set[str]) -> None:
+        """The watcher's hints: the paths that changed, one call per read of the inotify queue."""
         with self._dirty_lock:
-            self._dirty.add(path)
+            self._dirty |= paths
         self._wake.set()
 
     def _take_dirty(self) -> set[str]:
@@ -749,6 +776,7 @@ class Ingester:
                      and self._progress.bytes_total >= WORKER_MIN_BYTES)
         if pipelined:
             self._start_worker()
+        self._pass_streams += len(due)
         for i, (run, f, st) in enumerate(due):
             f.changed = now
             if pipelined and i + 1 < len(due):

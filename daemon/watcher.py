@@ -7,12 +7,14 @@ is read. Which folders are runs and which files they hold is
 :mod:`traceml_tui.core.rundir`'s (``discover_runs``, ``RunDir.scan``,
 ``run_dir_of``), which never follows a symbolic link (rule 5).
 
-One thread reads the inotify descriptor (``inotify_simple``, a thin ctypes
-wrapper) in batches: a burst of appends is one read and each path is reported
-once per batch, so a live daemon's hints cost a few reads a second however
-many lines are appended (docs/daemon.md, "Live path"). Where inotify is not
-available (macOS, or ``inotify_simple`` missing) watchdog's observer gives
-the same hints, at a higher cost per event.
+One thread reads the inotify descriptor (``inotify_simple`` sets it up, a thin
+ctypes wrapper) in batches: a burst of appends is one read, its events are
+deduplicated by (watch, name) before any name is decoded, and ``on_change``
+is called once per read with the set of paths that changed, so a live
+daemon's hints cost a few reads a second and well under a microsecond per
+event however many lines are appended (docs/daemon.md, "Live path"). Where
+inotify is not available (macOS, or ``inotify_simple`` missing) watchdog's
+observer gives the same hints, at a higher cost per event.
 """
 
 from __future__ import annotations
@@ -20,13 +22,19 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
+import struct
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger("traceml.daemon")
 
 READ_DELAY_MS = 20  # after the first event of a burst, wait this long so that the rest comes in the same read
 STOP_POLL_MS = 250  # how often the reading thread checks that it was asked to stop
+READ_BYTES = 1 << 20  # one read takes up to this much of the queue (an event is 16 bytes and a padded name)
+PATH_CACHE_MAX = 65_536  # (watch, raw name) -> path, so that a busy file's name is decoded once, not per event
+_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then len bytes of name)
 
 # inotify(7) bits. Opens and no-write closes are left out at the mask: a rescan opens every folder, and
 # receiving those events would cost more than the rescan itself (and our own reads would wake us forever).
@@ -40,6 +48,8 @@ WATCH_MASK = (IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREA
 class Watcher:
     """Inotify watches on every folder under the roots; reports changed paths through ``on_change``.
 
+    ``on_change`` gets a set of paths: with inotify, every path named by the
+    events of one read, once each; with watchdog, one path (or a move's two).
     Events are hints: they make the ingester look sooner, never decide what
     is read. :meth:`start` returns False when no watch could be set up (no
     inotify on this platform, ``inotify_simple`` missing, the watch limit),
@@ -47,7 +57,7 @@ class Watcher:
     through a symbolic link.
     """
 
-    def __init__(self, roots: list[str], on_change: Callable[[str], None], backend: str = "auto") -> None:
+    def __init__(self, roots: list[str], on_change: Callable[[set[str]], None], backend: str = "auto") -> None:
         """``backend``: "auto" (inotify, else watchdog), "inotify" or "watchdog"."""
         self.roots = roots
         self.backend = backend
@@ -58,6 +68,7 @@ class Watcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._full = False  # the watch limit was reached: folders beyond it are polled only
+        self._names: dict[tuple[int, bytes], str] = {}  # (watch, raw name) -> path (see PATH_CACHE_MAX)
 
     def start(self) -> bool:
         """Watch every folder under the roots and start the reading thread; False when no backend works."""
@@ -77,10 +88,11 @@ class Watcher:
             def on_any_event(self, event) -> None:  # every kind is a hint; the ingester decides
                 if event.event_type in ("opened", "closed_no_write"):
                     return
-                on_change(os.fsdecode(event.src_path))
+                paths = {os.fsdecode(event.src_path)}
                 dest = getattr(event, "dest_path", "")
                 if dest:
-                    on_change(os.fsdecode(dest))
+                    paths.add(os.fsdecode(dest))
+                on_change(paths)
 
         observer = Observer()
         try:
@@ -132,6 +144,7 @@ class Watcher:
     def _close(self) -> None:
         ino, self._ino = self._ino, None
         self._dirs.clear()
+        self._names.clear()
         if ino is not None:
             try:
                 ino.close()
@@ -155,39 +168,70 @@ class Watcher:
                 continue  # vanished or unreadable meanwhile: polling covers it
             self._dirs[wd] = folder
             if report:  # made before its watch existed: its files would never send an event of their own
-                self.on_change(folder)
-                for name in files:
-                    self.on_change(os.path.join(folder, name))
+                self.on_change({folder, *(os.path.join(folder, name) for name in files)})
 
     def _loop(self) -> None:
-        ino = self._ino
+        fd = self._ino.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         stop = self._stop
         while not stop.is_set():
             try:
-                events = ino.read(timeout=STOP_POLL_MS, read_delay=READ_DELAY_MS)
+                if not poller.poll(STOP_POLL_MS):
+                    continue
+                time.sleep(READ_DELAY_MS / 1000.0)  # the rest of the burst joins this read
+                data = os.read(fd, READ_BYTES)
             except (OSError, ValueError):  # closed under us: stop() is on its way
                 return
-            if not events:
+            if data:
+                self._dispatch(data)
+
+    def _dispatch(self, data: bytes) -> None:
+        """Report the paths named by the events in ``data`` (raw ``struct inotify_event`` records), once each.
+
+        Events are deduplicated on their raw (watch, name) before anything is decoded: a thousand appends
+        to one file cost a thousand dictionary lookups and one path.
+        """
+        masks: dict[tuple[int, bytes], int] = {}
+        unpack = _EVENT.unpack_from
+        pos, end = 0, len(data)
+        while pos < end:
+            wd, mask, _cookie, length = unpack(data, pos)
+            pos += 16
+            key = (wd, data[pos:pos + length])
+            pos += length
+            masks[key] = masks.get(key, 0) | mask
+        changed: set[str] = set()
+        new_dirs, gone = [], []
+        names = self._names
+        for key, mask in masks.items():
+            if mask & IN_Q_OVERFLOW:  # events were lost: every root is worth a look
+                changed.update(self.roots)
                 continue
-            changed: dict[str, None] = {}  # each path once per read, in order
-            new_dirs = []
-            for wd, mask, _cookie, name in events:
-                if mask & IN_Q_OVERFLOW:  # events were lost: every root is worth a look
-                    for root in self.roots:
-                        changed[root] = None
+            wd = key[0]
+            folder = self._dirs.get(wd)
+            if folder is None:
+                continue
+            if mask & IN_IGNORED:  # the folder went (or was unmounted): its watch is gone with it
+                gone.append(wd)
+                if mask == IN_IGNORED:
                     continue
-                folder = self._dirs.get(wd)
-                if folder is None:
-                    continue
-                if mask & IN_IGNORED:  # the folder went (or was unmounted): its watch is gone with it
-                    del self._dirs[wd]
-                    continue
+            path = names.get(key)
+            if path is None:
+                name = os.fsdecode(key[1].rstrip(b"\0"))
                 path = os.path.join(folder, name) if name else folder
-                changed[path] = None
-                if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
-                    new_dirs.append(path)
-            for path in changed:
-                self.on_change(path)
-            for path in new_dirs:
-                if not os.path.islink(path):
-                    self._add_tree(path, report=True)
+                if len(names) >= PATH_CACHE_MAX:
+                    names.clear()
+                names[key] = path
+            changed.add(path)
+            if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+                new_dirs.append(path)
+        if gone:
+            for wd in gone:
+                del self._dirs[wd]
+            names.clear()  # the kernel may give a gone watch's number to another folder later
+        if changed:
+            self.on_change(changed)
+        for path in new_dirs:
+            if not os.path.islink(path):
+                self._add_tree(path, report=True)

@@ -198,7 +198,7 @@ def test_the_watcher_hints_appends_and_files_in_folders_made_after_it_started(tm
     root = tmp_path / "logs"
     old = write_steps(root / "a", 0, range(1, 3))
     seen: set[str] = set()
-    w = Watcher([str(root)], seen.add, backend=backend)
+    w = Watcher([str(root)], seen.update, backend=backend)
     assert w.start()
     try:
         append_raw(old, step_line("a", 0, 3))
@@ -215,6 +215,63 @@ def test_the_watcher_hints_appends_and_files_in_folders_made_after_it_started(tm
         w.stop()
         w.stop()  # idempotent
     assert w._thread is None and w._ino is None and w._observer is None
+
+
+def test_the_watcher_reports_every_appended_file_once_per_read(tmp_path):
+    """Many appends to many files come as sets of paths, one per read of the inotify queue: every file that
+    changed is in them, and nothing else is."""
+    from daemon.watcher import Watcher
+
+    root = tmp_path / "logs"
+    paths = [write_steps(root / f"r{i % 4}", i // 4, range(1, 2)) for i in range(40)]
+    calls: list[set[str]] = []
+    w = Watcher([str(root)], calls.append, backend="inotify")
+    assert w.start()
+    try:
+        for s in range(2, 5):
+            for path in paths:
+                append_raw(path, step_line(path.parts[-4], int(path.parts[-2][5:]), s))
+        assert _wait_for(lambda: set().union(*calls) >= {str(p) for p in paths})
+    finally:
+        w.stop()
+    assert all(isinstance(c, set) and c for c in calls)
+    assert set().union(*calls) == {str(p) for p in paths}
+    assert len(calls) < 3 * len(paths)  # each call covers every event of its read, not one event
+
+
+def _raw_event(wd: int, mask: int, name: bytes = b"") -> bytes:
+    """One ``struct inotify_event`` as the kernel writes it (name NUL-padded to a multiple of 16)."""
+    import struct
+
+    padded = name.ljust(-(-(len(name) + 1) // 16) * 16, b"\0") if name else b""
+    return struct.pack("iIII", wd, mask, 0, len(padded)) + padded
+
+
+def test_the_watcher_decodes_a_read_into_one_set_of_paths(tmp_path):
+    """Repeated events of a file are one path; a gone folder's watch is forgotten and its later events are
+    dropped; a lost-events overflow reports every root."""
+    from daemon import watcher
+
+    root = tmp_path / "logs"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    calls: list[set[str]] = []
+    w = watcher.Watcher([str(root)], calls.append, backend="inotify")
+    assert w.start()
+    w.stop()  # the reading thread is not needed: _dispatch is fed here
+    w._dirs = {1: str(root), 2: str(root / "a"), 3: str(root / "b")}
+    data = b"".join([_raw_event(2, watcher.IN_MODIFY, b"steps-0.jsonl")] * 5
+                    + [_raw_event(2, watcher.IN_CLOSE_WRITE, b"steps-0.jsonl"),
+                       _raw_event(2, watcher.IN_MODIFY, b"steps-1.jsonl"),
+                       _raw_event(3, watcher.IN_DELETE_SELF), _raw_event(3, watcher.IN_IGNORED)])
+    w._dispatch(data)
+    assert calls == [{str(root / "a" / "steps-0.jsonl"), str(root / "a" / "steps-1.jsonl"), str(root / "b")}]
+    assert 3 not in w._dirs
+    calls.clear()
+    w._dispatch(_raw_event(3, watcher.IN_MODIFY, b"late.jsonl"))
+    assert calls == []
+    w._dispatch(_raw_event(-1, watcher.IN_Q_OVERFLOW))
+    assert calls == [{str(root)}]
 
 
 def _has_run(index: Path, name: str) -> bool:
@@ -317,3 +374,70 @@ def test_repeated_and_already_stored_steps_in_a_multi_line_read_are_folded_once(
         # the first line of each step won: 2 kept 0.2 (not the repeat), 3 kept 0.3 (stored first), 4 and 5 the new
         assert [round(p.vmax, 6) for p in ratios] == [0.1, 0.2, 0.3, 9.0, 9.0]
         assert r.rank_rows(run_id)[0].records == 5
+
+
+def test_passes_under_load_are_further_apart_but_bounded():
+    """The gap after a hint-driven pass (docs/daemon.md, "Live path"): a pass over one stream leaves the
+    next one MIN_PASS_GAP_S after it; the gap grows with the streams a pass read, never past
+    MAX_PASS_GAP_S after the pass began, and a pass longer than that leaves MIN_PASS_GAP_S after it."""
+    from daemon import service
+
+    start = 100.0
+    assert service._next_hint(start, start + 0.001, 1) == pytest.approx(start + 0.001 + service.MIN_PASS_GAP_S)
+    gaps = [service._next_hint(start, start + 0.01, n) - start for n in (1, 50, 200, 400, 1280, 100_000)]
+    assert gaps == sorted(gaps) and gaps[0] < gaps[-1]
+    assert gaps[-1] == pytest.approx(service.MAX_PASS_GAP_S)
+    slow = start + 2 * service.MAX_PASS_GAP_S
+    assert service._next_hint(start, slow, 100_000) == pytest.approx(slow + service.MIN_PASS_GAP_S)
+
+
+def test_a_live_daemon_under_load_reads_every_stream_to_its_last_line(tmp_path):
+    """Many streams appended round after round while the daemon serves with inotify (passes spread by the
+    load): every stream's last step becomes visible, none is left behind by the wider gaps."""
+    root = tmp_path / "logs"
+    runs, ranks, rounds = 4, 16, 12
+    paths = {(r, k): write_steps(root / f"run{r}", k, range(1, 2)) for r in range(runs) for k in range(ranks)}
+    index = tmp_path / "index.sqlite"
+    # Polls and rescans an hour apart: only hint-driven passes read the appends while the test waits.
+    ing = Ingester(index, [str(root)], poll_interval=3600, rescan_interval=3600, use_inotify=True)
+    ing.start()
+    try:
+        assert _wait_for(lambda: all(_has_run(index, f"run{r}") for r in range(runs)))
+        for step in range(2, 2 + rounds):
+            for (r, k), path in paths.items():
+                append_raw(path, step_line(f"run{r}", k, step))
+
+        def done() -> bool:
+            with Reader(index) as rd:
+                return all(rd.step_count(rd.find_run(f"run{r}").run_id) == ranks * (1 + rounds)
+                           for r in range(runs))
+
+        assert _wait_for(done, timeout=60)
+    finally:
+        ing.stop()
+    with Reader(index) as rd:
+        for r in range(runs):
+            rows = rd.rank_rows(rd.find_run(f"run{r}").run_id)
+            assert [(x.rank, x.last_step, x.records) for x in rows] == [(k, 1 + rounds, 1 + rounds) for k in range(ranks)]
+
+
+def test_the_run_rollup_counts_every_attempt_and_rolls_up_the_newest(tmp_path):
+    """The run's row (one scan of its rank rows): records of every attempt, but steps, ends and failures of
+    each rank's newest attempt only (a failed attempt that was resumed is not a failed rank)."""
+    from traceml_tui.core import records
+
+    root = tmp_path / "logs"
+    old = write_steps(root / "r", 0, range(1, 10), attempt=0)
+    append_raw(old, records.encode(records.RankEnd(v=1, run="r", rank=0, attempt=0, step=9, ts=2000.0,
+                                                   status="failed", exit_code=1)))
+    write_steps(root / "r", 0, range(1, 4), attempt=1)
+    write_steps(root / "r", 1, range(1, 5))
+    ing = Ingester(tmp_path / "index.sqlite", [str(root)], use_inotify=False)
+    ing.run_once()
+    ing.close()
+    conn = sqlite3.connect(tmp_path / "index.sqlite")
+    try:
+        row = conn.execute("SELECT records, last_step, ranks_total, ranks_ended, ranks_failed FROM runs").fetchone()
+    finally:
+        conn.close()
+    assert row == (9 + 3 + 4, 4, 2, 0, 0)
