@@ -377,15 +377,15 @@ class Ingester:
             now = time.monotonic()
             self._pass_streams = 0
             # With hints, a timed poll due between two hint-driven passes waits for the next one and is that
-            # pass (it reads the hinted streams too): one commit where there would be two.
+            # pass (it reads the hinted streams too, _timed_pass): one commit where there would be two.
             poll_at = max(next_poll, next_hint) if self._watcher is not None else next_poll
             try:
                 if now >= next_scan:
                     self._scan()
                     next_scan = now + self.rescan_interval
                 if now >= poll_at:
-                    self._take_dirty()
-                    self._poll(self._poll_targets())
+                    if self._timed_pass():
+                        next_scan = 0.0
                     next_poll = now + self.poll_interval
                 elif now >= next_hint:
                     if self._poll_dirty():
@@ -478,6 +478,18 @@ class Ingester:
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         return dirty
+
+    def _timed_pass(self) -> bool:
+        """A timed poll: the hinted streams, then every stream changed lately and this round's share of the quiet
+        ones (:meth:`_poll_targets`); True when a path outside every known run changed.
+
+        The hints are read here, not dropped: a stream quiet for minutes (a rank in a long evaluation) is not
+        among the recent ones, and its hint may be the only news of its append until its turn comes round.
+        A stream both hinted and recent is read once (the second look finds it unchanged).
+        """
+        unknown = self._poll_dirty()
+        self._poll(self._poll_targets())
+        return unknown
 
     def _poll_dirty(self) -> bool:
         """Handle inotify hints; True when a path outside every known run changed."""

@@ -166,6 +166,9 @@ class Watcher:
                 if folder == top and not report:
                     raise
                 continue  # vanished or unreadable meanwhile: polling covers it
+            if self._dirs.get(wd, folder) != folder:
+                # The same watch for a folder renamed since: the cached paths under its old name are stale.
+                self._names.clear()
             self._dirs[wd] = folder
             if report:  # made before its watch existed: its files would never send an event of their own
                 self.on_change({folder, *(os.path.join(folder, name) for name in files)})

@@ -217,6 +217,30 @@ def test_the_watcher_hints_appends_and_files_in_folders_made_after_it_started(tm
     assert w._thread is None and w._ino is None and w._observer is None
 
 
+def test_the_watcher_names_files_under_a_renamed_run_folder_by_their_new_path(tmp_path):
+    """A run folder renamed while watched keeps its inotify watch: appends under it are hinted with the new
+    path (a hint under the old name would point the ingester at a file that is no longer there)."""
+    from daemon.watcher import Watcher
+
+    root = tmp_path / "logs"
+    first = write_steps(root / "a", 0, range(1, 3))
+    seen: set[str] = set()
+    w = Watcher([str(root)], seen.update, backend="inotify")
+    assert w.start()
+    try:
+        append_raw(first, step_line("a", 0, 3))  # the old path is named (and remembered) once
+        assert _wait_for(lambda: str(first) in seen)
+        (root / "a").rename(root / "b")
+        moved = root / "b" / first.relative_to(root / "a")
+        assert _wait_for(lambda: str(root / "b") in seen)
+        seen.clear()
+        append_raw(moved, step_line("a", 0, 4))
+        assert _wait_for(lambda: str(moved) in seen)
+        assert str(first) not in seen
+    finally:
+        w.stop()
+
+
 def test_the_watcher_reports_every_appended_file_once_per_read(tmp_path):
     """Many appends to many files come as sets of paths, one per read of the inotify queue: every file that
     changed is in them, and nothing else is."""
@@ -441,3 +465,27 @@ def test_the_run_rollup_counts_every_attempt_and_rolls_up_the_newest(tmp_path):
     finally:
         conn.close()
     assert row == (9 + 3 + 4, 4, 2, 0, 0)
+
+
+def test_a_timed_poll_reads_the_hinted_streams_even_quiet_ones(live):
+    """A timed poll re-stats the recent streams and a share of the quiet ones; a hint waiting for it names a
+    stream quiet for an hour (a rank in a long evaluation) that is not in this round's share: the poll reads
+    it too, instead of dropping the hint until the stream's turn comes round (seconds later)."""
+    root, index, ing = live
+    busy = write_steps(root / "r", 0, range(1, 4))
+    quiet = write_steps(root / "r", 1, range(1, 4))
+    ing.run_once()
+    for _, f in ing._paths.values():
+        f.changed = -1e9  # quiet for ages: polled only in its turn
+    rounds = max(1, int(ing.rescan_interval / ing.poll_interval))
+    assert rounds > len(ing._paths) + 1
+    ing._poll_round = rounds - 2  # the next round is nobody's turn
+    append_raw(busy, step_line("r", 0, 4))
+    append_raw(quiet, step_line("r", 1, 4))
+    ing._mark_dirty({str(quiet)})
+    ing._timed_pass()
+    ing._commit()
+    with Reader(index) as r:
+        rows = {x.rank: x.last_step for x in r.rank_rows(r.find_run("r").run_id)}
+    assert rows[1] == 4  # the hinted quiet stream was read by this poll
+    assert rows[0] == 3  # the unhinted quiet one waits for its turn, as designed
