@@ -328,6 +328,12 @@ def connect_writer(path: str | Path) -> sqlite3.Connection:
     try:
         return _connect_writer(path)
     except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            # Not damage: moving the index aside would lose nothing but would not help either. An upgrade from
+            # an older version rewrites every step row, so it needs about the index's size free again.
+            raise IndexDamagedError(f"the disk holding the index {path} is full ({exc}); free some space (an "
+                                    f"upgrade of an index written by an older traceml needs about its size "
+                                    f"free) and start again") from None
         raise IndexDamagedError(damaged_message(path, f"cannot be opened for writing ({exc})")) from None
 
 

@@ -23,6 +23,7 @@ from test_daemon_support import (
     rows_match,
     steps_path,
     v2_step_rows,
+    write_steps,
 )
 
 from daemon import index as idx
@@ -265,3 +266,32 @@ def test_a_version_3_index_is_refused_by_a_version_2_traceml(tmp_path: Path, mon
         Reader(index)
     assert _rows(index, f"SELECT * FROM {idx.STEPS_TABLE}") == before
     assert _rows(index, "SELECT value FROM meta WHERE key = 'schema_version'") == [("3",)]
+
+
+def test_an_upgrade_on_a_full_disk_says_so_and_keeps_the_old_index(tmp_path: Path, monkeypatch) -> None:
+    """The upgrade rewrites every step row: on a disk without room for them it stops with one line naming the
+    full disk (not damage: moving the index aside would not help), and the version-2 index is left as it
+    was, every row in place, to be upgraded once there is room."""
+    root = tmp_path / "logs"
+    write_steps(root / "r", 0, range(1, 3001))
+    index = tmp_path / "index.sqlite"
+    _ingest(index, root)
+    make_v2_index(index)
+    before = _rows(index, "SELECT * FROM steps ORDER BY rank, attempt, step")
+    real_connect = sqlite3.connect
+
+    def connect_on_a_full_disk(*args, **kw):  # the index's own pages plus a few: SQLITE_FULL as a full disk gives
+        conn = real_connect(*args, **kw)
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages + 4}")
+        return conn
+
+    monkeypatch.setattr(idx.sqlite3, "connect", connect_on_a_full_disk)
+    with pytest.raises(idx.IndexDamagedError) as err:
+        idx.connect_writer(index)
+    monkeypatch.undo()
+    message = str(err.value)
+    assert "is full" in message and str(index) in message and "move it aside" not in message
+    assert "\n" not in message
+    assert _rows(index, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
+    assert _rows(index, "SELECT * FROM steps ORDER BY rank, attempt, step") == before
