@@ -485,17 +485,29 @@ class Ingester:
 
         The hints are read here, not dropped: a stream quiet for minutes (a rank in a long evaluation) is not
         among the recent ones, and its hint may be the only news of its append until its turn comes round.
-        A stream both hinted and recent is read once (the second look finds it unchanged).
+        A stream both hinted and recent is looked at once.
         """
-        unknown = self._poll_dirty()
-        self._poll(self._poll_targets())
+        hinted, unknown = self._hinted()
+        targets = self._poll_targets()
+        if hinted:
+            polled = {f.path for _, f in targets}
+            targets.extend(hit for hit in hinted if hit[1].path not in polled)
+        self._poll(targets)
         return unknown
 
     def _poll_dirty(self) -> bool:
         """Handle inotify hints; True when a path outside every known run changed."""
+        targets, unknown = self._hinted()
+        if targets:
+            self._poll(targets)
+        return unknown
+
+    def _hinted(self) -> tuple[list[tuple[_Run, _File]], bool]:
+        """The streams the waiting hints name (a run's every stream when a new file appeared in it), and
+        whether a path outside every known run changed."""
         dirty = self._take_dirty()
         if not dirty:
-            return False
+            return [], False
         targets = []
         rescan_runs = set()
         unknown = False
@@ -515,9 +527,7 @@ class Ingester:
         for run_dir in rescan_runs:
             self._scan_run(self._runs[run_dir])
             targets.extend(self._paths[f.path] for f in self._runs[run_dir].files.values())
-        if targets:
-            self._poll(targets)
-        return unknown
+        return targets, unknown
 
     # ----------------------------------------------------------------- transactions
     def _begin(self) -> _Batch:
