@@ -8,11 +8,11 @@ is read. Which folders are runs and which files they hold is
 ``run_dir_of``), which never follows a symbolic link (rule 5).
 
 One thread reads the inotify descriptor (``inotify_simple`` sets it up, a thin
-ctypes wrapper) in batches: a burst of appends is one read, its events are
-deduplicated by (watch, name) before any name is decoded, and ``on_change``
-is called once per read with the set of paths that changed, so a live
-daemon's hints cost a few reads a second and well under a microsecond per
-event however many lines are appended (docs/daemon.md, "Live path"). Where
+ctypes wrapper, reads and parses it) in batches: a burst of appends is one
+read, its events are deduplicated by (watch, name), and ``on_change`` is
+called once per read with the set of paths that changed, so a live daemon's
+hints cost a few reads a second and a dictionary lookup per event however
+many lines are appended (docs/daemon.md, "Live path"). Where
 inotify is not available (macOS, or ``inotify_simple`` missing) watchdog's
 observer gives the same hints, at a higher cost per event.
 """
@@ -22,19 +22,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import select
-import struct
 import threading
-import time
 from typing import Callable
 
 log = logging.getLogger("traceml.daemon")
 
 READ_DELAY_MS = 20  # after the first event of a burst, wait this long so that the rest comes in the same read
 STOP_POLL_MS = 250  # how often the reading thread checks that it was asked to stop
-READ_BYTES = 1 << 20  # one read takes up to this much of the queue (an event is 16 bytes and a padded name)
-PATH_CACHE_MAX = 65_536  # (watch, raw name) -> path, so that a busy file's name is decoded once, not per event
-_EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then len bytes of name)
 
 # inotify(7) bits. Opens and no-write closes are left out at the mask: a rescan opens every folder, and
 # receiving those events would cost more than the rescan itself (and our own reads would wake us forever).
@@ -68,7 +62,6 @@ class Watcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._full = False  # the watch limit was reached: folders beyond it are polled only
-        self._names: dict[tuple[int, bytes], str] = {}  # (watch, raw name) -> path (see PATH_CACHE_MAX)
 
     def start(self) -> bool:
         """Watch every folder under the roots and start the reading thread; False when no backend works."""
@@ -144,7 +137,6 @@ class Watcher:
     def _close(self) -> None:
         ino, self._ino = self._ino, None
         self._dirs.clear()
-        self._names.clear()
         if ino is not None:
             try:
                 ino.close()
@@ -166,52 +158,37 @@ class Watcher:
                 if folder == top and not report:
                     raise
                 continue  # vanished or unreadable meanwhile: polling covers it
-            if self._dirs.get(wd, folder) != folder:
-                # The same watch for a folder renamed since: the cached paths under its old name are stale.
-                self._names.clear()
             self._dirs[wd] = folder
             if report:  # made before its watch existed: its files would never send an event of their own
                 self.on_change({folder, *(os.path.join(folder, name) for name in files)})
 
     def _loop(self) -> None:
-        fd = self._ino.fileno()
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
+        ino = self._ino
         stop = self._stop
         while not stop.is_set():
             try:
-                if not poller.poll(STOP_POLL_MS):
-                    continue
-                time.sleep(READ_DELAY_MS / 1000.0)  # the rest of the burst joins this read
-                data = os.read(fd, READ_BYTES)
+                events = ino.read(timeout=STOP_POLL_MS, read_delay=READ_DELAY_MS)
             except (OSError, ValueError):  # closed under us: stop() is on its way
                 return
-            if data:
-                self._dispatch(data)
+            if events:
+                self._dispatch(events)
 
-    def _dispatch(self, data: bytes) -> None:
-        """Report the paths named by the events in ``data`` (raw ``struct inotify_event`` records), once each.
+    def _dispatch(self, events) -> None:
+        """Report the paths named by one read's ``events`` (``inotify_simple.Event``), once each.
 
-        Events are deduplicated on their raw (watch, name) before anything is decoded: a thousand appends
-        to one file cost a thousand dictionary lookups and one path.
+        Events are merged on (watch, name) first: a thousand appends to one file cost a thousand dictionary
+        updates and one path.
         """
-        masks: dict[tuple[int, bytes], int] = {}
-        unpack = _EVENT.unpack_from
-        pos, end = 0, len(data)
-        while pos < end:
-            wd, mask, _cookie, length = unpack(data, pos)
-            pos += 16
-            key = (wd, data[pos:pos + length])
-            pos += length
+        masks: dict[tuple[int, str], int] = {}
+        for wd, mask, _cookie, name in events:
+            key = (wd, name)
             masks[key] = masks.get(key, 0) | mask
         changed: set[str] = set()
         new_dirs, gone = [], []
-        names = self._names
-        for key, mask in masks.items():
+        for (wd, name), mask in masks.items():
             if mask & IN_Q_OVERFLOW:  # events were lost: every root is worth a look
                 changed.update(self.roots)
                 continue
-            wd = key[0]
             folder = self._dirs.get(wd)
             if folder is None:
                 continue
@@ -219,20 +196,12 @@ class Watcher:
                 gone.append(wd)
                 if mask == IN_IGNORED:
                     continue
-            path = names.get(key)
-            if path is None:
-                name = os.fsdecode(key[1].rstrip(b"\0"))
-                path = os.path.join(folder, name) if name else folder
-                if len(names) >= PATH_CACHE_MAX:
-                    names.clear()
-                names[key] = path
+            path = os.path.join(folder, name) if name else folder
             changed.add(path)
             if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
                 new_dirs.append(path)
-        if gone:
-            for wd in gone:
-                del self._dirs[wd]
-            names.clear()  # the kernel may give a gone watch's number to another folder later
+        for wd in gone:
+            del self._dirs[wd]
         if changed:
             self.on_change(changed)
         for path in new_dirs:

@@ -274,6 +274,8 @@ def _raw_event(wd: int, mask: int, name: bytes = b"") -> bytes:
 def test_the_watcher_decodes_a_read_into_one_set_of_paths(tmp_path):
     """Repeated events of a file are one path; a gone folder's watch is forgotten and its later events are
     dropped; a lost-events overflow reports every root."""
+    from inotify_simple import parse_events
+
     from daemon import watcher
 
     root = tmp_path / "logs"
@@ -288,13 +290,13 @@ def test_the_watcher_decodes_a_read_into_one_set_of_paths(tmp_path):
                     + [_raw_event(2, watcher.IN_CLOSE_WRITE, b"steps-0.jsonl"),
                        _raw_event(2, watcher.IN_MODIFY, b"steps-1.jsonl"),
                        _raw_event(3, watcher.IN_DELETE_SELF), _raw_event(3, watcher.IN_IGNORED)])
-    w._dispatch(data)
+    w._dispatch(parse_events(data))
     assert calls == [{str(root / "a" / "steps-0.jsonl"), str(root / "a" / "steps-1.jsonl"), str(root / "b")}]
     assert 3 not in w._dirs
     calls.clear()
-    w._dispatch(_raw_event(3, watcher.IN_MODIFY, b"late.jsonl"))
+    w._dispatch(parse_events(_raw_event(3, watcher.IN_MODIFY, b"late.jsonl")))
     assert calls == []
-    w._dispatch(_raw_event(-1, watcher.IN_Q_OVERFLOW))
+    w._dispatch(parse_events(_raw_event(-1, watcher.IN_Q_OVERFLOW)))
     assert calls == [{str(root)}]
 
 
