@@ -1222,10 +1222,14 @@ class Ingester:
                 if had:
                     batch.rebuild.add(key)
             else:
-                # Steps of this batch stored before it (one range seek; none on a first read) are ignored by the
-                # INSERT, like a step repeated within the batch: the series must fold only the rows it stores.
-                stored = (conn.execute(_STORED_IN_RANGE, (*key, min(cols[live.COL_STEP]), max(cols[live.COL_STEP])))
-                          .fetchall() if n > 1 else ())
+                # Steps of this batch stored before it are ignored by the INSERT, like a step repeated within the
+                # batch: the series must fold only the rows it stores. Only steps up to the rank's newest stored
+                # one can be there (its window's last step), so an append past it costs no look-up.
+                stored = ()
+                if n > 1:
+                    lo, newest = min(cols[live.COL_STEP]), agg.window(key).last_step
+                    if newest is not None and lo <= newest:
+                        stored = conn.execute(_STORED_IN_RANGE, (*key, lo, max(cols[live.COL_STEP]))).fetchall()
                 before = conn.total_changes
                 conn.executemany(idx.insert_steps_sql(run.run_id, keep), values)
                 inserted = conn.total_changes - before
