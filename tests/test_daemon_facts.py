@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_daemon_support import append_raw, make_v2_index, step_line, steps_path
+from test_daemon_support import index_rows as _rows
 
 from daemon import index as idx
 from daemon import sidefiles
@@ -22,8 +23,6 @@ from traceml_tui.core import artifacts, records
 from traceml_tui.core.atomic import atomic_write_bytes, atomic_write_json
 
 DAEMON = Path(__file__).resolve().parents[1] / "daemon"
-
-
 
 
 def _rank(run_dir: Path, rank: int, steps, *, node=None, end=None, exit_code=None, end_ts=None, header=True) -> None:
@@ -39,14 +38,6 @@ def _rank(run_dir: Path, rank: int, steps, *, node=None, end=None, exit_code=Non
         append_raw(path, records.encode(records.RankEnd(
             v=1, run=run_dir.name, rank=rank, attempt=0, step=last, ts=end_ts if end_ts is not None else 2000.0 + rank,
             status=end, exit_code=exit_code)))
-
-
-def _rows(index: Path, sql: str, params=()) -> list:
-    conn = sqlite3.connect(index)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 def _run_row(index: Path, name: str, cols: str):

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_daemon_support import US_ROUNDING, append_raw, header_line, make_v2_index, rows_match, steps_path
+from test_daemon_support import index_rows as _rows
 
 from daemon import index as idx
 from daemon import live
@@ -35,16 +36,6 @@ from daemon.service import Ingester
 from traceml_tui.core import records, steptime
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-
-
-def _rows(index: Path, sql: str, params=()) -> list:
-    conn = sqlite3.connect(index)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 # --------------------------------------------------------------------------- generated timings

@@ -25,6 +25,9 @@ from test_daemon_support import (
     v2_step_rows,
     write_steps,
 )
+from test_daemon_support import (
+    index_rows as _rows,
+)
 
 from daemon import index as idx
 from daemon.reader import IndexVersionError, Reader
@@ -41,14 +44,6 @@ def _ingest(index: Path, root: Path) -> int:
         return ing.run_once()
     finally:
         ing.close()
-
-
-def _rows(index: Path, sql: str, params=()) -> list:
-    conn = sqlite3.connect(index)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
 
 
 def _phases(rng: random.Random, loader: bool) -> records.Phases:

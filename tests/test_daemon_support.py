@@ -64,6 +64,17 @@ def append_raw(path: Path, data: bytes) -> None:
 US_ROUNDING = 0.0005
 
 
+def index_rows(index: Path, sql: str, params=()) -> list:
+    """The rows ``sql`` answers on the index file ``index`` (a plain connection, closed after)."""
+    import sqlite3
+
+    conn = sqlite3.connect(index)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
 def rows_match(got, want, tol: float = US_ROUNDING) -> bool:
     """``got`` equals ``want`` (sequences of rows) except that floats may differ by up to ``tol`` (rounding)."""
     def same(a, b) -> bool:
