@@ -65,6 +65,14 @@ STEP_FOLDED: tuple[str, ...] = (
 )
 
 
+#: The timings a step row stores in columns of their own, as integer microseconds (``step_ms`` → ``step_us``).
+STEP_IN_US: tuple[str, ...] = ("step_ms", "input_wait_ms", "forward_ms", "backward_ms", "optimizer_ms")
+
+
+def _us_name(name: str) -> str:
+    return name.removesuffix("_ms") + "_us"
+
+
 def _us(name: str) -> str:
     return f"round({{{name}}} * 1000)"
 
@@ -85,11 +93,7 @@ STEP_STORED: tuple[tuple[str, str, str], ...] = (
     ("attempt", "INTEGER NOT NULL", "{attempt}"),
     ("step", "INTEGER NOT NULL", "{step}"),
     ("ts_ms", "INTEGER", "round({ts} * 1000)"),
-    ("step_us", "INTEGER", _us("step_ms")),
-    ("input_wait_us", "INTEGER", _us("input_wait_ms")),
-    ("forward_us", "INTEGER", _us("forward_ms")),
-    ("backward_us", "INTEGER", _us("backward_ms")),
-    ("optimizer_us", "INTEGER", _us("optimizer_ms")),
+    *((_us_name(c), "INTEGER", _us(c)) for c in STEP_IN_US),
     ("loss", "REAL", "{loss}"),
     ("lr_e6", "", "CASE WHEN CAST(round({lr} * 1e6) AS INTEGER) / 1e6 = {lr}"
                   " THEN CAST(round({lr} * 1e6) AS INTEGER) ELSE {lr} END"),
@@ -109,11 +113,7 @@ STEP_STORED: tuple[tuple[str, str, str], ...] = (
 STEP_DERIVED: dict[str, str] = {
     **{c: c for c in STEP_COLUMNS},
     "ts": "ts_ms / 1000.0",
-    "step_ms": "step_us / 1000.0",
-    "input_wait_ms": "input_wait_us / 1000.0",
-    "forward_ms": "forward_us / 1000.0",
-    "backward_ms": "backward_us / 1000.0",
-    "optimizer_ms": "optimizer_us / 1000.0",
+    **{c: f"{_us_name(c)} / 1000.0" for c in STEP_IN_US},
     "lr": "CASE typeof(lr_e6) WHEN 'integer' THEN lr_e6 / 1e6 ELSE lr_e6 END",
     "rss": "rss_kib * 1024",
     **{name: f"json_extract(more_us, '$[{i}]') / 1000.0" for i, name in enumerate(STEP_FOLDED)},
