@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import subprocess
 import sys
@@ -27,14 +25,7 @@ from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
-def aio(fn):
-    """Run an async test body with asyncio (no pytest-asyncio needed); fixtures pass through."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
+aio = d.aio
 
 
 def cells(table, row: int) -> list[str]:

@@ -12,8 +12,6 @@ ETA needs a live run with a declared step count: a synthetic one
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import sys
 from pathlib import Path
@@ -36,11 +34,7 @@ from traceml_tui.tui.widgets.text_chart import TextChart  # noqa: E402
 pytestmark = pytest.mark.timeout(120)
 
 
-def aio(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-    return wrapper
+aio = d.aio
 
 
 @pytest.fixture

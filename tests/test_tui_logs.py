@@ -9,8 +9,6 @@ follow test appends to is the copy under the test's tmp folder.
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -36,14 +34,7 @@ pytestmark = pytest.mark.timeout(60)
 RAISES = fr.name_of("rank_raises")
 
 
-def aio(fn):
-    """Run an async test body with asyncio (no pytest-asyncio needed); fixtures pass through."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
+aio = d.aio
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ ingester (embedded, as a watch holds it) and a real `traceml daemon` process, th
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
@@ -35,12 +34,7 @@ from traceml_tui.tui.source import IndexSource  # noqa: E402
 pytestmark = pytest.mark.timeout(90)
 
 
-def aio(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
+aio = d.aio
 
 
 def live_copy(root: Path, case: str = "hung") -> Path:

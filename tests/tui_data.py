@@ -11,6 +11,8 @@ The index is built by the real daemon :class:`~daemon.service.Ingester`.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import math
 from pathlib import Path
@@ -205,6 +207,16 @@ def summary_pair(root: Path, ref_ms: float = 100.0, cand_ms: float = 130.0) -> t
         path.write_text(json.dumps(summary))
         paths.append(path)
     return paths[0], paths[1]
+
+
+def aio(fn):
+    """Run an async test body with asyncio (no pytest-asyncio needed); fixtures pass through."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
 
 
 async def settle(pilot, rounds: int = 2, limit: int = 400) -> None:
