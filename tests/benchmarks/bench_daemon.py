@@ -138,12 +138,14 @@ def bench_cold(tmp: Path, total: int) -> None:
 
 
 def _daemon(index: Path, root: Path, *extra: str) -> subprocess.Popen:
+    """A real `traceml daemon` over ``root`` (its own process; output discarded: nothing reads a pipe)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.Popen([sys.executable, "-m", "traceml_tui", "daemon", str(root), "--index", str(index), *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 30 s."""
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=30)

@@ -23,8 +23,6 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
+from bench_daemon import _daemon, _stop  # noqa: E402
 
 from daemon.reader import Reader  # noqa: E402
 from daemon.service import Ingester  # noqa: E402
@@ -97,20 +96,6 @@ def _writer(root: str, streams: list, rate: float, first_step: int, stop_at: flo
         nxt += period
     for *_, fd in fds:
         os.close(fd)
-
-
-def _daemon(index: Path, root: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, "-m", "traceml_tui", "daemon", str(root), "--index", str(index), *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def _wait_indexed(index: Path, total: int, timeout: float = 300.0) -> None:
