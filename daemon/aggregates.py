@@ -40,7 +40,12 @@ class Aggregates:
         self.windows: dict[RankKey, live.RankWindow] = {}
         self._widths: dict[tuple[int, int], int] = {}
         self.figures_every = 0.0  # seconds between recomputations of a rank's rolling figures (0: every write)
-        self._figures: dict[RankKey, tuple[float, dict]] = {}
+        #: ... and, once that long has passed, new steps a rank needs for its figures to be recomputed before
+        #: ``figures_max_s`` (see :meth:`write_rank_live_many`)
+        self.figures_new_steps = 0
+        self.figures_max_s = 0.0
+        self.tick = time.monotonic  # the clock of those intervals (injectable for tests)
+        self._figures: dict[RankKey, tuple[float, int]] = {}  # when a rank's figures were computed, at what record count
         self.stale: dict[RankKey, float] = {}  # ranks written with older figures -> when they are due
         self._ratio_texts: dict[RankKey, tuple[dict, str]] = {}  # the last ratios written and their JSON
         self._stale_heap: list[tuple[float, RankKey]] = []  # (due, key); entries not matching ``stale`` are outdated
@@ -51,7 +56,7 @@ class Aggregates:
         A heap ordered by when each is due: a live daemon calls this every pass, and with a thousand ranks
         written every pass a scan of them all would cost more than the figures.
         """
-        tick = time.monotonic()
+        tick = self.tick()
         heap = self._stale_heap
         out = []
         while heap and heap[0][0] <= tick:
@@ -128,13 +133,16 @@ class Aggregates:
         """Write the ``rank_live`` row of every key (one statement for all of them, two at most).
 
         With ``figures_every`` > 0 (the live daemon) a rank's rolling figures (medians, rates, step parts)
-        are recomputed at most that often; records, steps, times and loss are always current. A rank whose
-        figures were left stale is listed in ``stale`` until :meth:`due_stale` hands it back, and its row
-        (written in full when its figures were computed) gets only the current columns, in place.
+        are recomputed at most that often, and after that only once ``figures_new_steps`` records came
+        since or ``figures_max_s`` passed (docs/daemon.md, "Live path"): the median of a 64-step window
+        barely moves before half of it is new, and a thousand ranks at one step per second would otherwise
+        recompute theirs every 2 s. Records, steps, times and loss are always current. A rank whose figures
+        were left stale is listed in ``stale`` until :meth:`due_stale` hands it back, and its row (written in
+        full when its figures were computed) gets only the current columns, in place.
         """
         full, current = [], []
         every = self.figures_every
-        tick = time.monotonic()
+        tick = self.tick()
         texts = self._ratio_texts
         for key in keys:
             w = self.windows[key]
@@ -147,14 +155,17 @@ class Aggregates:
                     ratios = json.dumps(w.ratios)
                     texts[key] = (w.ratios, ratios)
             cached = self._figures.get(key) if every else None
-            if cached is not None and tick - cached[0] < every and w.ended is None:
-                self._mark_stale(key, cached[0] + every)
-                current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, now, w.loss, ratios, *key))
-                continue
+            if cached is not None and w.ended is None:
+                due = self._figures_due(cached, w.records)
+                if tick < due:
+                    self._mark_stale(key, due)
+                    current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, now, w.loss, ratios,
+                                    *key))
+                    continue
             fig = w.figures()
             parts = _parts_json(fig["step_parts"])
             if every:
-                self._figures[key] = (tick, fig)
+                self._figures[key] = (tick, w.records)
                 self.stale.pop(key, None)
             full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
                          fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"],
@@ -169,6 +180,13 @@ class Aggregates:
             self.conn.executemany(
                 "UPDATE rank_live SET node = ?, records = ?, first_step = ?, last_step = ?, last_ts = ?,"
                 " last_seen = ?, loss = ?, ratios = ? WHERE run_id = ? AND rank = ? AND attempt = ?", current)
+
+    def _figures_due(self, cached: tuple[float, int], records: int) -> float:
+        """When figures computed at ``cached`` (tick, record count) fall due, the rank having ``records`` now."""
+        computed, count = cached
+        if records - count >= self.figures_new_steps or self.figures_max_s <= self.figures_every:
+            return computed + self.figures_every
+        return computed + self.figures_max_s
 
     def refresh_step_figures(self, key: RankKey) -> None:
         """Recompute a stored rank's step-time figures from its window in the index (after an upgrade).

@@ -131,12 +131,13 @@ class RankWindow:
     """The last :data:`WINDOW` steps of one (run, rank, attempt) and its running totals.
 
     Each step is kept split into its parts on the CPU clock and, when the
-    record has one, on the GPU clock (``steptime.StepParts``), split once when
-    it enters the window.
+    record has one, on the GPU clock (``steptime.StepParts``), split once, when
+    the figures are next asked for: a live daemon asks every few seconds, and
+    a step that left the window by then is never split.
     """
 
-    __slots__ = ("records", "first_step", "last_step", "last_ts", "loss", "ratios", "steps", "ts", "cpu", "gpu",
-                 "examples", "ended", "exit_code", "end_ts", "node")
+    __slots__ = ("records", "first_step", "last_step", "last_ts", "loss", "ratios", "steps", "ts", "_cpu", "_gpu",
+                 "_unsplit", "examples", "ended", "exit_code", "end_ts", "node")
 
     def __init__(self) -> None:
         self.records = 0
@@ -147,25 +148,55 @@ class RankWindow:
         self.ratios: Optional[dict[str, float]] = None
         self.steps: deque = deque(maxlen=WINDOW)
         self.ts: deque = deque(maxlen=WINDOW)
-        self.cpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, CPU clock
-        self.gpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, GPU clock
+        self._cpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, CPU clock (see cpu)
+        self._gpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, GPU clock (see gpu)
+        self._unsplit: list = []  # (row, stored) of the newest steps, not split yet
         self.examples: deque = deque(maxlen=WINDOW)
         self.ended: Optional[str] = None  # the rank_end record's status, once it came
         self.exit_code: Optional[int] = None
         self.end_ts: Optional[float] = None  # the rank_end record's ts
         self.node: Optional[int] = None  # node_rank of the rank's stream header
 
-    def _append(self, step: int, ts: Optional[float], examples: Optional[int], cpu, gpu) -> None:
+    def _append(self, step: int, ts: Optional[float], examples: Optional[int], row: Sequence, stored: bool) -> None:
         self.steps.append(step)
         self.ts.append(ts)
         self.examples.append(examples)
-        self.cpu.append(cpu)
-        self.gpu.append(gpu)
+        unsplit = self._unsplit
+        unsplit.append((row, stored))
+        if len(unsplit) > 2 * WINDOW:
+            del unsplit[:-WINDOW]  # older than the window: never to be split
+
+    def _split(self) -> None:
+        """Split the steps that entered the window since the last call (the newest WINDOW of them)."""
+        unsplit = self._unsplit
+        if not unsplit:
+            return
+        cpu, gpu = self._cpu, self._gpu
+        for r, stored in unsplit[-WINDOW:]:
+            if stored:
+                cpu.append(split_row(r, _STORED_CPU, 15, 16))
+                gpu.append(split_row(r, _STORED_GPU, 15, 16))
+            else:
+                cpu.append(split_row(r, _CPU_SPLIT))
+                gpu.append(split_row(r, _GPU_SPLIT))
+        unsplit.clear()
+
+    @property
+    def cpu(self) -> deque:
+        """The window's steps split on the CPU clock (``Optional[StepParts]`` per step, oldest first)."""
+        self._split()
+        return self._cpu
+
+    @property
+    def gpu(self) -> deque:
+        """The window's steps split on the GPU clock (None for a step without a GPU traced time)."""
+        self._split()
+        return self._gpu
 
     def add_stored(self, rows: Sequence[Sequence]) -> None:
         """Append steps read back from the index (:data:`WINDOW_COLUMNS` rows, ascending step)."""
         for r in rows:
-            self._append(r[0], r[1], r[2], split_row(r, _STORED_CPU, 15, 16), split_row(r, _STORED_GPU, 15, 16))
+            self._append(r[0], r[1], r[2], r, True)
 
     def add_rows(self, rows: Sequence[tuple], inserted: int) -> None:
         """Fold a batch of row tuples (file order) into the window."""
@@ -183,7 +214,7 @@ class RankWindow:
         for r in tail:
             if self.steps and r[COL_STEP] <= self.steps[-1]:
                 continue  # a duplicate or an older step must not disturb the window
-            self._append(r[COL_STEP], r[COL_TS], r[COL_EXAMPLES], split_row(r, _CPU_SPLIT), split_row(r, _GPU_SPLIT))
+            self._append(r[COL_STEP], r[COL_TS], r[COL_EXAMPLES], r, False)
         steps = cols[COL_STEP]
         first = min(steps)
         self.first_step = first if self.first_step is None else min(self.first_step, first)
@@ -200,7 +231,7 @@ class RankWindow:
         self.records += inserted
         step = r[COL_STEP]
         if not self.steps or step > self.steps[-1]:  # a duplicate or an older step must not disturb the window
-            self._append(step, r[COL_TS], r[COL_EXAMPLES], split_row(r, _CPU_SPLIT), split_row(r, _GPU_SPLIT))
+            self._append(step, r[COL_TS], r[COL_EXAMPLES], r, False)
         if self.first_step is None or step < self.first_step:
             self.first_step = step
         if self.last_step is None or step >= self.last_step:

@@ -22,6 +22,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import operator
 import os
 import resource
@@ -67,7 +68,9 @@ def _index_failure(exc: BaseException) -> bool:
 
 NUL_GRACE_S = 120.0  # a line starting with NUL bytes is waited for while its file changed this recently
 BACKOFF_MAX_S = 60.0  # the live daemon retries a failing index at most this far apart
-FIGURES_EVERY_S = 2.0  # the live daemon recomputes a rank's rolling figures at most this often
+FIGURES_EVERY_S = 2.0  # the live daemon recomputes a rank's rolling figures at most this often …
+FIGURES_NEW_STEPS = live.WINDOW // 2  # … and then once half of its window is new steps …
+FIGURES_MAX_S = 10.0  # … or this long after the last time, whichever comes first
 WORKER_MIN_BYTES = 64 << 20  # a backlog this large is decoded by a second process while the writer writes
 AHEAD_MIN_BYTES = 256 << 10  # blocks smaller than this are decoded by the writer itself
 PROGRESS_MIN_BYTES = 16 << 20  # a backlog this large (≈50k records) is reported while it is read
@@ -78,6 +81,7 @@ PASS_GAP_PER_STREAM_S = 0.001  # … and this much per stream the last pass read
 MAX_PASS_GAP_S = 0.5  # … but never more than this: under a heavy load the lag stays bounded
 LIVE_CHECKPOINT_PAGES = 8000  # the live daemon's WAL checkpoints (~32 MiB) apart (docs/daemon.md, "Live path")
 QUIET_AFTER_S = 60.0  # a stream unchanged this long is re-stat'ed once per rescan, spread over the polls
+HINTED_WITHIN_S = 60.0  # … as is one that inotify named this recently (its appends are seen by inotify)
 
 
 def _next_hint(start: float, done: float, streams: int) -> float:
@@ -211,13 +215,14 @@ class _File:
     """In-memory mirror of one ``files`` row (updated only after its commit)."""
 
     __slots__ = ("file_id", "run_id", "rel", "path", "stream", "rank", "attempt", "node", "identity",
-                 "generation", "offset", "skipping", "tail", "size", "mtime_ns", "ino", "gone", "changed")
+                 "generation", "offset", "skipping", "tail", "size", "mtime_ns", "ino", "gone", "changed", "hinted")
 
     def __init__(self, **kw) -> None:
         for k in self.__slots__:
             setattr(self, k, kw.get(k))
         self.gone = False
         self.changed = time.monotonic()  # last seen changing (monotonic): a known stream starts as active
+        self.hinted = -math.inf  # last named by an inotify hint (monotonic)
 
 
 class _Run:
@@ -293,6 +298,7 @@ class Ingester:
         #: Called after each commit while a large backlog is read, with :meth:`progress`'s dict (last: done).
         self.on_progress: Optional[Callable[[dict], None]] = None
         self._poll_round = 0
+        self._hints_lost = False  # inotify reported lost events: the next timed poll looks at every active stream
         self._pass_streams = 0  # streams read since the serve loop's pass began (sets the next gap)
 
     # ----------------------------------------------------------------- lifecycle
@@ -370,7 +376,10 @@ class Ingester:
         # A live rank's last pages of `steps` and the series are rewritten pass after pass: checkpoints further
         # apart copy each of them back once for several passes, not once per pass.
         self.conn.execute(f"PRAGMA wal_autocheckpoint={LIVE_CHECKPOINT_PAGES}")
-        self._agg.figures_every = FIGURES_EVERY_S  # a live rank's medians and rates, refreshed every 2 s at most
+        # A live rank's medians and rates: every 2 s at most, 10 s at least (docs/daemon.md, "Live path").
+        self._agg.figures_every = FIGURES_EVERY_S
+        self._agg.figures_new_steps = FIGURES_NEW_STEPS
+        self._agg.figures_max_s = FIGURES_MAX_S
         next_scan = next_poll = next_hint = 0.0
         backoff = 0.0
         while not stop.is_set():
@@ -511,11 +520,15 @@ class Ingester:
         targets = []
         rescan_runs = set()
         unknown = False
+        now = time.monotonic()
         for path in dirty:
             hit = self._paths.get(path)
             if hit is not None:
+                hit[1].hinted = now
                 targets.append(hit)
                 continue
+            if path in self.roots:  # the watcher's word for lost events (a queue overflow)
+                self._hints_lost = True
             suffix = os.path.splitext(path)[1]
             if suffix not in ("", ".json", ".jsonl"):
                 continue  # logs, temp files, checkpoints: nothing we index
@@ -880,14 +893,21 @@ class Ingester:
 
         A stream unchanged for QUIET_AFTER_S is re-stat'ed once per rescan interval, its turn spread over
         the polls in between, so a hundred quiet runs cost a fraction of their stat calls (docs/daemon.md,
-        "Live path"). Inotify hints still reach a quiet stream at once.
+        "Live path"). Inotify hints still reach a quiet stream at once. So is a stream inotify named in the
+        last HINTED_WITHIN_S: its writer is on this machine, where inotify sees every append (a stream
+        written from another node over NFS is never named, and keeps its poll). After lost events the next
+        poll looks at every active stream again.
         """
         now = time.monotonic()
         rounds = max(1, int(self.rescan_interval / self.poll_interval))
         self._poll_round = turn = (self._poll_round + 1) % rounds
+        trust = self._watcher is not None and self._watcher.reports_losses and not self._hints_lost
+        self._hints_lost = False
         out = []
         for i, hit in enumerate(self._paths.values()):
-            if now - hit[1].changed < QUIET_AFTER_S or i % rounds == turn:
+            f = hit[1]
+            if i % rounds == turn or (now - f.changed < QUIET_AFTER_S
+                                      and not (trust and now - f.hinted < HINTED_WITHIN_S)):
                 out.append(hit)
         return out
 

@@ -69,6 +69,12 @@ class Watcher:
             return True
         return self.backend in ("auto", "watchdog") and self._start_watchdog()
 
+    @property
+    def reports_losses(self) -> bool:
+        """True when lost events are reported (our inotify reader: an overflow names every root); watchdog's
+        observers drop an overflow silently, so their silence proves nothing."""
+        return self._ino is not None
+
     def _start_watchdog(self) -> bool:
         try:
             from watchdog.events import FileSystemEventHandler

@@ -491,3 +491,74 @@ def test_a_timed_poll_reads_the_hinted_streams_even_quiet_ones(live):
         rows = {x.rank: x.last_step for x in r.rank_rows(r.find_run("r").run_id)}
     assert rows[1] == 4  # the hinted quiet stream was read by this poll
     assert rows[0] == 3  # the unhinted quiet one waits for its turn, as designed
+
+
+def test_a_timed_poll_leaves_streams_inotify_names_to_their_hints_until_events_are_lost(tmp_path):
+    """With inotify (which reports lost events), a stream it named lately is written on this machine: the
+    timed poll leaves it to its hints (and its share of the quiet rounds) instead of re-stat'ing it every
+    second; a stream never named (written from another node over NFS) keeps its poll; after lost events the
+    next poll looks at every active stream again."""
+    root = tmp_path / "logs"
+    local = write_steps(root / "r", 0, range(1, 4))
+    remote = write_steps(root / "r", 1, range(1, 4))
+    ing = Ingester(tmp_path / "index.sqlite", [str(root)], poll_interval=0.05, use_inotify=True)
+    try:
+        ing.run_once()
+        from daemon import watcher
+
+        ing._watcher = watcher.Watcher(ing.roots, ing._mark_dirty)
+        assert ing._watcher.start() and ing._watcher.reports_losses
+        rounds = max(1, int(ing.rescan_interval / ing.poll_interval))
+        assert rounds > len(ing._paths) + 1
+
+        def polled() -> set[str]:
+            ing._poll_round = rounds - 2  # the next round is nobody's share
+            return {f.path for _, f in ing._poll_targets()}
+
+        assert polled() == {str(local), str(remote)}  # both changed lately, neither named yet
+        append_raw(local, step_line("r", 0, 4))
+        assert _wait_for(lambda: str(local) in ing._dirty, timeout=10)
+        ing._poll_dirty()  # the hint-driven pass reads it and remembers the hint
+        ing._commit()
+        assert polled() == {str(remote)}
+        ing._mark_dirty({ing.roots[0]})  # the watcher's word for a queue overflow
+        ing._poll_dirty()
+        assert polled() == {str(local), str(remote)}
+        assert polled() == {str(remote)}  # one full poll, then hints are trusted again
+    finally:
+        ing.close()
+
+
+def test_a_live_rank_recomputes_its_figures_when_half_its_window_is_new_or_ten_seconds_passed(live):
+    """The live daemon's rolling figures (docs/daemon.md, "Live path"): not more often than every
+    FIGURES_EVERY_S, and then once half of the window is new steps, or FIGURES_MAX_S after the last time for
+    a rank with fewer new steps; the rank's current columns (last step, records) are always written."""
+    from daemon import live as live_mod
+    from daemon import service
+
+    root, index, ing = live
+    path = write_steps(root / "r", 0, range(1, 4), step_ms=100.0)
+    ing.open()
+    clock = [0.0]
+    agg = ing._agg
+    agg.tick = lambda: clock[0]
+    agg.figures_every, agg.figures_new_steps, agg.figures_max_s = (
+        service.FIGURES_EVERY_S, service.FIGURES_NEW_STEPS, service.FIGURES_MAX_S)
+    assert service.FIGURES_NEW_STEPS == live_mod.WINDOW // 2
+
+    def figures_after(seconds: float, steps, step_ms: float):
+        clock[0] += seconds
+        for s in steps:
+            append_raw(path, step_line("r", 0, s, step_ms=step_ms))
+        ing.run_once()
+        if agg.stale and agg.due_stale():  # what the serve loop does for ranks whose figures fell due
+            ing._begin()
+            ing._commit()
+        row = _rank(index, "r")[1]
+        return row.last_step, round(row.median_step_ms or 0)
+
+    assert figures_after(0, [], 100.0) == (3, 110)  # first figures at once (step time = traced + gap)
+    assert figures_after(3, range(4, 9), 300.0) == (8, 110)  # 5 new steps: current columns only
+    assert figures_after(6, [], 0.0) == (8, 110)  # 9 s: still within FIGURES_MAX_S, nothing new
+    assert figures_after(1.5, [], 0.0) == (8, 330)  # 10.5 s: due, written without a new record
+    assert figures_after(2.5, range(9, 9 + live_mod.WINDOW // 2), 500.0) == (40, 550)  # half the window is new
