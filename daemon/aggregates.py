@@ -45,7 +45,8 @@ class Aggregates:
         self.figures_new_steps = 0
         self.figures_max_s = 0.0
         self.tick = time.monotonic  # the clock of those intervals (injectable for tests)
-        self._figures: dict[RankKey, tuple[float, int]] = {}  # when a rank's figures were computed, at what record count
+        #: when a rank's figures were computed, its record count and how many steps its window held then
+        self._figures: dict[RankKey, tuple[float, int, int]] = {}
         self.stale: dict[RankKey, float] = {}  # ranks written with older figures -> when they are due
         self._ratio_texts: dict[RankKey, tuple[dict, str]] = {}  # the last ratios written and their JSON
         self._stale_heap: list[tuple[float, RankKey]] = []  # (due, key); entries not matching ``stale`` are outdated
@@ -64,8 +65,7 @@ class Aggregates:
             if self.stale.get(key) != due:
                 continue  # written since, or due later now: an outdated entry
             if key not in self.windows:
-                del self.stale[key]
-                continue
+                self.window(key)  # left stale before a rollback (reset): reloaded from the index
             out.append(key)
         for key in out:  # still stale until written: handed back again by the next call
             heapq.heappush(heap, (self.stale[key], key))
@@ -84,13 +84,28 @@ class Aggregates:
             heapq.heappush(self._stale_heap, (due, key))
 
     def reset(self) -> None:
-        """Forget every cached window and series width (after a rollback: reload from the index)."""
+        """Forget every cached window and series width (after a rollback: reload from the index).
+
+        Ranks whose committed figures were left stale stay listed, due at once: nothing else may ever
+        write them again (a rank that went quiet).
+        """
+        stale = list(self.stale)
         self.windows.clear()
         self._widths.clear()
         self._figures.clear()
         self.stale.clear()
         self._stale_heap.clear()
         self._ratio_texts.clear()
+        for key in stale:
+            self._mark_stale(key, -math.inf)
+
+    def write_stale(self) -> list[RankKey]:
+        """Every rank left with stale figures, to be written with fresh ones (a daemon stopping): the keys
+        to add to the batch; their figures are computed whatever their schedule."""
+        keys = [key for key in self.stale if key in self.windows or self.window(key)]
+        for key in keys:
+            self._figures.pop(key, None)
+        return keys
 
     # ----------------------------------------------------------------- rank_live
     def window(self, key: RankKey) -> live.RankWindow:
@@ -165,7 +180,7 @@ class Aggregates:
             fig = w.figures()
             parts = _parts_json(fig["step_parts"])
             if every:
-                self._figures[key] = (tick, w.records)
+                self._figures[key] = (tick, w.records, len(w.steps))
                 self.stale.pop(key, None)
             full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
                          fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"],
@@ -181,10 +196,14 @@ class Aggregates:
                 "UPDATE rank_live SET node = ?, records = ?, first_step = ?, last_step = ?, last_ts = ?,"
                 " last_seen = ?, loss = ?, ratios = ? WHERE run_id = ? AND rank = ? AND attempt = ?", current)
 
-    def _figures_due(self, cached: tuple[float, int], records: int) -> float:
-        """When figures computed at ``cached`` (tick, record count) fall due, the rank having ``records`` now."""
-        computed, count = cached
-        if records - count >= self.figures_new_steps or self.figures_max_s <= self.figures_every:
+    def _figures_due(self, cached: tuple[float, int, int], records: int) -> float:
+        """When figures computed at ``cached`` (tick, record count, window length) fall due, the rank having
+        ``records`` now: ``figures_every`` after them once half of the window they were computed over is
+        new (at most ``figures_new_steps``: a young window of a few warm-up steps is refreshed as soon as
+        it doubles), else ``figures_max_s`` after them."""
+        computed, count, length = cached
+        need = min(self.figures_new_steps, max(1, length // 2))
+        if records - count >= need or self.figures_max_s <= self.figures_every:
             return computed + self.figures_every
         return computed + self.figures_max_s
 

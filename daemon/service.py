@@ -373,13 +373,7 @@ class Ingester:
             if not self._watcher.start():
                 log.warning("traceml daemon: inotify unavailable; polling only")
                 self._watcher = None
-        # A live rank's last pages of `steps` and the series are rewritten pass after pass: checkpoints further
-        # apart copy each of them back once for several passes, not once per pass.
-        self.conn.execute(f"PRAGMA wal_autocheckpoint={LIVE_CHECKPOINT_PAGES}")
-        # A live rank's medians and rates: every 2 s at most, 10 s at least (docs/daemon.md, "Live path").
-        self._agg.figures_every = FIGURES_EVERY_S
-        self._agg.figures_new_steps = FIGURES_NEW_STEPS
-        self._agg.figures_max_s = FIGURES_MAX_S
+        self.live_settings()
         next_scan = next_poll = next_hint = 0.0
         backoff = 0.0
         while not stop.is_set():
@@ -434,6 +428,25 @@ class Ingester:
                     stop.wait(gap)  # a hint came early: let the burst gather for one pass
             else:
                 self._wake.clear()
+        if self._agg.stale:  # ranks whose figures were left for later get them now: nothing may write them again
+            try:
+                batch = self._begin()
+                batch.ranks.update(self._agg.write_stale())
+                self._commit()
+            except Exception as exc:
+                self._rollback()
+                log.error("traceml daemon: writing the last rolling figures at stop failed: %s", exc)
+
+    def live_settings(self) -> None:
+        """What :meth:`serve` changes for a long-lived ingester (docs/daemon.md, "Live path"); the benchmark
+        of a live pass applies it too."""
+        # A live rank's last pages of `steps` and the series are rewritten pass after pass: checkpoints further
+        # apart copy each of them back once for several passes, not once per pass.
+        self.conn.execute(f"PRAGMA wal_autocheckpoint={LIVE_CHECKPOINT_PAGES}")
+        # A live rank's medians and rates: at most every 2 s, and at least every 10 s while it writes.
+        self._agg.figures_every = FIGURES_EVERY_S
+        self._agg.figures_new_steps = FIGURES_NEW_STEPS
+        self._agg.figures_max_s = FIGURES_MAX_S
 
     def start(self) -> None:
         """Serve in a background thread (the TUI's embedded mode)."""

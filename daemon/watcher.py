@@ -73,7 +73,8 @@ class Watcher:
     def reports_losses(self) -> bool:
         """True when lost events are reported (our inotify reader: an overflow names every root); watchdog's
         observers drop an overflow silently, so their silence proves nothing."""
-        return self._ino is not None
+        thread = self._thread
+        return self._ino is not None and thread is not None and thread.is_alive()
 
     def _start_watchdog(self) -> bool:
         try:
@@ -174,7 +175,9 @@ class Watcher:
         while not stop.is_set():
             try:
                 events = ino.read(timeout=STOP_POLL_MS, read_delay=READ_DELAY_MS)
-            except (OSError, ValueError):  # closed under us: stop() is on its way
+            except (OSError, ValueError) as exc:  # closed under us (stop() is on its way), or broken
+                if not stop.is_set():
+                    log.warning("traceml daemon: inotify stopped (%s); polling only", exc)
                 return
             if events:
                 self._dispatch(events)

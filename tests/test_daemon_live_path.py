@@ -504,7 +504,7 @@ def test_a_timed_poll_leaves_streams_inotify_names_to_their_hints_until_events_a
     ing = Ingester(tmp_path / "index.sqlite", [str(root)], poll_interval=0.05, use_inotify=True)
     try:
         ing.run_once()
-        from daemon import watcher
+        from daemon import service, watcher
 
         ing._watcher = watcher.Watcher(ing.roots, ing._mark_dirty)
         assert ing._watcher.start() and ing._watcher.reports_losses
@@ -525,40 +525,132 @@ def test_a_timed_poll_leaves_streams_inotify_names_to_their_hints_until_events_a
         ing._poll_dirty()
         assert polled() == {str(local), str(remote)}
         assert polled() == {str(remote)}  # one full poll, then hints are trusted again
+        # The named stream still has its share of the quiet rounds (an append inotify missed waits for it).
+        order = [f.path for _, f in ing._paths.values()]
+        ing._poll_round = order.index(str(local)) % rounds - 1
+        assert str(local) in {f.path for _, f in ing._poll_targets()}
+        # A name older than HINTED_WITHIN_S is not trusted any more.
+        hit = ing._paths[str(local)][1]
+        hit.hinted -= service.HINTED_WITHIN_S + 1
+        assert polled() == {str(local), str(remote)}
+        hit.hinted += service.HINTED_WITHIN_S + 1
+        assert polled() == {str(remote)}
+        # A reader that died, or watchdog's observer (it drops an overflow silently), is never trusted.
+        ing._watcher.stop()
+        assert not ing._watcher.reports_losses and polled() == {str(local), str(remote)}
+        ing._watcher = watcher.Watcher(ing.roots, ing._mark_dirty, backend="watchdog")
+        assert ing._watcher.start() and not ing._watcher.reports_losses
+        assert polled() == {str(local), str(remote)}
     finally:
         ing.close()
 
 
 def test_a_live_rank_recomputes_its_figures_when_half_its_window_is_new_or_ten_seconds_passed(live):
     """The live daemon's rolling figures (docs/daemon.md, "Live path"): not more often than every
-    FIGURES_EVERY_S, and then once half of the window is new steps, or FIGURES_MAX_S after the last time for
-    a rank with fewer new steps; the rank's current columns (last step, records) are always written."""
+    FIGURES_EVERY_S, and then once half of the window they were computed over is new records (a young
+    window: as soon as it doubles), or FIGURES_MAX_S after the last time; the rank's current columns (last
+    step, records) are always written. Observed through steps/s, which follows the window's time span."""
     from daemon import live as live_mod
     from daemon import service
 
     root, index, ing = live
-    path = write_steps(root / "r", 0, range(1, 4), step_ms=100.0)
+    path = write_steps(root / "r", 0, range(1, 71))  # ts = 1000 + step: 1 step/s over a full window
     ing.open()
+    ing.live_settings()
     clock = [0.0]
-    agg = ing._agg
-    agg.tick = lambda: clock[0]
-    agg.figures_every, agg.figures_new_steps, agg.figures_max_s = (
-        service.FIGURES_EVERY_S, service.FIGURES_NEW_STEPS, service.FIGURES_MAX_S)
+    ing._agg.tick = lambda: clock[0]
     assert service.FIGURES_NEW_STEPS == live_mod.WINDOW // 2
 
-    def figures_after(seconds: float, steps, step_ms: float):
+    def after(seconds: float, steps=(), ts_base: float = 0.0, run: str = "r", stream=None):
         clock[0] += seconds
         for s in steps:
-            append_raw(path, step_line("r", 0, s, step_ms=step_ms))
+            append_raw(stream or path, step_line(run, 0, s, ts=ts_base + s))
         ing.run_once()
-        if agg.stale and agg.due_stale():  # what the serve loop does for ranks whose figures fell due
+        if ing._agg.stale and ing._agg.due_stale():  # what the serve loop does for ranks whose figures fell due
             ing._begin()
             ing._commit()
-        row = _rank(index, "r")[1]
-        return row.last_step, round(row.median_step_ms or 0)
+        row = _rank(index, run)[1]
+        return row.last_step, round(row.steps_per_s, 4)
 
-    assert figures_after(0, [], 100.0) == (3, 110)  # first figures at once (step time = traced + gap)
-    assert figures_after(3, range(4, 9), 300.0) == (8, 110)  # 5 new steps: current columns only
-    assert figures_after(6, [], 0.0) == (8, 110)  # 9 s: still within FIGURES_MAX_S, nothing new
-    assert figures_after(1.5, [], 0.0) == (8, 330)  # 10.5 s: due, written without a new record
-    assert figures_after(2.5, range(9, 9 + live_mod.WINDOW // 2), 500.0) == (40, 550)  # half the window is new
+    assert after(0) == (70, 1.0)  # first figures at once
+    assert after(3, range(71, 76), 2000) == (75, 1.0)  # 5 new records: current columns only
+    assert after(6) == (75, 1.0)  # 9 s: within FIGURES_MAX_S, nothing new
+    assert after(1.5) == (75, round(63 / (2075 - 1012), 4))  # 10.5 s: due, written without a new record
+    assert after(2.5, range(76, 108), 3000) == (107, round(63 / (3107 - 1044), 4))  # half the window is new
+    assert after(1, range(108, 148), 4000) == (147, round(63 / (3107 - 1044), 4))  # 1 s: not yet
+    assert after(1) == (147, round(63 / (4147 - 3084), 4))  # 2 s after the last time, quiet since: due
+    # A young window (3 warm-up steps) is refreshed as soon as it doubles, 2 s after its first figures.
+    young = write_steps(root / "y", 0, range(1, 4))
+    assert after(0, run="y", stream=young) == (3, 1.0)
+    assert after(2.5, (4, 5, 6), 1500, run="y", stream=young) == (6, round(5 / (1506 - 1001), 4))
+
+
+def test_figures_left_stale_are_written_after_a_rollback_and_when_the_daemon_stops(tmp_path):
+    """A rank whose figures were left for later and that then goes quiet (a rank killed without a rank_end)
+    still gets them: after a rolled-back transaction (its window reloaded from the index) and when the
+    live daemon stops."""
+    root = tmp_path / "logs"
+    path = write_steps(root / "r", 0, range(1, 71))  # ts = 1000 + step: 1 step/s
+    index = tmp_path / "index.sqlite"
+    fresh = round(63 / (2075 - 1012), 4)  # steps/s over the window once steps 71-75 (ts 2000 + step) are in
+
+    # After a rollback, with the ingester's clock held still (nothing else would make them due).
+    ing = Ingester(index, [str(root)], use_inotify=False)
+    ing.open()
+    ing.live_settings()
+    ing._agg.tick = lambda: 0.0
+    ing.run_once()
+    for s in range(71, 76):
+        append_raw(path, step_line("r", 0, s, ts=2000.0 + s))
+    ing.run_once()
+    row = _rank(index, "r")[1]
+    assert (row.last_step, round(row.steps_per_s, 4)) == (75, 1.0)  # stale: current columns only
+    ing._begin()
+    ing._rollback()
+    assert ing._agg.stale and ing._agg.due_stale()  # what the serve loop does next
+    ing._begin()
+    ing._commit()
+    assert round(_rank(index, "r")[1].steps_per_s, 4) == fresh
+    ing.close()
+
+    # When the live daemon stops (serve in a thread, as `traceml watch` embeds it).
+    for s in range(76, 81):
+        append_raw(path, step_line("r", 0, s, ts=3000.0 + s))
+    live = Ingester(index, [str(root)], poll_interval=0.05, use_inotify=False)
+    live.start()
+    try:
+        assert _wait_for(lambda: _rank(index, "r")[1].last_step == 80)
+        for s in range(81, 84):
+            append_raw(path, step_line("r", 0, s, ts=4000.0 + s))
+        assert _wait_for(lambda: _rank(index, "r")[1].last_step == 83)
+        assert round(_rank(index, "r")[1].steps_per_s, 4) != round(63 / (4083 - 1020), 4)  # left for later
+    finally:
+        live.stop()
+    assert round(_rank(index, "r")[1].steps_per_s, 4) == round(63 / (4083 - 1020), 4)
+
+
+@pytest.mark.parametrize("between", [1, 7, 64, 129, 300])
+def test_a_window_split_when_figures_are_asked_equals_one_split_at_every_append(between):
+    """RankWindow splits steps into their parts only when figures are asked for (docs/daemon.md, "Live path"):
+    whatever number of steps came in between (more than twice the window too), the figures are those of a
+    window whose every step was split as it came; rows read back from the index and older or repeated
+    steps included."""
+    from daemon import live as live_mod
+
+    lines = b"".join(step_line("r", 0, s, step_ms=50.0 + (s * 37) % 23, ts=1000.0 + s * (1 + (s % 5) / 10))
+                     for s in range(1, 400))
+    rows = tailer.prepare_block(lines, 0).groups[(0, 0)][0]
+    stored = [tuple(r[c] for c in (2, 3, 19, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 22, 23)) for r in rows[:40]]
+    eager, lazy = live_mod.RankWindow(), live_mod.RankWindow()
+    for w in (eager, lazy):
+        w.add_stored(stored)
+    eager.figures()
+    feed = rows[40:] + rows[100:103]  # the last three: older steps again, which must not enter the window
+    for i, r in enumerate(feed, 1):
+        for w in (eager, lazy):
+            w.add_row(r, 1)
+        eager.figures()
+        if i % between == 0:
+            assert lazy.figures() == eager.figures()
+    assert lazy.figures() == eager.figures()
+    assert list(lazy.cpu) == list(eager.cpu) and len(lazy.cpu) == len(lazy.steps) == live_mod.WINDOW

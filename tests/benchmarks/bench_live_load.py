@@ -1,6 +1,7 @@
 """Live ingest under load: the daemon's CPU and the append → visible lag while many ranks write.
 
 Run: python tests/benchmarks/bench_live_load.py [--seconds 20] [--only small,cluster,cluster_poll,busy,idle]
+     python tests/benchmarks/bench_live_load.py --in-process   (one live pass, in this process: CPU per record)
 
 A live ``traceml daemon`` (its own process) watches R runs × K ranks while writer processes append
 real-shaped step records to every stream at a fixed rate. Reported per load:
@@ -133,6 +134,45 @@ def cold_cost(tmp: Path, total: int = 100_000) -> float:
     return used / max(1, got)
 
 
+def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int = 20) -> float:
+    """CPU seconds per record of one live pass without the writers' noise: one ``Ingester`` in this process
+    over 20 runs × 64 ranks with the live daemon's settings (``live_settings``) on a simulated clock
+    ``seconds_per_pass`` apart; each pass appends ``lines`` lines to every stream, then reads them all
+    (``_poll``) and commits (``_commit``). Only the pass is timed."""
+    root = tmp / f"inproc{lines}"
+    streams = make_runs(root, 20, 64)
+    ing = Ingester(tmp / f"inproc{lines}.sqlite", [str(root)], use_inotify=False)
+    try:
+        ing.run_once()
+        ing.live_settings()
+        clock = [time.monotonic()]
+        ing._agg.tick = lambda: clock[0]
+        fds = [(run, rank, open_append(_stream(root, run, rank))) for run, rank in streams]
+        targets = list(ing._paths.values())
+        rng = random.Random(3)
+        step = 11
+        used = 0.0
+        for i in range(passes + 5):  # the first 5 warm the windows and caches
+            for _ in range(lines):
+                for run, rank, fd in fds:
+                    append_line(fd, _step(run, rank, step, 2000.0 + step, rng))
+                step += 1
+            clock[0] += seconds_per_pass
+            t0 = time.process_time()
+            ing._poll(targets)
+            if ing._agg.stale and ing._agg.due_stale():
+                ing._begin()
+            ing._commit()
+            if i >= 5:
+                used += time.process_time() - t0
+        for *_, fd in fds:
+            os.close(fd)
+        return used / (passes * lines * len(fds))
+    finally:
+        ing.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds: float, extra: list[str],
              cost: float) -> str:
     root = tmp / label
@@ -207,12 +247,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=20.0, help="measured window per load (default 20)")
     ap.add_argument("--only", default=",".join(ROWS))
+    ap.add_argument("--in-process", action="store_true",
+                    help="instead: the CPU per record of one live pass in this process (no writers, no daemon)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_live_"))
     try:
         cost = cold_cost(tmp)
         print(f"baseline (this run): cold ingest costs {cost * 1e6:.1f} µs of CPU per record (run_once, 100k records)")
         print()
+        if args.in_process:
+            print("| live pass over 20 × 64 streams | CPU per record | × cold |")
+            print("|---|---|---|")
+            for lines, gap, label in ((1, 1.0, "1 line per stream, passes 1 s apart (the 1/s load)"),
+                                      (5, 0.5, "5 lines per stream, passes 0.5 s apart (the 10/s load)")):
+                per = in_process_cost(tmp, lines, gap)
+                print(f"| {label} | {per * 1e6:.1f} µs | {per / cost:.1f} |", flush=True)
+            return
         print("| load | runs × ranks × rate | records/s | daemon CPU | at cold cost | append → visible (probe) |")
         print("|---|---|---|---|---|---|")
         for name in args.only.split(","):
