@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from operator import itemgetter
 from typing import Any, Optional, Sequence
 
 import msgspec
@@ -125,6 +126,11 @@ def split_row(r: Sequence, clock: tuple[int, ...], data_wait: int = COL_DATA_WAI
 
 _STORED_CPU = (3, 4, 5, 6, 7, 8)  # positions in a WINDOW_COLUMNS row
 _STORED_GPU = (9, 10, 11, 12, 13, 14)
+# What a window keeps of a step until it is split: both clocks' six timings and the loader waits, taken from
+# a step row or a WINDOW_COLUMNS row into one layout (the rest of the row is let go at once).
+_TIMINGS_OF_ROW = itemgetter(*_CPU_SPLIT, *_GPU_SPLIT, COL_DATA_WAIT, COL_DATA_IN_STEP)
+_TIMINGS_OF_STORED = itemgetter(*_STORED_CPU, *_STORED_GPU, 15, 16)
+_KEPT_CPU, _KEPT_GPU = (0, 1, 2, 3, 4, 5), (6, 7, 8, 9, 10, 11)
 
 
 class RankWindow:
@@ -150,21 +156,18 @@ class RankWindow:
         self.ts: deque = deque(maxlen=WINDOW)
         self._cpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, CPU clock (see cpu)
         self._gpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, GPU clock (see gpu)
-        self._unsplit: list = []  # (row, stored) of the newest steps, not split yet
+        self._unsplit: deque = deque(maxlen=WINDOW)  # timings (_TIMINGS_OF_ROW layout) of steps not split yet
         self.examples: deque = deque(maxlen=WINDOW)
         self.ended: Optional[str] = None  # the rank_end record's status, once it came
         self.exit_code: Optional[int] = None
         self.end_ts: Optional[float] = None  # the rank_end record's ts
         self.node: Optional[int] = None  # node_rank of the rank's stream header
 
-    def _append(self, step: int, ts: Optional[float], examples: Optional[int], row: Sequence, stored: bool) -> None:
+    def _append(self, step: int, ts: Optional[float], examples: Optional[int], timings: tuple) -> None:
         self.steps.append(step)
         self.ts.append(ts)
         self.examples.append(examples)
-        unsplit = self._unsplit
-        unsplit.append((row, stored))
-        if len(unsplit) > 2 * WINDOW:
-            del unsplit[:-WINDOW]  # older than the window: never to be split
+        self._unsplit.append(timings)  # one that leaves the window before the next split is never split
 
     def _split(self) -> None:
         """Split the steps that entered the window since the last call (the newest WINDOW of them)."""
@@ -172,13 +175,9 @@ class RankWindow:
         if not unsplit:
             return
         cpu, gpu = self._cpu, self._gpu
-        for r, stored in unsplit[-WINDOW:]:
-            if stored:
-                cpu.append(split_row(r, _STORED_CPU, 15, 16))
-                gpu.append(split_row(r, _STORED_GPU, 15, 16))
-            else:
-                cpu.append(split_row(r, _CPU_SPLIT))
-                gpu.append(split_row(r, _GPU_SPLIT))
+        for t in unsplit:
+            cpu.append(split_row(t, _KEPT_CPU, 12, 13))
+            gpu.append(split_row(t, _KEPT_GPU, 12, 13))
         unsplit.clear()
 
     @property
@@ -196,7 +195,7 @@ class RankWindow:
     def add_stored(self, rows: Sequence[Sequence]) -> None:
         """Append steps read back from the index (:data:`WINDOW_COLUMNS` rows, ascending step)."""
         for r in rows:
-            self._append(r[0], r[1], r[2], r, True)
+            self._append(r[0], r[1], r[2], _TIMINGS_OF_STORED(r))
 
     def add_rows(self, rows: Sequence[tuple], inserted: int) -> None:
         """Fold a batch of row tuples (file order) into the window."""
@@ -214,7 +213,7 @@ class RankWindow:
         for r in tail:
             if self.steps and r[COL_STEP] <= self.steps[-1]:
                 continue  # a duplicate or an older step must not disturb the window
-            self._append(r[COL_STEP], r[COL_TS], r[COL_EXAMPLES], r, False)
+            self._append(r[COL_STEP], r[COL_TS], r[COL_EXAMPLES], _TIMINGS_OF_ROW(r))
         steps = cols[COL_STEP]
         first = min(steps)
         self.first_step = first if self.first_step is None else min(self.first_step, first)
@@ -231,7 +230,7 @@ class RankWindow:
         self.records += inserted
         step = r[COL_STEP]
         if not self.steps or step > self.steps[-1]:  # a duplicate or an older step must not disturb the window
-            self._append(step, r[COL_TS], r[COL_EXAMPLES], r, False)
+            self._append(step, r[COL_TS], r[COL_EXAMPLES], _TIMINGS_OF_ROW(r))
         if self.first_step is None or step < self.first_step:
             self.first_step = step
         if self.last_step is None or step >= self.last_step:
