@@ -30,6 +30,7 @@ import sqlite3
 import stat
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from itertools import compress, repeat
 from typing import Callable, Optional
@@ -274,6 +275,7 @@ class Ingester:
         self.clock = clock  # when a batch was stored ("last seen"); injectable so that tests are deterministic
         self.conn = None
         self._lock_fd: Optional[int] = None
+        self._lock_release: Optional[weakref.finalize] = None
         self._runs: dict[str, _Run] = {}
         self._paths: dict[str, tuple[_Run, _File]] = {}
         self._agg: Optional[aggregates.Aggregates] = None
@@ -308,6 +310,9 @@ class Ingester:
             return
         locations.check_local(self.index_path, self.mounts_path)
         self._lock_fd = acquire_lock(self.index_path, self.roots, self.mode)
+        # An ingester dropped without close() must not keep the index locked for the rest of the process
+        # (the lock named by the index file's inode would then also refuse a later index reusing that inode).
+        self._lock_release = weakref.finalize(self, release_lock, self._lock_fd)
         self._fds.cap = _fd_budget()
         try:
             self.conn = idx.connect_writer(self.index_path)
@@ -338,7 +343,7 @@ class Ingester:
             self.conn = None
             self._agg = None
         if self._lock_fd is not None:
-            release_lock(self._lock_fd)
+            self._lock_release()  # release_lock, once
             self._lock_fd = None
 
     def run_once(self) -> int:

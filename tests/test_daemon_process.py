@@ -295,3 +295,28 @@ def test_embedded_ingester_announces_itself_and_stops(tmp_path):
     finally:
         ing.stop()
     assert find_running_daemon(index) is None
+
+
+def test_an_ingester_dropped_without_close_does_not_keep_the_index_locked(tmp_path):
+    """An ingester that is simply dropped (a caller forgot close()) lets the lock go with it: another writer
+    may open the index in the same process, and no lock named after the index file's inode stays held for
+    a later index that reuses the inode number."""
+    import gc
+
+    from daemon.service import Ingester, IndexLockedError
+
+    root = tmp_path / "logs"
+    write_steps(root / "r", 0, range(1, 4))
+    index = tmp_path / "index.sqlite"
+    first = Ingester(index, [str(root)], use_inotify=False)
+    first.run_once()
+    with pytest.raises(IndexLockedError):
+        Ingester(index, [str(root)], use_inotify=False).open()  # held while the first one lives
+    del first
+    gc.collect()
+    assert find_running_daemon(index) is None
+    second = Ingester(index, [str(root)], use_inotify=False)
+    try:
+        assert second.run_once() == 0  # opened and writable; nothing new to read
+    finally:
+        second.close()
