@@ -303,7 +303,7 @@ def test_an_ingester_dropped_without_close_does_not_keep_the_index_locked(tmp_pa
     a later index that reuses the inode number."""
     import gc
 
-    from daemon.service import Ingester, IndexLockedError
+    from daemon.service import IndexLockedError, Ingester
 
     root = tmp_path / "logs"
     write_steps(root / "r", 0, range(1, 4))
