@@ -49,22 +49,39 @@ def alias_lock_path(index_path: str | os.PathLike[str]) -> Optional[Path]:
 
 #: Alias-lock descriptors held with each writer lock (closed by :func:`release_lock`).
 _alias_fds: dict[int, int] = {}
+#: Lock files this process holds now (descriptor -> path): see :func:`_take`.
+_held: dict[int, str] = {}
+#: How long a lock this process released may still be held by a child forked meanwhile (see :func:`_take`).
+FORK_GRACE_S = 2.0
 
 
 def _take(path: Path, index_path: str, data: bytes) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+    deadline = None
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
             info = _read_lock_info(path, index_path)
+            # Held "by this process" but by none of its descriptors: a child another thread forked while the
+            # lock was ours shares it until its exec closes the inherited descriptor (a moment). Wait for that
+            # rather than refuse the index to ourselves.
+            if info.pid == os.getpid() and str(path) not in _held.values():
+                deadline = deadline or time.monotonic() + FORK_GRACE_S
+                if time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+            os.close(fd)
             who = f"pid {info.pid}" if info.pid else "another process"
             raise IndexLockedError(
                 f"another traceml {info.mode} ({who}) already writes the index {index_path}"
             ) from None
-        raise
+    _held[fd] = str(path)
     os.ftruncate(fd, 0)
     os.pwrite(fd, data, 0)
     return fd
@@ -74,7 +91,9 @@ def release_lock(fd: int) -> None:
     """Release a writer lock taken by :func:`acquire_lock` (and its alias lock)."""
     alias = _alias_fds.pop(fd, None)
     if alias is not None:
+        _held.pop(alias, None)
         os.close(alias)
+    _held.pop(fd, None)
     os.close(fd)
 
 
@@ -127,6 +146,7 @@ def acquire_lock(index_path: str | os.PathLike[str], roots: list[str], mode: str
         try:
             _alias_fds[fd] = _take(alias, str(index_path), data)
         except BaseException:
+            _held.pop(fd, None)
             os.close(fd)
             raise
     return fd

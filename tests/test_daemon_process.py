@@ -320,3 +320,26 @@ def test_an_ingester_dropped_without_close_does_not_keep_the_index_locked(tmp_pa
         assert second.run_once() == 0  # opened and writable; nothing new to read
     finally:
         second.close()
+
+
+def test_a_lock_a_forked_child_still_shares_is_waited_for_not_refused(tmp_path):
+    """A writer lock this process just released can still be held by a child another thread forked while it
+    was ours (until the child's exec closes the inherited descriptor): the next writer in this process waits
+    for it instead of refusing the index to itself; a lock it really holds is still refused at once."""
+    from daemon import lock
+
+    index = tmp_path / "index.sqlite"
+    index.write_bytes(b"")  # an existing file: the lock named by its inode is taken too
+    fd = lock.acquire_lock(index, [str(tmp_path)])
+    with pytest.raises(lock.IndexLockedError):
+        lock.acquire_lock(index, [str(tmp_path)])  # held by this process: refused at once
+    pid = os.fork()
+    if pid == 0:  # the child holds the inherited lock descriptors for a moment, as one before its exec
+        time.sleep(0.3)
+        os._exit(0)
+    try:
+        lock.release_lock(fd)
+        again = lock.acquire_lock(index, [str(tmp_path)])  # waits for the child, then takes it
+        lock.release_lock(again)
+    finally:
+        os.waitpid(pid, 0)
