@@ -102,8 +102,9 @@ class Aggregates:
     def write_stale(self) -> list[RankKey]:
         """Every rank left with stale figures, to be written with fresh ones (a daemon stopping): the keys
         to add to the batch; their figures are computed whatever their schedule."""
-        keys = [key for key in self.stale if key in self.windows or self.window(key)]
+        keys = list(self.stale)
         for key in keys:
+            self.window(key)  # loaded again when a rollback dropped it
             self._figures.pop(key, None)
         return keys
 
@@ -148,8 +149,8 @@ class Aggregates:
         """Write the ``rank_live`` row of every key (one statement for all of them, two at most).
 
         With ``figures_every`` > 0 (the live daemon) a rank's rolling figures (medians, rates, step parts)
-        are recomputed at most that often, and after that only once ``figures_new_steps`` records came
-        since or ``figures_max_s`` passed (docs/daemon.md, "Live path"): the median of a 64-step window
+        are recomputed at most that often, and after that only once half of the window is new records or
+        ``figures_max_s`` passed (:meth:`_figures_due`; docs/daemon.md, "Live path"): the median of a 64-step window
         barely moves before half of it is new, and a thousand ranks at one step per second would otherwise
         recompute theirs every 2 s. Records, steps, times and loss are always current. A rank whose figures
         were left stale is listed in ``stale`` until :meth:`due_stale` hands it back, and its row (written in
@@ -203,7 +204,7 @@ class Aggregates:
         it doubles), else ``figures_max_s`` after them."""
         computed, count, length = cached
         need = min(self.figures_new_steps, max(1, length // 2))
-        if records - count >= need or self.figures_max_s <= self.figures_every:
+        if records - count >= need:
             return computed + self.figures_every
         return computed + self.figures_max_s
 
