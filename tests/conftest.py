@@ -22,6 +22,21 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
+def lasting_toasts(monkeypatch):
+    """Toasts (3–8 s on screen) stay for the test: a loaded machine that takes longer from the event to the
+    assertion or the snapshot must not decide whether a toast is still there. Toasts show no timeout, so a
+    snapshot is the picture a user sees right after the event."""
+    from textual.app import App
+
+    notify = App.notify
+
+    def lasting(self, message, *args, timeout=None, **kwargs):
+        return notify(self, message, *args, timeout=600, **kwargs)
+
+    monkeypatch.setattr(App, "notify", lasting)
+
+
+@pytest.fixture
 def traceml_cmd() -> list[str]:
     """The `traceml` command as run by users (module form: no PATH dependence)."""
     return [sys.executable, "-m", "traceml_tui"]

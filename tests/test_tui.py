@@ -22,7 +22,7 @@ from traceml_tui.tui.widgets.info_panel import InfoPanel  # noqa: E402
 from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
 from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("lasting_toasts")]
 
 
 aio = d.aio

@@ -23,22 +23,8 @@ import tui_data as d  # noqa: E402
 from traceml_tui.tui.app import create_app  # noqa: E402
 from traceml_tui.tui.source import IndexSource  # noqa: E402
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("lasting_toasts")]
 
-
-@pytest.fixture(autouse=True)
-def toasts_outlast_the_snapshot(monkeypatch):
-    """A toast (3–4 s on screen) stays until the picture is taken: a loaded machine that takes longer from the
-    key press to the snapshot must not decide whether the toast is in it. Toasts show no timeout, so the picture
-    is the one a user sees right after the key."""
-    from textual.app import App
-
-    notify = App.notify
-
-    def lasting(self, message, *args, timeout=None, **kwargs):
-        return notify(self, message, *args, timeout=600, **kwargs)
-
-    monkeypatch.setattr(App, "notify", lasting)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from traceml_tui.tui.app import create_app  # noqa: E402
 from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
 from traceml_tui.tui.source import IndexSource  # noqa: E402
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("lasting_toasts")]
 
 
 aio = d.aio
