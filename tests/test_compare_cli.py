@@ -293,6 +293,34 @@ def test_usage_errors_exit_2(tmp_path, traceml_cmd, cli_env, pair):
         assert not (tmp_path / "compare").exists()
 
 
+def run_into_closed_pipe(cmd: list[str], env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run with stdout a pipe whose reader has already gone (`… | head -0`, a CI step that stopped reading)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([*cmd, *args], env=env, cwd=cwd, stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=60)
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("cand_ms,code", [(103.0, 0), (120.0, 4)])
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown"])
+def test_a_closed_stdout_keeps_the_verdict_and_the_artifacts(tmp_path, traceml_cmd, cli_env, cand_ms, code, fmt):
+    ref = write_run(tmp_path / "logs", "reference", make_summary(100.0, "reference"))
+    cand = write_run(tmp_path / "logs", "candidate", make_summary(cand_ms, "candidate"))
+    proc = run_into_closed_pipe(traceml_cmd, cli_env, tmp_path, "compare", str(ref), str(cand),
+                                "--max-step-time-regression-pct", "5", "--output", "out/pair", "--format", fmt)
+    assert (proc.returncode, proc.stderr) == (code, "")
+    assert json.loads((tmp_path / "out/pair.json").read_text())["ci"]["exit_code"] == code
+
+
+@pytest.mark.parametrize("args", [("--help",), ("--version",), ("view", str(TAI / "tai-reference" / "final_summary.json"))])
+def test_printing_into_a_closed_pipe_is_quiet_and_exit_0(tmp_path, traceml_cmd, cli_env, args):
+    proc = run_into_closed_pipe(traceml_cmd, cli_env, tmp_path, *args)
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
 def test_help_exits_0(tmp_path, traceml_cmd, cli_env):
     proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--help")
     assert proc.returncode == 0 and "--max-step-time-regression-pct" in proc.stdout

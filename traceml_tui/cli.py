@@ -8,7 +8,6 @@ for (or depends on) what `traceml watch` or the SDK import.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 # command -> (module, one-line help). Order is the order shown by `traceml --help`.
@@ -37,7 +36,18 @@ def _help() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to a subcommand and return its exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        # `traceml status | head`: the reader went away; that is not an error of ours. (A command whose exit
+        # code matters with a closed pipe, `traceml compare`, keeps its own: see traceml_tui/pipes.py.)
+        from traceml_tui.pipes import detach_stdout
+
+        detach_stdout()
+        return 0
+
+
+def _dispatch(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_help())
         return 0 if args else 2
@@ -52,13 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"traceml: unknown command {name!r} (try `traceml --help`)", file=sys.stderr)
         return 2
     module = importlib.import_module(entry[0])
-    try:
-        return int(module.main(rest) or 0)
-    except BrokenPipeError:
-        # `traceml status | head`: the reader went away; that is not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
+    return int(module.main(rest) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

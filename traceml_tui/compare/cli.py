@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from traceml_tui.compare import policy
 from traceml_tui.compare.load import SummaryError, read_summary
+from traceml_tui.pipes import write_stdout
 
 PROG = "traceml compare"
 FORMATS = ("text", "json", "markdown")
@@ -200,14 +201,14 @@ def run_compare(args: argparse.Namespace) -> int:
         _write(Path(args.junit), render_junit(report, text).encode("utf-8"))
 
     if args.format == "json":
-        sys.stdout.write(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        shown = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
     elif args.format == "markdown":
         from traceml_tui.compare.render_markdown import render_markdown
 
-        sys.stdout.write(render_markdown(report))
+        shown = render_markdown(report)
     else:
-        sys.stdout.write(text)
-        sys.stdout.write(f"Report: {json_path}  {txt_path}\n")
+        shown = f"{text}Report: {json_path}  {txt_path}\n"
+    write_stdout(shown)  # a closed pipe loses the printout, never the verdict: the artifacts are written
     return result.exit_code
 
 
@@ -233,10 +234,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         base = output_base(args.output, ("calibration", runs[0][0]))
         _write(base.with_name(base.name + ".json"), _json_bytes(report))
         _write(base.with_name(base.name + ".txt"), text.encode("utf-8"))
-    if args.format == "json":
-        sys.stdout.write(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    else:
-        sys.stdout.write(text)
+    write_stdout(json.dumps(report, indent=2, ensure_ascii=False) + "\n" if args.format == "json" else text)
     return 0 if report["result"] == "OK" else policy.EXIT_CODES[policy.INCONCLUSIVE]
 
 
@@ -258,8 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return policy.EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - CI must get one line and exit 1, never a traceback
         print(f"{PROG}: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return policy.EXIT_BAD_INPUT

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from traceml_tui.compare.load import SummaryError, read_summary
+from traceml_tui.pipes import write_stdout
 
 PROG = "traceml view"
 
@@ -53,11 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if text is None:
         print(f"{PROG}: error: summary {args.summary!r} has no stored text card ('text' field)", file=sys.stderr)
         return 1
-    try:
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-    except BrokenPipeError:
-        return 1
+    write_stdout(text + "\n")  # `traceml view S | head`: the reader leaving early is not an error
     return 0
 
 
