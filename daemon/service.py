@@ -300,7 +300,7 @@ class Ingester:
         #: Called after each commit while a large backlog is read, with :meth:`progress`'s dict (last: done).
         self.on_progress: Optional[Callable[[dict], None]] = None
         self._poll_round = 0
-        self._hints_lost = False  # inotify reported lost events: the next timed poll looks at every active stream
+        self._losses_seen = 0  # the watcher's lost-events count at the last timed poll (see _poll_targets)
         self._pass_streams = 0  # streams read since the serve loop's pass began (sets the next gap)
 
     # ----------------------------------------------------------------- lifecycle
@@ -545,8 +545,6 @@ class Ingester:
                 hit[1].hinted = now
                 targets.append(hit)
                 continue
-            if path in self.roots:  # the watcher's word for lost events (a queue overflow)
-                self._hints_lost = True
             suffix = os.path.splitext(path)[1]
             if suffix not in ("", ".json", ".jsonl"):
                 continue  # logs, temp files, checkpoints: nothing we index
@@ -919,8 +917,11 @@ class Ingester:
         now = time.monotonic()
         rounds = max(1, int(self.rescan_interval / self.poll_interval))
         self._poll_round = turn = (self._poll_round + 1) % rounds
-        trust = self._watcher is not None and self._watcher.reports_losses and not self._hints_lost
-        self._hints_lost = False
+        trust = False
+        if self._watcher is not None:  # hints are trusted while the watcher can say it lost none since last time
+            losses = self._watcher.losses
+            trust = self._watcher.reports_losses and losses == self._losses_seen
+            self._losses_seen = losses
         out = []
         for i, hit in enumerate(self._paths.values()):
             f = hit[1]

@@ -62,6 +62,8 @@ class Watcher:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._full = False  # the watch limit was reached: folders beyond it are polled only
+        #: Times the kernel reported lost events (a queue overflow); only our inotify reader can count them.
+        self.losses = 0
 
     def start(self) -> bool:
         """Watch every folder under the roots and start the reading thread; False when no backend works."""
@@ -71,7 +73,7 @@ class Watcher:
 
     @property
     def reports_losses(self) -> bool:
-        """True when lost events are reported (our inotify reader: an overflow names every root); watchdog's
+        """True when lost events are reported (our inotify reader counts them in :attr:`losses`); watchdog's
         observers drop an overflow silently, so their silence proves nothing."""
         thread = self._thread
         return self._ino is not None and thread is not None and thread.is_alive()
@@ -195,7 +197,8 @@ class Watcher:
         changed: set[str] = set()
         new_dirs, gone = [], []
         for (wd, name), mask in masks.items():
-            if mask & IN_Q_OVERFLOW:  # events were lost: every root is worth a look
+            if mask & IN_Q_OVERFLOW:  # events were lost: counted, and every root is worth a look
+                self.losses += 1
                 changed.update(self.roots)
                 continue
             folder = self._dirs.get(wd)

@@ -521,8 +521,8 @@ def test_a_timed_poll_leaves_streams_inotify_names_to_their_hints_until_events_a
         ing._poll_dirty()  # the hint-driven pass reads it and remembers the hint
         ing._commit()
         assert polled() == {str(remote)}
-        ing._mark_dirty({ing.roots[0]})  # the watcher's word for a queue overflow
-        ing._poll_dirty()
+        ing._watcher._dispatch([(-1, watcher.IN_Q_OVERFLOW, 0, "")])  # the kernel's queue overflowed
+        assert ing._watcher.losses == 1 and ing._take_dirty() == set(ing.roots)
         assert polled() == {str(local), str(remote)}
         assert polled() == {str(remote)}  # one full poll, then hints are trusted again
         # The named stream still has its share of the quiet rounds (an append inotify missed waits for it).
