@@ -398,9 +398,7 @@ class Ingester:
                 elif now >= next_hint:
                     if self._poll_dirty():
                         next_scan = 0.0  # something new appeared under a root: look for it now
-                if self._agg.stale and self._agg.due_stale():
-                    self._begin()  # quiet ranks whose last figures were left for later: write them now
-                self._commit()
+                self._commit_pass()
                 backoff = 0.0
             except Exception as exc:  # keep serving other files; a broken batch is retried from the index
                 self._rollback()
@@ -559,6 +557,13 @@ class Ingester:
         return targets, unknown
 
     # ----------------------------------------------------------------- transactions
+    def _commit_pass(self) -> None:
+        """End a live pass: commit what it read, and the rolling figures of quiet ranks that fell due since
+        (their last figures were left for later, docs/daemon.md "Live path"), even when it read nothing."""
+        if self._agg.stale and self._agg.due_stale():
+            self._begin()  # _commit writes the due ones with the batch
+        self._commit()
+
     def _begin(self) -> _Batch:
         if self._batch is None:
             self.conn.execute("BEGIN IMMEDIATE")

@@ -160,9 +160,7 @@ def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int 
             clock[0] += seconds_per_pass
             t0 = time.process_time()
             ing._poll(targets)
-            if ing._agg.stale and ing._agg.due_stale():
-                ing._begin()
-            ing._commit()
+            ing._commit_pass()
             if i >= 5:
                 used += time.process_time() - t0
         for *_, fd in fds:
