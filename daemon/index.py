@@ -30,6 +30,7 @@ any writer of step rows.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -38,6 +39,8 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
 SCHEMA_VERSION = 3
+
+log = logging.getLogger("traceml.daemon")
 
 #: Metrics kept as downsampled series in the wide ``series`` table, in column order.
 SERIES_METRICS: tuple[str, ...] = ("step_ms", "input_wait_ms", "gpu_step_ms", "loss", "grad_norm", "lr")
@@ -369,7 +372,17 @@ def _connect_writer(path: str | Path) -> sqlite3.Connection:
             raise IndexSchemaError(f"index {path} has schema version {row[0]}, newer than this traceml's "
                                    f"{SCHEMA_VERSION}; use a newer traceml or another --index")
         elif int(row[0]) < SCHEMA_VERSION or missing_columns(conn) or stale_keys(conn):
+            started = time.monotonic()
             upgrade(conn)
+            # Said once, where the daemon's operator sees it: the index changed shape and an older traceml
+            # can no longer read it.
+            took = time.monotonic() - started
+            if int(row[0]) < SCHEMA_VERSION:
+                log.warning("traceml daemon: upgraded the index %s from schema version %s to %s in %.1f s; every "
+                            "row kept (an older traceml can no longer read it)", path, row[0], SCHEMA_VERSION, took)
+            else:
+                log.warning("traceml daemon: completed the index %s (columns of this version added) in %.1f s; "
+                            "every row kept", path, took)
     except BaseException:
         conn.close()
         raise

@@ -290,3 +290,26 @@ def test_an_upgrade_on_a_full_disk_says_so_and_keeps_the_old_index(tmp_path: Pat
     assert "\n" not in message
     assert _rows(index, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
     assert _rows(index, "SELECT * FROM steps ORDER BY rank, attempt, step") == before
+
+
+def test_the_daemon_says_once_that_it_upgraded_an_index(tmp_path: Path, traceml_cmd, cli_env) -> None:
+    """An upgrade changes the index's shape (an older traceml can no longer read it): `traceml daemon` says so in
+    one line naming the index and both versions; the next start, on the upgraded index, says nothing."""
+    import subprocess
+
+    root = tmp_path / "logs"
+    write_steps(root / "r", 0, range(1, 50))
+    index = tmp_path / "index.sqlite"
+    _ingest(index, root)
+    make_v2_index(index)
+
+    def daemon_once() -> subprocess.CompletedProcess:
+        return subprocess.run([*traceml_cmd, "daemon", str(root), "--once", "--index", str(index)], env=cli_env,
+                              capture_output=True, text=True, timeout=120)
+
+    first = daemon_once()
+    assert first.returncode == 0, first.stderr
+    lines = first.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"upgraded the index {index} from schema version 2 to {idx.SCHEMA_VERSION}" in lines[0]
+    again = daemon_once()
+    assert (again.returncode, again.stderr) == (0, "")
