@@ -186,6 +186,37 @@ def test_eta_of_a_live_run_with_declared_steps(tmp_path):
         src.close()
 
 
+def test_a_guarded_run_past_its_window_shows_no_declared_end_and_trace_max_steps_is_the_end(tmp_path, cli_env,
+                                                                                           traceml_cmd):
+    """Real guarded runs (window steps 1-3, 6 steps recorded): the window's end is the least the run must reach,
+    not its length — once past it, the Step column shows no ``/3`` (it read ``6/3``) and there is no ETA;
+    ``--trace-max-steps 9`` is the run's declared end, shown as ``/9``."""
+    import subprocess
+
+    import yaml
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "traceml.yaml").write_text(yaml.safe_dump({"guard": {
+        "schema_version": 1, "workload": {"name": "w", "parameters": {"model": "m"}},
+        "measurement": {"start_step": 1, "completed_steps": 3}}}))
+    (work / "train.py").write_text("import traceml_tui as traceml\nfor _ in range(6):\n"
+                                   "    with traceml.trace_step():\n        traceml.log(loss=1.0)\n")
+    for name, extra in (("past", []), ("capped", ["--trace-max-steps", "9"])):
+        proc = subprocess.run([*traceml_cmd, "run", "train.py", "--run-name", name, *extra], cwd=work, env=cli_env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [work / "logs"])
+    src = IndexSource(index)
+    try:
+        rows = {r.name: r for r in src.runs().rows}
+        assert (rows["past"].step, rows["past"].declared_steps) == (6, None)
+        assert (rows["capped"].step, rows["capped"].declared_steps) == (6, 9)
+    finally:
+        src.close()
+
+
 @aio
 async def test_backlog_metrics_blocked_and_request_detail(source):
     app = create_app(source, poll_interval=0.02)

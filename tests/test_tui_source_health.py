@@ -246,6 +246,9 @@ async def test_another_writers_roots_are_named_in_the_app(tmp_path):
             assert any(f"daemon pid {os.getpid()} writes this index for other roots" in t and str(mine) in t
                        for t in texts), texts
             assert app.runs_snapshot.rows == ()
+            # The empty list says why, not "start a run": the runs may well be there, unindexed.
+            note = app.runs_snapshot.note
+            assert f"{os.path.realpath(mine)} not indexed" in note and "start a run" not in note, note
             assert title(app).startswith("traceml watch · ⚠")
             writer.stop()  # the daemon exits: this watch takes over for its root and the daemon's
             assert await wait_for(pilot, lambda: "this watch" in title(app)), title(app)

@@ -114,12 +114,24 @@ class Manifest(msgspec.Struct, omit_defaults=False):
 
     @property
     def declared_last_step(self) -> Optional[int]:
-        """The last step the run declared it will record: the guard contract's window, else --trace-max-steps."""
+        """The last step the run declared it will reach: ``--trace-max-steps`` (the launcher refuses one short of
+        the guard's window), else the end of the guard contract's measurement window.
+
+        The window's end is the least a guarded run must reach, not its length: a reader shows it only while
+        the run has not passed it (:meth:`last_step_ahead`)."""
+        if self.trace_max_steps is not None:
+            return self.trace_max_steps
         contract = self.guard.contract if isinstance(self.guard, Guard) else None
         m = contract.get("measurement") if isinstance(contract, dict) else None
         if isinstance(m, dict) and isinstance(m.get("start_step"), int) and isinstance(m.get("completed_steps"), int):
             return m["start_step"] + m["completed_steps"] - 1
-        return self.trace_max_steps
+        return None
+
+    def last_step_ahead(self, step: Optional[int]) -> Optional[int]:
+        """:attr:`declared_last_step` while the run, at ``step``, has not passed it (shown as ``step/last`` and
+        used for the ETA); None once past it: a guarded run longer than its window has no declared end."""
+        last = self.declared_last_step
+        return last if last is not None and (step is None or step <= last) else None
 
     @property
     def hygiene_block(self) -> dict[str, Any]:

@@ -455,7 +455,8 @@ class IndexSource:
                 first_failed=_first_failed(run),
                 workload=parts["workload"], nodes=run.nnodes,
                 procs_per_node=run.nproc_per_node or (run.ranks or None),
-                step=step, declared_steps=parts["declared"], median_step_ms=parts["median_step_ms"],
+                step=step, declared_steps=parts["manifest"].last_step_ahead(step) if parts["manifest"] else None,
+                median_step_ms=parts["median_step_ms"],
                 trend=parts["trend"], steps_per_s=run.steps_per_s, examples_per_s=run.examples_per_s,
                 loss_ratio=worst_ratio(parts["ratios"])[1], eval_step=eval_step,
                 eval_lag=None if eval_step is None or step is None else max(0, step - eval_step),
@@ -466,9 +467,9 @@ class IndexSource:
         rows.sort(key=lambda r: (-(r.last_ts or 0.0), r.name))
         progress = reader.ingest_progress()  # wall clock: the row's age says whether its ingester still runs
         indexing = progress.text() if progress is not None else None
+        health = self._health(reader, writer, summaries, now)
         return RunsSnapshot(tuple(rows), now, version, indexing=indexing,
-                            note=None if rows else indexing or "nothing under the watched roots; start a run with"
-                            " `traceml run`", health=self._health(reader, writer, summaries, now))
+                            note=None if rows else indexing or _empty_note(health), health=health)
 
     def _run_parts(self, reader: Any, run: Any) -> dict[str, Any]:
         """Per-run facts that only change when the run's data changes (cached on its version)."""
@@ -478,7 +479,7 @@ class IndexSource:
         trend = reader.series_tail(run.run_id, latest[0].rank, "step_ms", TREND_BUCKETS) if latest else ()
         ratios = next((dict(r.ratios) for r in latest if r.ratios), None)
         return {"workload": manifest.workload if manifest else None,
-                "declared": manifest.declared_last_step if manifest else None,
+                "manifest": manifest,
                 "median_step_ms": statistics.median(timed) if timed else None, "trend": trend, "ratios": ratios,
                 "eval_step": reader.newest_evaluated_step(run.run_id)}
 
@@ -662,6 +663,16 @@ def run_folder(run_dir: str, root: str, name: str) -> str:
 
 #: Why a failure shown from the rank states alone has no cause yet.
 PENDING_CAUSE = "no final summary: the launcher writes the cause when it finalizes the run"
+
+
+def _empty_note(health: Any) -> str:
+    """What an empty Runs list says: that the writer does not index this watch's roots, when it does not (its
+    runs may well be there), else that nothing was found."""
+    unwatched = getattr(health, "unwatched", ())
+    if unwatched:
+        return (f"{', '.join(unwatched)} not indexed: {health.who()} writes this index for other roots — restart it "
+                f"with these roots too, or watch them with another --index")
+    return "nothing under the watched roots; start a run with `traceml run`"
 
 
 def _first_failed(run: Any) -> Optional[int]:
