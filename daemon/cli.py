@@ -8,7 +8,6 @@ written by a newer traceml, 2 bad arguments.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -16,24 +15,26 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from traceml_tui.core.cliargs import OneLineParser, positive_seconds, seconds
+
 from . import index as idx
 from . import locations, service
 from .lock import IndexLockedError
 from .reader import IngestProgress
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="traceml daemon", description="Ingest run directories into the local SQLite index.")
+def _parser() -> OneLineParser:
+    p = OneLineParser(prog="traceml daemon", description="Ingest run directories into the local SQLite index.")
     p.add_argument("roots", nargs="*", metavar="ROOT", help="folders holding run directories")
     p.add_argument("--index", metavar="PATH", help="index file (default $XDG_STATE_HOME/traceml/index.sqlite)")
-    p.add_argument("--poll-interval", type=float, default=1.0, metavar="S", help="re-stat known files every S seconds (default 1)")
-    p.add_argument("--rescan-interval", type=float, default=None, metavar="S", help="walk the roots every S seconds (default 5)")
+    p.add_argument("--poll-interval", type=positive_seconds, default=1.0, metavar="S", help="re-stat known files every S seconds (default 1)")
+    p.add_argument("--rescan-interval", type=positive_seconds, default=None, metavar="S", help="walk the roots every S seconds (default 5)")
     p.add_argument("--no-inotify", action="store_true", help="poll only (no inotify hints)")
     p.add_argument("--once", action="store_true", help="ingest everything present and exit")
     p.add_argument("--prune-missing", action="store_true", help="delete the rows of runs whose folder is gone, then exit")
     p.add_argument("--metrics", metavar="HOST:PORT",
                    help="serve Prometheus metrics of the index here (for example 127.0.0.1:9464)")
-    p.add_argument("--metrics-retention", type=float, default=3600.0, metavar="S",
+    p.add_argument("--metrics-retention", type=seconds, default=3600.0, metavar="S",
                    help="seconds an ended run stays in the metrics after its last record (default 3600)")
     return p
 
@@ -70,9 +71,6 @@ def main(argv: list[str]) -> int:
     """Entry point of ``traceml daemon``."""
     args = _parser().parse_args(argv)
     index_path = os.path.abspath(args.index) if args.index else str(locations.default_index_path())
-    if args.poll_interval <= 0 or (args.rescan_interval is not None and args.rescan_interval <= 0):
-        print("traceml daemon: --poll-interval and --rescan-interval must be positive", file=sys.stderr)
-        return 2
     if not args.roots and not args.prune_missing:
         print("traceml daemon: give at least one ROOT folder to watch", file=sys.stderr)
         return 2
@@ -88,9 +86,6 @@ def main(argv: list[str]) -> int:
             metrics_at = parse_host_port(args.metrics)
         except HostPortError as exc:
             print(f"traceml daemon: {exc}", file=sys.stderr)
-            return 2
-        if not args.metrics_retention >= 0:
-            print("traceml daemon: --metrics-retention must be zero or more seconds", file=sys.stderr)
             return 2
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     ingester = service.Ingester(index_path, args.roots, poll_interval=args.poll_interval,

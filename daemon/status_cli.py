@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sqlite3
@@ -11,6 +10,7 @@ import time
 from dataclasses import asdict
 
 from traceml_tui.core import artifacts
+from traceml_tui.core.cliargs import OneLineParser, seconds
 from traceml_tui.core.rundir import middle_cut
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RankState, RunStatus, count_states
 
@@ -24,15 +24,18 @@ _ONELINE_ACTIVE = (RunStatus.FAILED, RunStatus.LOST, RunStatus.STALLED, RunStatu
 
 #: Widest run-name column of the status table (longer names are cut in the middle).
 NAME_WIDTH_MAX = 40
+#: Widest status cell (``failed r0,r3,r17,…`` is cut in the middle past it; --json has every rank).
+STATUS_WIDTH_MAX = 32
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="traceml status", description="Print what the traceml index holds.")
+
+def _parser() -> OneLineParser:
+    p = OneLineParser(prog="traceml status", description="Print what the traceml index holds.")
     p.add_argument("roots", nargs="*", metavar="ROOT", help="only runs under these folders")
     p.add_argument("--index", metavar="PATH", help="index file (default $XDG_STATE_HOME/traceml/index.sqlite)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="machine-readable output")
     out.add_argument("--oneline", action="store_true", help="one short line (tmux status bars)")
-    p.add_argument("--stall-after", type=float, default=STALL_FLOOR_S, metavar="S",
+    p.add_argument("--stall-after", type=seconds, default=STALL_FLOOR_S, metavar="S",
                    help="a silent rank is stalled after max(S, 10 typical step intervals) without records"
                         f" (default {STALL_FLOOR_S:g})")
     return p
@@ -70,6 +73,13 @@ def main(argv: list[str]) -> int:
     """Entry point of ``traceml status``."""
     args = _parser().parse_args(argv)
     index_path = os.path.abspath(args.index) if args.index else str(locations.default_index_path())
+    for root in args.roots:  # a mistyped ROOT would otherwise read as "no runs"
+        if not os.path.isdir(root):
+            print(f"traceml status: {root} is not a folder", file=sys.stderr)
+            return 1
+    if os.path.isdir(index_path):
+        print(f"traceml status: --index {index_path} is a folder, not an index file", file=sys.stderr)
+        return 1
     try:
         reader = Reader(index_path, stall_floor_s=args.stall_after)
     except FileNotFoundError:
@@ -117,10 +127,14 @@ def main(argv: list[str]) -> int:
             return 0
         # Names are cut in the middle, never at the end: runs named alike differ in their last characters.
         width = min(max(len(r.name) for r in runs), NAME_WIDTH_MAX)
-        print(f"{'RUN':<{width}} {'STATUS':<10} {'RANKS':>5} {'STEP':>8} {'STEPS/S':>8} {'ERRORS':>6}  DIR")
-        for r in runs:
-            print(f"{middle_cut(r.name, width):<{width}} {_status_cell(r):<10} {r.ranks:>5} {_fmt(r.last_step):>8} "
-                  f"{_fmt(r.steps_per_s, '.2f'):>8} {r.errors:>6}  {r.dir}")
+        # The status cell names the ranks that explain it (`stalled r0,r1`): as wide as the widest, cut in the
+        # middle past STATUS_WIDTH_MAX, so the columns after it stay aligned.
+        cells = [_status_cell(r) for r in runs]
+        status_width = min(max(10, *(len(c) for c in cells)), STATUS_WIDTH_MAX)
+        print(f"{'RUN':<{width}} {'STATUS':<{status_width}} {'RANKS':>5} {'STEP':>8} {'STEPS/S':>8} {'ERRORS':>6}  DIR")
+        for r, cell in zip(runs, cells):
+            print(f"{middle_cut(r.name, width):<{width}} {middle_cut(cell, status_width):<{status_width}} "
+                  f"{r.ranks:>5} {_fmt(r.last_step):>8} {_fmt(r.steps_per_s, '.2f'):>8} {r.errors:>6}  {r.dir}")
         return 0
     except sqlite3.DatabaseError as exc:
         print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)

@@ -119,6 +119,9 @@ def test_every_surface_says_the_same_word(case, real_runs, tmp_path, cli_env):
     (line,) = [ln for ln in table.stdout.splitlines() if ln.startswith(run.name[:24])]
     at = table.stdout.splitlines()[0].index("STATUS")  # the name column is as wide as the longest name
     assert line[at:].split()[0] == want_status, line
+    header = table.stdout.splitlines()[0]  # the columns after a wide status cell (`stalled r0,r1`) stay aligned
+    ranks_end = header.index("RANKS") + len("RANKS")
+    assert line[:ranks_end].split()[-1] == str(as_json["rank_count"]) and line[ranks_end] == " ", table.stdout
 
     status_cell, screen_ranks, alerts = asyncio.run(_screens(run, tmp_path))
     assert d.status_word(status_cell) == want_status
@@ -184,3 +187,24 @@ def test_status_table_cuts_long_names_in_the_middle(tmp_path, cli_env, traceml_c
     assert len(shown) == 2 and len(set(shown)) == 2, out.stdout
     for cell in shown:
         assert "…" in cell and cell.endswith(("-1", "-2")) and cell.startswith("guard-cand"), cell
+
+
+@pytest.mark.parametrize("args,code,words", [
+    (["status", "--bogus"], 2, "unrecognized arguments: --bogus"),
+    (["status", "--stall-after", "nan"], 2, "--stall-after"),
+    (["status", "--stall-after", "-5"], 2, "--stall-after"),
+    (["status", "no-such-root"], 1, "no-such-root is not a folder"),
+    (["status", "--index", "."], 1, "is a folder, not an index file"),
+    (["daemon", "--bogus"], 2, "unrecognized arguments: --bogus"),
+    (["daemon", "logs", "--poll-interval", "inf"], 2, "--poll-interval"),
+    (["daemon", "logs", "--metrics-retention", "nan"], 2, "--metrics-retention"),
+    (["watch", "--bogus"], 2, "unrecognized arguments: --bogus"),
+    (["watch", "--stall-after", "inf"], 2, "--stall-after"),
+])
+def test_status_daemon_and_watch_say_a_bad_command_line_in_one_line(args, code, words, tmp_path, cli_env):
+    (tmp_path / "logs").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "traceml_tui", *args], cwd=tmp_path, env=cli_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in proc.stderr, proc.stderr

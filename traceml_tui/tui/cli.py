@@ -15,21 +15,23 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from traceml_tui.core.cliargs import OneLineParser, positive_seconds, seconds
+
 #: The writer re-stats known files this often (the daemon's default --poll-interval): the header's commit-age
 #: warning counts in it, or in --poll when that is longer.
 WRITER_POLL_S = 1.0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="traceml watch", description="Terminal UI over the traceml index.")
+def _parser() -> OneLineParser:
+    p = OneLineParser(prog="traceml watch", description="Terminal UI over the traceml index.")
     p.add_argument("roots", nargs="*", metavar="ROOT", help="folders holding run directories (default ./logs)")
     p.add_argument("--index", metavar="PATH", help="the SQLite index (default $XDG_STATE_HOME/traceml/index.sqlite)")
     p.add_argument("--compare", nargs=2, metavar=("REF", "CAND"),
                    help="open the Compare screen on two runs (summary file, run directory or run name)")
     p.add_argument("--max-step-time-regression-pct", dest="threshold", default="5", metavar="PCT",
                    help="Compare screen threshold in percent (default 5; 'none' = exploratory)")
-    p.add_argument("--poll", type=float, default=0.25, metavar="S", help="seconds between index checks (default 0.25)")
-    p.add_argument("--stall-after", type=float, default=None, metavar="S",
+    p.add_argument("--poll", type=positive_seconds, default=0.25, metavar="S", help="seconds between index checks (default 0.25)")
+    p.add_argument("--stall-after", type=seconds, default=None, metavar="S",
                    help="a silent rank is stalled after max(S, 10 typical step intervals) without records"
                         " (default 30, as `traceml status`)")
     p.add_argument("--no-alerts", action="store_true", help="start with the bell/notifications off (toggle: a)")
@@ -121,8 +123,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             threshold = parse_threshold(args.threshold)
         except ThresholdError as exc:
             return _fail(f"--max-step-time-regression-pct: {exc}", 2)
-    if not args.poll > 0:
-        return _fail("--poll must be a positive number of seconds", 2)
     if not args.web and (args.host is not None or args.port is not None or args.public):
         return _fail("--host, --port and --public go with --web", 2)
     host = args.host or "127.0.0.1"
