@@ -168,6 +168,21 @@ def test_junit_has_one_case_failing_on_slower_or_inconclusive(tmp_path, traceml_
     assert root.get("failures") == str(failures)
 
 
+@pytest.mark.parametrize("side", ["reference", "candidate"])
+def test_a_boolean_step_time_counts_as_unavailable(tmp_path, traceml_cmd, cli_env, side):
+    # JSON true once read as 1 ms: "FASTER_IN_THIS_PAIR from 100 ms to 1 ms".
+    summaries = {"reference": make_summary(100.0, "reference"), "candidate": make_summary(100.0, "candidate")}
+    summaries[side]["step_time"]["global"]["average"]["step_time_cpu_ms"] = True
+    ref = write_run(tmp_path / "logs", "reference", summaries["reference"])
+    cand = write_run(tmp_path / "logs", "candidate", summaries["candidate"])
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(ref), str(cand),
+               "--max-step-time-regression-pct", "5", "--output", "o/x")
+    assert proc.returncode == 3, proc.stderr
+    ci = json.loads((tmp_path / "o/x.json").read_text())["ci"]
+    assert (ci["result"], ci["reason_code"]) == ("INCONCLUSIVE", "step_time_unavailable")
+    assert ci[f"{side}_step_time_ms"] is None
+
+
 # --- bad input: exit 1, one line, no traceback, nothing written ----------------------
 
 

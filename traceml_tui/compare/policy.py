@@ -96,8 +96,10 @@ def as_number(value: Any) -> Optional[float]:
     Mirrors the published reader: anything ``float()`` accepts counts as a
     measured value (so a measured 0 or a NaN still selects its clock and
     then fails the positivity check), ``null``/missing/objects do not.
+    A JSON ``true``/``false`` is not a measurement: Python's ``float(True)``
+    would turn it into a 1 ms Step Time, so a boolean counts as missing.
     """
-    if value is None:
+    if value is None or isinstance(value, bool):
         return None
     try:
         return float(value)
