@@ -290,6 +290,9 @@ USAGE = [
     ["--max-step-time-regression-pct", "abc"],
     ["--max-step-time-regression-pct"],
     ["--format", "html"],
+    ["--junit", ""],
+    ["--output", ""],
+    ["--output", "  "],
 ]
 
 
@@ -306,6 +309,15 @@ def test_usage_errors_exit_2(tmp_path, traceml_cmd, cli_env, pair):
         line = one_error_line(proc)
         assert "usage" in line
         assert not (tmp_path / "compare").exists()
+
+
+@pytest.mark.parametrize("zero", ["-0", "-0.0"])
+def test_a_negative_zero_threshold_is_zero(tmp_path, traceml_cmd, cli_env, pair, zero):
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]),
+               "--max-step-time-regression-pct", zero, "--output", "o/x")
+    assert proc.returncode == 4, proc.stderr  # 100 -> 103 ms is slower than 0 %
+    assert '"threshold_pct": 0.0' in (tmp_path / "o/x.json").read_text()
+    assert "-0%" not in proc.stdout and "allowed 0% regression" in proc.stdout
 
 
 def run_into_closed_pipe(cmd: list[str], env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:

@@ -54,6 +54,14 @@ def _threshold(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{exc}; it must be a finite number >= 0") from None
 
 
+def _path(text: str) -> str:
+    # An empty --junit wrote nothing and an empty --output fell back to the
+    # default: both hid a CI variable that expanded to nothing.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -72,10 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="fail (exit 4) when the candidate's Step Time is more than P%% above the reference",
     )
     parser.add_argument(
-        "--output", metavar="BASE", default=None, help="write BASE.json and BASE.txt (default compare/<ref>_vs_<cand>)"
+        "--output", metavar="BASE", type=_path, default=None, help="write BASE.json and BASE.txt (default compare/<ref>_vs_<cand>)"
     )
     parser.add_argument("--format", choices=FORMATS, default="text", help="what to print on stdout (default text)")
-    parser.add_argument("--junit", metavar="PATH", default=None, help="also write a JUnit XML file with one test case")
+    parser.add_argument("--junit", metavar="PATH", type=_path, default=None, help="also write a JUnit XML file with one test case")
     parser.add_argument(
         "--calibrate",
         action="store_true",

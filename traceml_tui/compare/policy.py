@@ -53,7 +53,8 @@ def parse_threshold(text: Any) -> float:
         raise ThresholdError(f"the threshold {text!r} is not finite")
     if value < 0:
         raise ThresholdError(f"the threshold {text!r} is negative")
-    return value
+    # -0 passes the check above; adding 0.0 makes it 0.0 so no report says "-0%".
+    return value + 0.0
 
 
 def classify(pct_change: float, threshold_pct: float) -> str:
