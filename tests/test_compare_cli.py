@@ -264,6 +264,44 @@ def test_unwritable_output_folder_exits_1_and_keeps_existing_files(tmp_path, tra
     assert blocker.read_text() == "keep me"
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+CLASHES = [
+    # (extra arguments, words the error line names); REF/CAND stand for the two summary paths.
+    (["--output", "CAND"], "candidate summary"),
+    (["--output", "logs/candidate/final_summary.txt"], "candidate summary"),  # .txt dropped: BASE.json is CAND
+    (["--output", "logs/candidate/../candidate/final_summary"], "candidate summary"),
+    (["--output", "logs/link/final_summary"], "candidate summary"),  # a symlinked folder: same file
+    (["--junit", "REF"], "reference summary"),
+    (["--output", "out/same", "--junit", "out/same.json"], "--output JSON report"),
+    (["--output", "out/same", "--junit", "./out/../out/same.txt"], "--output text report"),
+]
+
+
+@pytest.mark.parametrize("extra,words", CLASHES)
+def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path, traceml_cmd, cli_env, pair, extra, words):
+    (tmp_path / "logs" / "link").symlink_to(tmp_path / "logs" / "candidate")
+    before = _tree(tmp_path)
+    extra = [str(pair[0]) if a == "REF" else str(pair[1]) if a == "CAND" else a for a in extra]
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "logs/reference/final_summary.json",
+               "logs/candidate/final_summary.json", "--max-step-time-regression-pct", "5", *extra)
+    assert proc.returncode == 1, proc.stderr
+    line = one_error_line(proc)
+    assert "refusing to overwrite" in line and words in line, line
+    assert _tree(tmp_path) == before  # nothing written, nothing replaced
+
+
+def test_calibrate_output_that_is_an_input_is_refused(tmp_path, traceml_cmd, cli_env):
+    paths = [str(write_run(tmp_path / "logs", f"ref{i}", make_summary(100.0 + i, f"ref{i}"))) for i in range(2)]
+    before = _tree(tmp_path)
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", *paths, "--output", paths[1])
+    assert proc.returncode == 1
+    assert "run 2 summary" in one_error_line(proc)
+    assert _tree(tmp_path) == before
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
 def test_read_only_output_folder_exits_1(tmp_path, traceml_cmd, cli_env, pair):
     ro = tmp_path / "ro"
