@@ -502,3 +502,21 @@ def test_calibrate_excludes_other_workloads_and_needs_two_runs(tmp_path, traceml
     assert proc.returncode == 3
     assert "Excluded other: [declaration_mismatch]" in proc.stdout
     assert run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", paths[0]).returncode == 2
+
+
+def test_calibrate_excludes_an_unusable_first_run_under_its_own_name(tmp_path, traceml_cmd, cli_env):
+    # The first run was the yardstick: a valid second run was "Excluded ... The reference summary
+    # has no guard declaration" and the bad first one was never named.
+    bad = make_summary(100.0, "ref0")
+    del bad["run_context"]["declaration"]
+    paths = [str(write_run(tmp_path / "logs", "ref0", bad))] + [
+        str(write_run(tmp_path / "logs", f"ref{i}", make_summary(ms, f"ref{i}"))) for i, ms in ((1, 100.0), (2, 102.0))
+    ]
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", *paths, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [r["label"] for r in report["runs"]] == ["ref1", "ref2"]
+    assert [(e["label"], e["reason_code"]) for e in report["excluded"]] == [("ref0", "declaration_invalid")]
+    assert "reference" not in report["excluded"][0]["reason"]
+    assert report["suggested_threshold_pct"] == 3.0  # 2 % x 1.5
+

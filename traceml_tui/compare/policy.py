@@ -331,6 +331,42 @@ def eligibility(reference: dict[str, Any], candidate: dict[str, Any], evidence: 
     return None
 
 
+def summary_problem(summary: dict[str, Any]) -> Optional[tuple[str, str]]:
+    """First reason one summary could take part in no CI comparison, as (code, sentence); None if usable.
+
+    The checks of :func:`eligibility` that need only one summary, in the
+    same order and with the same codes, worded about that summary alone:
+    calibration must name the run at fault, not call it "the reference".
+    """
+    _digest, _declaration, problem = declaration_digest(summary)
+    if problem is not None:
+        return "declaration_invalid", f"The summary {problem}."
+    if expected_topology(summary) is None:
+        return (
+            "topology_invalid",
+            "The summary lacks a valid expected topology (nodes, processes per node, "
+            "and a world size equal to their product).",
+        )
+    if run_status(summary) != "completed":
+        return "run_not_completed", f"Training did not complete (run status: {_status_text(run_status(summary))})."
+    if launcher_status(summary) != "completed":
+        return (
+            "launcher_not_completed",
+            f"Launcher completion is not recorded as completed (status: {_status_text(launcher_status(summary))}).",
+        )
+    clocks = clock_step_times(summary)
+    # The clock a pair with itself would use: a measured GPU value wins even when it is not positive.
+    clock = "gpu" if clocks["gpu"] is not None else "cpu"
+    if clocks[clock] is None:
+        return "step_time_unavailable", "The summary has no measured Step Time (GPU or CPU)."
+    if not _positive_finite(clocks[clock]):
+        return (
+            "step_time_unavailable",
+            f"{clock.upper()} Step Time must be a positive finite number (got {_ms_text(clocks[clock])}).",
+        )
+    return None
+
+
 def _cap(text: str) -> str:
     return text[:1].upper() + text[1:]
 
