@@ -520,3 +520,11 @@ def test_calibrate_excludes_an_unusable_first_run_under_its_own_name(tmp_path, t
     assert "reference" not in report["excluded"][0]["reason"]
     assert report["suggested_threshold_pct"] == 3.0  # 2 % x 1.5
 
+
+def test_calibrate_refuses_the_same_summary_twice(tmp_path, traceml_cmd, cli_env):
+    path = write_run(tmp_path / "logs", "ref0", make_summary(100.0, "ref0"))
+    (tmp_path / "logs" / "again").symlink_to(path.parent)
+    for other in (str(path), "logs/again/final_summary.json", "logs/ref0/../ref0/final_summary.json"):
+        proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", str(path), other)
+        assert proc.returncode == 2, (other, proc.stderr)
+        assert "same summary" in one_error_line(proc)

@@ -259,6 +259,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise UsageError("--calibrate needs at least 2 summaries of repeated reference runs")
     if args.threshold is not None or args.junit:
         raise UsageError("--calibrate does not take --max-step-time-regression-pct or --junit")
+    # One file twice would pass as two repeats with zero spread and suggest the minimum threshold.
+    for later, raw in enumerate(args.summaries):
+        for earlier in args.summaries[:later]:
+            if _same_file(Path(earlier), Path(raw)):
+                raise UsageError(f"--calibrate got the same summary twice ({earlier!r} and {raw!r}); give each repeat once")
     runs = []
     seen: dict[str, int] = {}
     for index, raw in enumerate(args.summaries, start=1):
