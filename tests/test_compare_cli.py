@@ -168,6 +168,21 @@ def test_junit_has_one_case_failing_on_slower_or_inconclusive(tmp_path, traceml_
     assert root.get("failures") == str(failures)
 
 
+@pytest.mark.parametrize("side", ["reference", "candidate"])
+def test_a_boolean_step_time_counts_as_unavailable(tmp_path, traceml_cmd, cli_env, side):
+    # JSON true once read as 1 ms: "FASTER_IN_THIS_PAIR from 100 ms to 1 ms".
+    summaries = {"reference": make_summary(100.0, "reference"), "candidate": make_summary(100.0, "candidate")}
+    summaries[side]["step_time"]["global"]["average"]["step_time_cpu_ms"] = True
+    ref = write_run(tmp_path / "logs", "reference", summaries["reference"])
+    cand = write_run(tmp_path / "logs", "candidate", summaries["candidate"])
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(ref), str(cand),
+               "--max-step-time-regression-pct", "5", "--output", "o/x")
+    assert proc.returncode == 3, proc.stderr
+    ci = json.loads((tmp_path / "o/x.json").read_text())["ci"]
+    assert (ci["result"], ci["reason_code"]) == ("INCONCLUSIVE", "step_time_unavailable")
+    assert ci[f"{side}_step_time_ms"] is None
+
+
 # --- bad input: exit 1, one line, no traceback, nothing written ----------------------
 
 
@@ -249,6 +264,44 @@ def test_unwritable_output_folder_exits_1_and_keeps_existing_files(tmp_path, tra
     assert blocker.read_text() == "keep me"
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+CLASHES = [
+    # (extra arguments, words the error line names); REF/CAND stand for the two summary paths.
+    (["--output", "CAND"], "candidate summary"),
+    (["--output", "logs/candidate/final_summary.txt"], "candidate summary"),  # .txt dropped: BASE.json is CAND
+    (["--output", "logs/candidate/../candidate/final_summary"], "candidate summary"),
+    (["--output", "logs/link/final_summary"], "candidate summary"),  # a symlinked folder: same file
+    (["--junit", "REF"], "reference summary"),
+    (["--output", "out/same", "--junit", "out/same.json"], "--output JSON report"),
+    (["--output", "out/same", "--junit", "./out/../out/same.txt"], "--output text report"),
+]
+
+
+@pytest.mark.parametrize("extra,words", CLASHES)
+def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path, traceml_cmd, cli_env, pair, extra, words):
+    (tmp_path / "logs" / "link").symlink_to(tmp_path / "logs" / "candidate")
+    before = _tree(tmp_path)
+    extra = [str(pair[0]) if a == "REF" else str(pair[1]) if a == "CAND" else a for a in extra]
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "logs/reference/final_summary.json",
+               "logs/candidate/final_summary.json", "--max-step-time-regression-pct", "5", *extra)
+    assert proc.returncode == 1, proc.stderr
+    line = one_error_line(proc)
+    assert "refusing to overwrite" in line and words in line, line
+    assert _tree(tmp_path) == before  # nothing written, nothing replaced
+
+
+def test_calibrate_output_that_is_an_input_is_refused(tmp_path, traceml_cmd, cli_env):
+    paths = [str(write_run(tmp_path / "logs", f"ref{i}", make_summary(100.0 + i, f"ref{i}"))) for i in range(2)]
+    before = _tree(tmp_path)
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", *paths, "--output", paths[1])
+    assert proc.returncode == 1
+    assert "run 2 summary" in one_error_line(proc)
+    assert _tree(tmp_path) == before
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
 def test_read_only_output_folder_exits_1(tmp_path, traceml_cmd, cli_env, pair):
     ro = tmp_path / "ro"
@@ -275,6 +328,9 @@ USAGE = [
     ["--max-step-time-regression-pct", "abc"],
     ["--max-step-time-regression-pct"],
     ["--format", "html"],
+    ["--junit", ""],
+    ["--output", ""],
+    ["--output", "  "],
 ]
 
 
@@ -291,6 +347,15 @@ def test_usage_errors_exit_2(tmp_path, traceml_cmd, cli_env, pair):
         line = one_error_line(proc)
         assert "usage" in line
         assert not (tmp_path / "compare").exists()
+
+
+@pytest.mark.parametrize("zero", ["-0", "-0.0"])
+def test_a_negative_zero_threshold_is_zero(tmp_path, traceml_cmd, cli_env, pair, zero):
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]),
+               "--max-step-time-regression-pct", zero, "--output", "o/x")
+    assert proc.returncode == 4, proc.stderr  # 100 -> 103 ms is slower than 0 %
+    assert '"threshold_pct": 0.0' in (tmp_path / "o/x.json").read_text()
+    assert "-0%" not in proc.stdout and "allowed 0% regression" in proc.stdout
 
 
 def run_into_closed_pipe(cmd: list[str], env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -437,3 +502,29 @@ def test_calibrate_excludes_other_workloads_and_needs_two_runs(tmp_path, traceml
     assert proc.returncode == 3
     assert "Excluded other: [declaration_mismatch]" in proc.stdout
     assert run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", paths[0]).returncode == 2
+
+
+def test_calibrate_excludes_an_unusable_first_run_under_its_own_name(tmp_path, traceml_cmd, cli_env):
+    # The first run was the yardstick: a valid second run was "Excluded ... The reference summary
+    # has no guard declaration" and the bad first one was never named.
+    bad = make_summary(100.0, "ref0")
+    del bad["run_context"]["declaration"]
+    paths = [str(write_run(tmp_path / "logs", "ref0", bad))] + [
+        str(write_run(tmp_path / "logs", f"ref{i}", make_summary(ms, f"ref{i}"))) for i, ms in ((1, 100.0), (2, 102.0))
+    ]
+    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", *paths, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [r["label"] for r in report["runs"]] == ["ref1", "ref2"]
+    assert [(e["label"], e["reason_code"]) for e in report["excluded"]] == [("ref0", "declaration_invalid")]
+    assert "reference" not in report["excluded"][0]["reason"]
+    assert report["suggested_threshold_pct"] == 3.0  # 2 % x 1.5
+
+
+def test_calibrate_refuses_the_same_summary_twice(tmp_path, traceml_cmd, cli_env):
+    path = write_run(tmp_path / "logs", "ref0", make_summary(100.0, "ref0"))
+    (tmp_path / "logs" / "again").symlink_to(path.parent)
+    for other in (str(path), "logs/again/final_summary.json", "logs/ref0/../ref0/final_summary.json"):
+        proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", str(path), other)
+        assert proc.returncode == 2, (other, proc.stderr)
+        assert "same summary" in one_error_line(proc)

@@ -22,17 +22,20 @@ MIN_SUGGESTION_PCT = 1.0
 def calibrate(runs: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """Spread of Step Time over repeated runs and a suggested threshold.
 
-    Every run must be CI-eligible against the first one (same declaration
-    and topology, completed, positive Step Time); the others are listed as
-    excluded with their reason. ``result`` is ``"OK"`` or ``"INCONCLUSIVE"``
-    (fewer than two usable runs or no clock they all share).
+    A run unusable on its own (no valid declaration or topology, not
+    completed, no positive Step Time) is excluded with its own reason; every
+    other run must be CI-eligible against the first usable one (same
+    declaration and topology, a shared clock). Excluded runs are listed with
+    their reason. ``result`` is ``"OK"`` or ``"INCONCLUSIVE"`` (fewer than
+    two usable runs or no clock they all share).
     """
-    first_label, first = runs[0]
-    included: list[tuple[str, dict[str, Any]]] = [(first_label, first)]
+    included: list[tuple[str, dict[str, Any]]] = []
     excluded = []
-    for label, summary in runs[1:]:
-        evidence = policy.step_time_evidence(first, summary)
-        reason = policy.eligibility(first, summary, evidence)
+    for label, summary in runs:
+        reason = policy.summary_problem(summary)
+        if reason is None and included:
+            first = included[0][1]
+            reason = policy.eligibility(first, summary, policy.step_time_evidence(first, summary))
         if reason is None:
             included.append((label, summary))
         else:

@@ -54,6 +54,14 @@ def _threshold(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{exc}; it must be a finite number >= 0") from None
 
 
+def _path(text: str) -> str:
+    # An empty --junit wrote nothing and an empty --output fell back to the
+    # default: both hid a CI variable that expanded to nothing.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -72,10 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="fail (exit 4) when the candidate's Step Time is more than P%% above the reference",
     )
     parser.add_argument(
-        "--output", metavar="BASE", default=None, help="write BASE.json and BASE.txt (default compare/<ref>_vs_<cand>)"
+        "--output", metavar="BASE", type=_path, default=None, help="write BASE.json and BASE.txt (default compare/<ref>_vs_<cand>)"
     )
     parser.add_argument("--format", choices=FORMATS, default="text", help="what to print on stdout (default text)")
-    parser.add_argument("--junit", metavar="PATH", default=None, help="also write a JUnit XML file with one test case")
+    parser.add_argument("--junit", metavar="PATH", type=_path, default=None, help="also write a JUnit XML file with one test case")
     parser.add_argument(
         "--calibrate",
         action="store_true",
@@ -136,6 +144,34 @@ def output_base(option: Optional[str], labels: tuple[str, str]) -> Path:
     return base
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: by identity when both exist (hard
+    links, symlinks), else by their resolved absolute paths."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _refuse_clashes(outputs: list[tuple[str, Path]], inputs: list[tuple[str, Path]]) -> None:
+    """InputError when an output would replace an input summary or another output.
+
+    Checked before the first write: the atomic writes would otherwise
+    silently replace a summary with a report, or one report with another.
+    """
+    taken = list(inputs)
+    for out_name, out_path in outputs:
+        for name, path in taken:
+            if _same_file(out_path, path):
+                raise InputError(
+                    f"refusing to overwrite the {name} {str(path)!r} with the {out_name} "
+                    f"{str(out_path)!r}; nothing was written"
+                )
+        taken.append((out_name, out_path))
+
+
 def _write(path: Path, data: bytes) -> None:
     from traceml_tui.core.atomic import atomic_write_bytes
 
@@ -193,6 +229,10 @@ def run_compare(args: argparse.Namespace) -> int:
     base = output_base(args.output, labels)
     json_path = base.with_name(base.name + ".json")
     txt_path = base.with_name(base.name + ".txt")
+    outputs = [("--output JSON report", json_path), ("--output text report", txt_path)]
+    if args.junit:
+        outputs.append(("--junit XML", Path(args.junit)))
+    _refuse_clashes(outputs, [("reference summary", paths[0]), ("candidate summary", paths[1])])
     _write(json_path, _json_bytes(report))
     _write(txt_path, text.encode("utf-8"))
     if args.junit:
@@ -219,6 +259,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise UsageError("--calibrate needs at least 2 summaries of repeated reference runs")
     if args.threshold is not None or args.junit:
         raise UsageError("--calibrate does not take --max-step-time-regression-pct or --junit")
+    # One file twice would pass as two repeats with zero spread and suggest the minimum threshold.
+    for later, raw in enumerate(args.summaries):
+        for earlier in args.summaries[:later]:
+            if _same_file(Path(earlier), Path(raw)):
+                raise UsageError(f"--calibrate got the same summary twice ({earlier!r} and {raw!r}); give each repeat once")
     runs = []
     seen: dict[str, int] = {}
     for index, raw in enumerate(args.summaries, start=1):
@@ -232,8 +277,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
     text = render_calibration(report)
     if args.output:
         base = output_base(args.output, ("calibration", runs[0][0]))
-        _write(base.with_name(base.name + ".json"), _json_bytes(report))
-        _write(base.with_name(base.name + ".txt"), text.encode("utf-8"))
+        json_path, txt_path = base.with_name(base.name + ".json"), base.with_name(base.name + ".txt")
+        _refuse_clashes(
+            [("--output JSON report", json_path), ("--output text report", txt_path)],
+            [(f"run {index} summary", Path(raw)) for index, raw in enumerate(args.summaries, start=1)],
+        )
+        _write(json_path, _json_bytes(report))
+        _write(txt_path, text.encode("utf-8"))
     write_stdout(json.dumps(report, indent=2, ensure_ascii=False) + "\n" if args.format == "json" else text)
     return 0 if report["result"] == "OK" else policy.EXIT_CODES[policy.INCONCLUSIVE]
 

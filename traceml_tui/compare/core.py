@@ -83,7 +83,7 @@ class CompareResult:
 
 def _finite(value: Any) -> Optional[float]:
     number = as_number(value)
-    if number is None or isinstance(value, bool) or not math.isfinite(number):
+    if number is None or not math.isfinite(number):
         return None
     return number
 

@@ -53,7 +53,8 @@ def parse_threshold(text: Any) -> float:
         raise ThresholdError(f"the threshold {text!r} is not finite")
     if value < 0:
         raise ThresholdError(f"the threshold {text!r} is negative")
-    return value
+    # -0 passes the check above; adding 0.0 makes it 0.0 so no report says "-0%".
+    return value + 0.0
 
 
 def classify(pct_change: float, threshold_pct: float) -> str:
@@ -96,8 +97,10 @@ def as_number(value: Any) -> Optional[float]:
     Mirrors the published reader: anything ``float()`` accepts counts as a
     measured value (so a measured 0 or a NaN still selects its clock and
     then fails the positivity check), ``null``/missing/objects do not.
+    A JSON ``true``/``false`` is not a measurement: Python's ``float(True)``
+    would turn it into a 1 ms Step Time, so a boolean counts as missing.
     """
-    if value is None:
+    if value is None or isinstance(value, bool):
         return None
     try:
         return float(value)
@@ -324,6 +327,42 @@ def eligibility(reference: dict[str, Any], candidate: dict[str, Any], evidence: 
         return (
             "step_time_change_unavailable",
             "The Step Time change cannot be computed as a finite percentage.",
+        )
+    return None
+
+
+def summary_problem(summary: dict[str, Any]) -> Optional[tuple[str, str]]:
+    """First reason one summary could take part in no CI comparison, as (code, sentence); None if usable.
+
+    The checks of :func:`eligibility` that need only one summary, in the
+    same order and with the same codes, worded about that summary alone:
+    calibration must name the run at fault, not call it "the reference".
+    """
+    _digest, _declaration, problem = declaration_digest(summary)
+    if problem is not None:
+        return "declaration_invalid", f"The summary {problem}."
+    if expected_topology(summary) is None:
+        return (
+            "topology_invalid",
+            "The summary lacks a valid expected topology (nodes, processes per node, "
+            "and a world size equal to their product).",
+        )
+    if run_status(summary) != "completed":
+        return "run_not_completed", f"Training did not complete (run status: {_status_text(run_status(summary))})."
+    if launcher_status(summary) != "completed":
+        return (
+            "launcher_not_completed",
+            f"Launcher completion is not recorded as completed (status: {_status_text(launcher_status(summary))}).",
+        )
+    clocks = clock_step_times(summary)
+    # The clock a pair with itself would use: a measured GPU value wins even when it is not positive.
+    clock = "gpu" if clocks["gpu"] is not None else "cpu"
+    if clocks[clock] is None:
+        return "step_time_unavailable", "The summary has no measured Step Time (GPU or CPU)."
+    if not _positive_finite(clocks[clock]):
+        return (
+            "step_time_unavailable",
+            f"{clock.upper()} Step Time must be a positive finite number (got {_ms_text(clocks[clock])}).",
         )
     return None
 
