@@ -129,14 +129,17 @@ def test_changed_policy_on_resume_is_refused(tmp_path):
         EarlyStopping(tmp_path, **dict(POLICY, patience=5))
 
 
+HYG1_POLICY = dict(metric="r2", direction="max", min_delta=0.002, patience=3)
+HYG1_BEFORE = [(500, 0.70), (600, 0.75), (700, 0.749), (800, 0.74), (900, 0.745)]  # patience runs out at 900
+HYG1_AFTER = [(1000, 0.74), (1100, 0.8022), (1200, 0.79), (1300, 0.78)]  # drained after the stop
+
+
 def test_receipts_drained_after_a_patience_stop_do_not_change_the_decision(tmp_path):
     """QA's hyg1 run: patience runs out at step 900, then the checkpoints training published before it
     noticed (1000..1300, one of them better at 1100) are drained and consumed. The decision and its
     state stay those of the stop; the late receipts are recorded as after the stop."""
     run_dir = tmp_path / "run"
-    policy = dict(metric="r2", direction="max", min_delta=0.002, patience=3)
-    before = [(500, 0.70), (600, 0.75), (700, 0.749), (800, 0.74), (900, 0.745)]
-    after = [(1000, 0.74), (1100, 0.8022), (1200, 0.79), (1300, 0.78)]
+    policy, before, after = HYG1_POLICY, HYG1_BEFORE, HYG1_AFTER
     ckpts = {step: _request(run_dir, step) for step, _ in before + after}  # published before training noticed
     es = EarlyStopping(run_dir, **policy)
     for step, value in before:
@@ -175,3 +178,33 @@ def test_receipts_drained_after_a_budget_stop_count_up_to_the_budget(tmp_path):
     assert (state["reason"], state["trigger_step"]) == ("max_budget", 40)
     assert state["after_stop"] == [{"checkpoint": ckpts[40], "step": 40, "value": 0.7},
                                    {"checkpoint": ckpts[50], "step": 50, "value": 0.1}]
+
+
+def test_summary_and_panel_agree_with_the_stop_and_name_what_came_after(tmp_path):
+    """QA's hyg1 order through the summary and the Run screen's panel: patience 3/3, the best as of the stop,
+    the stop at 900, and one line saying the four later evaluations were recorded, not counted."""
+    pytest.importorskip("textual")
+    from types import SimpleNamespace
+
+    from traceml_tui.hygiene.report import report_lines, validation_report
+    from traceml_tui.tui.source import _early_stopping
+    from traceml_tui.tui.widgets.early_stopping_panel import early_stopping_lines
+
+    run_dir = tmp_path / "run"
+    ckpts = {step: _request(run_dir, step) for step, _ in HYG1_BEFORE + HYG1_AFTER}
+    es = EarlyStopping(run_dir, **HYG1_POLICY)
+    for i, (step, value) in enumerate(HYG1_BEFORE + HYG1_AFTER):
+        backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(ckpts[step])), {"r2": value})
+        assert es.update(1300) is (i >= len(HYG1_BEFORE) - 1)
+    section = validation_report(run_dir)
+    assert [e["step"] for e in section["early_stopping"]["after_stop"]] == [1000, 1100, 1200, 1300]
+    assert ("  early stopping: stopped, patience_exhausted at step-00000900 (update 900); "
+            "4 evaluations after the stop not counted") in report_lines(section)
+    info = _early_stopping(SimpleNamespace(early_stopping=section["early_stopping"], best=section["best"]), None, [])
+    lines = [line[0] if isinstance(line, tuple) else line for line in early_stopping_lines(info)]
+    assert lines == [
+        "metric r2 (↑ higher is better) · patience 3/3 used, 0 left",
+        "best: step-00000600 (step 600) r2=0.75",
+        "stopped: patience exhausted at step-00000900 (step 900)",
+        "after the stop: 4 evaluations (steps 1000–1300) recorded, not counted",
+    ]
