@@ -57,11 +57,13 @@ def test_resumed_mid_patience_matches_an_uninterrupted_run(tmp_path):
     assert _comparable(final) == _comparable(final_resumed)
     assert final["stopped"] and final["reason"] == "patience_exhausted"
     assert final["trigger_checkpoint"] == "step-00000060" and final["trigger_step"] == 60
-    # Evaluations drained after the stop still select the best checkpoint; the trigger stays.
-    assert final["best_checkpoint"] == "step-00000070" and final["best_metric"] == 0.1
+    # The decision is frozen at the stop: the evaluation drained after it is recorded, not counted.
+    assert final["best_checkpoint"] == "step-00000040" and final["best_metric"] == 0.6
+    assert final["patience_counter"] == 2
     assert straight[straight.index(True) - 1] is False and straight.index(True) == 3 * 5 + 1
     persisted = json.loads((tmp_path / "b" / "early_stopping.json").read_text())
-    assert persisted["consumed"][-1] == "step-00000070" and persisted["evaluations"] == 7
+    assert persisted["consumed"][-1] == "step-00000070" and persisted["evaluations"] == 6
+    assert persisted["after_stop"] == [{"checkpoint": "step-00000070", "step": 70, "value": 0.1}]
 
 
 def test_patience_state_survives_a_restart_in_the_middle(tmp_path):
@@ -125,3 +127,84 @@ def test_changed_policy_on_resume_is_refused(tmp_path):
     EarlyStopping(tmp_path, **POLICY).update(0)
     with pytest.raises(ValueError, match="patience"):
         EarlyStopping(tmp_path, **dict(POLICY, patience=5))
+
+
+HYG1_POLICY = dict(metric="r2", direction="max", min_delta=0.002, patience=3)
+HYG1_BEFORE = [(500, 0.70), (600, 0.75), (700, 0.749), (800, 0.74), (900, 0.745)]  # patience runs out at 900
+HYG1_AFTER = [(1000, 0.74), (1100, 0.8022), (1200, 0.79), (1300, 0.78)]  # drained after the stop
+
+
+def test_receipts_drained_after_a_patience_stop_do_not_change_the_decision(tmp_path):
+    """QA's hyg1 run: patience runs out at step 900, then the checkpoints training published before it
+    noticed (1000..1300, one of them better at 1100) are drained and consumed. The decision and its
+    state stay those of the stop; the late receipts are recorded as after the stop."""
+    run_dir = tmp_path / "run"
+    policy, before, after = HYG1_POLICY, HYG1_BEFORE, HYG1_AFTER
+    ckpts = {step: _request(run_dir, step) for step, _ in before + after}  # published before training noticed
+    es = EarlyStopping(run_dir, **policy)
+    for step, value in before:
+        backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(ckpts[step])), {"r2": value})
+    assert es.update(1300) is True
+    at_stop = {k: es.state[k] for k in ("best_metric", "best_checkpoint", "best_step", "patience_counter",
+                                        "evaluations", "stopped", "reason", "trigger_checkpoint", "trigger_step")}
+    assert at_stop == dict(best_metric=0.75, best_checkpoint=ckpts[600], best_step=600, patience_counter=3,
+                           evaluations=5, stopped=True, reason="patience_exhausted",
+                           trigger_checkpoint=ckpts[900], trigger_step=900)
+    for step, value in after:  # the backlog drained after the stop, one receipt at a time
+        backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(ckpts[step])), {"r2": value})
+        assert es.update(1300) is True
+    again = EarlyStopping(run_dir, **policy)  # the launcher's final consume, a fresh process
+    assert again.update() is True
+    persisted = json.loads((run_dir / "early_stopping.json").read_text())
+    assert {k: persisted[k] for k in at_stop} == at_stop
+    assert persisted["consumed"] == [ckpts[s] for s, _ in before + after]  # none is consumed again
+    assert persisted["after_stop"] == [{"checkpoint": ckpts[s], "step": s, "value": v} for s, v in after]
+
+
+def test_receipts_drained_after_a_budget_stop_count_up_to_the_budget(tmp_path):
+    """A budget stop is no verdict on evaluations: checkpoints up to the budget's update still count when
+    drained later (until patience would have run out); a checkpoint after it is recorded, not counted."""
+    run_dir = tmp_path / "run"
+    es = EarlyStopping(run_dir, metric="val_loss", direction="min", min_delta=0.0, patience=1, max_budget=40)
+    ckpts = {step: _request(run_dir, step) for step in (10, 20, 30, 40, 50)}
+    _complete(run_dir, ckpts[10], 1.0)
+    assert es.update(40) is True and es.state["reason"] == "max_budget" and es.state["trigger_step"] == 40
+    for step, value in [(20, 0.5), (30, 0.6), (40, 0.7), (50, 0.1)]:
+        _complete(run_dir, ckpts[step], value)
+    assert es.update() is True
+    state = es.state
+    # 20 improves, 30 uses up patience 1; 40 (patience had run out) and 50 (after the budget) are after the stop
+    assert (state["best_checkpoint"], state["patience_counter"], state["evaluations"]) == (ckpts[20], 1, 3)
+    assert (state["reason"], state["trigger_step"]) == ("max_budget", 40)
+    assert state["after_stop"] == [{"checkpoint": ckpts[40], "step": 40, "value": 0.7},
+                                   {"checkpoint": ckpts[50], "step": 50, "value": 0.1}]
+
+
+def test_summary_and_panel_agree_with_the_stop_and_name_what_came_after(tmp_path):
+    """QA's hyg1 order through the summary and the Run screen's panel: patience 3/3, the best as of the stop,
+    the stop at 900, and one line saying the four later evaluations were recorded, not counted."""
+    pytest.importorskip("textual")
+    from types import SimpleNamespace
+
+    from traceml_tui.hygiene.report import report_lines, validation_report
+    from traceml_tui.tui.source import _early_stopping
+    from traceml_tui.tui.widgets.early_stopping_panel import early_stopping_lines
+
+    run_dir = tmp_path / "run"
+    ckpts = {step: _request(run_dir, step) for step, _ in HYG1_BEFORE + HYG1_AFTER}
+    es = EarlyStopping(run_dir, **HYG1_POLICY)
+    for i, (step, value) in enumerate(HYG1_BEFORE + HYG1_AFTER):
+        backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(ckpts[step])), {"r2": value})
+        assert es.update(1300) is (i >= len(HYG1_BEFORE) - 1)
+    section = validation_report(run_dir)
+    assert [e["step"] for e in section["early_stopping"]["after_stop"]] == [1000, 1100, 1200, 1300]
+    assert ("  early stopping: stopped, patience_exhausted at step-00000900 (update 900); "
+            "4 evaluations after the stop not counted") in report_lines(section)
+    info = _early_stopping(SimpleNamespace(early_stopping=section["early_stopping"], best=section["best"]), None, [])
+    lines = [line[0] if isinstance(line, tuple) else line for line in early_stopping_lines(info)]
+    assert lines == [
+        "metric r2 (↑ higher is better) · patience 3/3 used, 0 left",
+        "best: step-00000600 (step 600) r2=0.75",
+        "stopped: patience exhausted at step-00000900 (step 900)",
+        "after the stop: 4 evaluations (steps 1000–1300) recorded, not counted",
+    ]

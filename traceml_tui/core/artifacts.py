@@ -232,7 +232,7 @@ class ValidationSection(msgspec.Struct):
     newest_completed: Optional[dict[str, Any]] = None  # {checkpoint, step, metrics}
     latest_requested: Optional[dict[str, Any]] = None  # {checkpoint, step}
     best: Optional[dict[str, Any]] = None  # the selected checkpoint: {checkpoint, step, metric, value, selected_on, …}
-    early_stopping: Optional[dict[str, Any]] = None  # {enabled, state, reason, trigger_checkpoint, …}
+    early_stopping: Optional[dict[str, Any]] = None  # {enabled, state, reason, trigger_checkpoint, …, after_stop}
     curve: Optional[str] = None  # learning_curve.png, relative to the run directory, when rendered
 
 

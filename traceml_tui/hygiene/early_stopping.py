@@ -14,6 +14,13 @@ Rules implemented here:
   ``<run_dir>/early_stopping.json``, written atomically after every change, so
   a resumed run neither resets patience nor consumes an evaluation twice.
 * ``max_budget`` stops the run once that many optimizer updates completed.
+* Once stopped, the decision is final and its state (best, patience counter,
+  evaluations, reason, trigger) stays as it was at the stop. Receipts of
+  checkpoints after the stop (published before training noticed, drained
+  later) are consumed once and listed in ``after_stop`` without being counted.
+  A budget stop is no verdict on evaluations: checkpoints at or before the
+  budget's update still count when drained later, until patience would have
+  run out.
 
 Distributed runs: :meth:`EarlyStopping.should_stop` is a collective. Every rank
 calls it at the same step; rank 0 alone reads the backlog, updates and persists
@@ -123,6 +130,7 @@ class EarlyStopping:
             "evaluations": 0,
             "last_consumed": None,
             "consumed": [],
+            "after_stop": [],
             "stopped": False,
             "reason": None,
             "trigger_checkpoint": None,
@@ -162,8 +170,9 @@ class EarlyStopping:
     def update(self, step: Optional[int] = None) -> bool:
         """Consume newly completed evaluations in order; returns whether training should stop.
 
-        Once stopped the answer stays True; evaluations completed after the stop
-        (the backlog drained after training) still update the best checkpoint.
+        Once stopped the answer stays True and the decision's state is frozen:
+        evaluations of checkpoints after the stop (the backlog drained after
+        training) are recorded in ``after_stop`` and change nothing else.
 
         ``step`` is the number of completed optimizer updates (for the budget).
         Reads and writes files: call it on rank 0 only (or use :meth:`should_stop`).
@@ -198,21 +207,39 @@ class EarlyStopping:
         state["consumed"].append(ckpt)
         state["last_consumed"] = ckpt
         value = receipt.get("metrics", {}).get(self.policy["metric"])
-        eligible = isinstance(step, int) and step >= self.policy["warmup"]
-        if not eligible:
-            return
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            # A completed evaluation without the monitored metric is not evidence either way.
+            value = None  # a completed evaluation without the monitored metric is not evidence either way
+        if self._after_stop(step):
+            # The decision is final: a checkpoint after the stop is recorded, never counted.
+            state.setdefault("after_stop", []).append({"checkpoint": ckpt, "step": step, "value": value})
+            return
+        eligible = isinstance(step, int) and step >= self.policy["warmup"]
+        if not eligible or value is None:
             return
         state["evaluations"] += 1
         if self._improves(float(value)):
             state.update(best_metric=float(value), best_checkpoint=ckpt, best_step=step, patience_counter=0)
             return
         state["patience_counter"] += 1
-        # After a stop, evaluations drained later still update the selected best
-        # checkpoint, but the recorded reason and trigger stay those of the stop.
         if not state["stopped"] and state["patience_counter"] >= self.policy["patience"]:
             state.update(stopped=True, reason="patience_exhausted", trigger_checkpoint=ckpt, trigger_step=step)
+
+    def _after_stop(self, step: Any) -> bool:
+        """Whether a checkpoint at ``step``, consumed now, comes after the stop (docs/hygiene.md).
+
+        After a patience stop every later checkpoint does (the trigger was the
+        last one counted). A budget stop is no verdict on evaluations: a
+        checkpoint at or before the budget's update still counts, until
+        patience would have run out as well.
+        """
+        state = self.state
+        if not state["stopped"]:
+            return False
+        if state["reason"] != "max_budget":
+            return True
+        trigger = state.get("trigger_step")
+        return (not isinstance(step, int) or not isinstance(trigger, int) or step > trigger
+                or state["patience_counter"] >= self.policy["patience"])
 
     def should_stop(self, step: int) -> bool:
         """Collective decision: call on every rank at the same step; all ranks get rank 0's answer."""

@@ -61,6 +61,7 @@ def _early_stopping(run_dir: Path, declared: dict) -> Optional[dict[str, Any]]:
         patience_counter=state.get("patience_counter"),
         evaluations=state.get("evaluations"),
         last_consumed=state.get("last_consumed"),
+        after_stop=[dict(e) for e in state.get("after_stop") or [] if isinstance(e, dict)],
     )
     return out
 
@@ -145,8 +146,10 @@ def report_lines(section: Optional[dict[str, Any]]) -> list[str]:
         if not early.get("enabled"):
             lines.append(f"  early stopping: disabled ({early.get('disabled_reason')})")
         elif early.get("state") == "stopped":
+            after = len(early.get("after_stop") or [])
+            later = f"; {after} evaluation{'s' if after != 1 else ''} after the stop not counted" if after else ""
             lines.append(f"  early stopping: stopped, {early.get('reason')} at {early.get('trigger_checkpoint')} "
-                         f"(update {early.get('trigger_step')})")
+                         f"(update {early.get('trigger_step')}){later}")
         else:
             lines.append(f"  early stopping: {early.get('state')}, patience {early.get('patience_counter') or 0}"
                          f"/{early.get('patience')} on {early.get('metric')}")

@@ -544,8 +544,8 @@ class Launcher:
     def _consume_final_receipts(self) -> None:
         """Let the script's early stopping consume the receipts of the final drain (docs/hygiene.md).
 
-        Evaluations completed after the stop still update the selected best
-        checkpoint; the stop's reason and trigger stay. Only a run whose script
+        Once stopped, the decision's state is frozen: receipts of checkpoints after
+        the stop are recorded in ``after_stop`` and change nothing. Only a run whose script
         used early stopping (``early_stopping.json`` exists) is touched.
         """
         if not self.layout.early_stopping.is_file():

@@ -235,6 +235,7 @@ class EarlyStoppingInfo:
     best_step: Optional[int] = None
     best_value: Optional[float] = None
     receipts: int = 0  # completed evaluations in the backlog now
+    after_stop_steps: tuple[Optional[int], ...] = ()  # checkpoints consumed after the stop, not counted (summary only)
 
 
 @dataclass(frozen=True)

@@ -779,7 +779,8 @@ def _early_stopping(validation: Any, manifest: Any, backlog: Any) -> Optional[Ea
             reason=early.get("reason") if stopped else (None if enabled else early.get("disabled_reason")),
             trigger_checkpoint=early.get("trigger_checkpoint"), trigger_step=_int(early.get("trigger_step")),
             best_checkpoint=best.get("checkpoint"), best_step=_int(best.get("step")), best_value=_num(best.get("value")),
-            receipts=receipts)
+            receipts=receipts,
+            after_stop_steps=tuple(_int(e.get("step")) for e in early.get("after_stop") or [] if isinstance(e, dict)))
     block = manifest.hygiene_block.get("early_stopping") if manifest is not None else None
     if not isinstance(block, dict):
         return None

@@ -41,6 +41,8 @@ def early_stopping_lines(info: EarlyStoppingInfo) -> list:
             where += f" (step {info.trigger_step})"
         lines.append((f"stopped: {REASON_TEXT.get(info.reason or '', info.reason or 'no reason recorded')}{where}",
                       "bold yellow"))
+        if info.after_stop_steps:
+            lines.append((_after_stop_text(info.after_stop_steps), "dim"))
     elif info.source == "summary":
         evals = f" after {info.evaluations} evaluation{'s' if info.evaluations != 1 else ''}" \
             if info.evaluations is not None else ""
@@ -48,6 +50,16 @@ def early_stopping_lines(info: EarlyStoppingInfo) -> list:
     else:
         lines.append(("patience used and the stop reason: recorded in the final summary (none with them yet)", "dim"))
     return lines
+
+
+def _after_stop_text(steps: tuple) -> str:
+    """Checkpoints consumed after the stop: the decision above is final, they were recorded, not counted."""
+    n = len(steps)
+    known = [s for s in steps if s is not None]
+    where = ""
+    if known:
+        where = f" (step {known[0]})" if len(known) == 1 else f" (steps {min(known)}–{max(known)})"
+    return f"after the stop: {n} evaluation{'s' if n != 1 else ''}{where} recorded, not counted"
 
 
 class EarlyStoppingPanel(Widget):
