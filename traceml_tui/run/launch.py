@@ -87,12 +87,10 @@ class Launcher:
     # -- before anything starts -------------------------------------------------------------
     def prepare(self) -> None:
         """Create the run directory and (node 0) write the manifest; refuse without side effects."""
+        if self.options.node_rank == 0 and not self.options.resume:
+            self._refuse_used_run_dir()
         opts = self.options
         manifest_path = self.layout.manifest
-        if opts.node_rank == 0 and manifest_path.exists() and not opts.resume:
-            raise LaunchError(
-                f"run {opts.run_name!r} already exists ({manifest_path}); choose a fresh --run-name"
-            )
         if opts.resume and opts.node_rank == 0 and not manifest_path.exists():
             raise LaunchError(f"--resume: no run {opts.run_name!r} to resume in {opts.logs_dir}")
         if opts.node_rank != 0:
@@ -154,6 +152,39 @@ class Launcher:
         from traceml_tui.run.provenance import write_bundle
 
         write_bundle(self.layout, opts, self.config, self.hygiene)  # fresh run only; never raises
+
+    def _refuse_used_run_dir(self) -> None:
+        """A fresh run starts in an absent or empty folder: the one rule for "this run already exists".
+
+        Anything there (even step files of an unmanaged ``traceml.init()``
+        process, without a manifest) would be taken over: new attempts written
+        beside it and its steps counted in the summary. The one exception is
+        what other nodes of this multi-node run may have made before node 0
+        started: ``nodes/node_<k>`` for ``k`` in ``1..nnodes-1``.
+        """
+        opts = self.options
+        manifest_path = self.layout.manifest
+        if os.path.lexists(manifest_path):
+            raise LaunchError(f"run {opts.run_name!r} already exists ({manifest_path}); choose a fresh --run-name")
+        if not os.path.lexists(self.run_dir):
+            return  # (a logs dir that is no folder is refused below, as not writable)
+        try:
+            entries = sorted(os.listdir(self.run_dir)) if os.path.isdir(self.run_dir) else [""]
+        except OSError as exc:
+            raise LaunchError(f"cannot read {self.run_dir}: {exc.strerror}") from None
+        peers = {f"node_{k}" for k in range(1, opts.nnodes)}
+        for entry in entries:
+            if entry == "nodes" and opts.nnodes > 1:
+                try:
+                    if set(os.listdir(self.run_dir / "nodes")) <= peers:
+                        continue
+                except OSError:
+                    pass
+            shown = entry if entry.isprintable() else ascii(entry)  # the refusal stays one line
+            held = f" holds {shown}" if entry else " is not a folder"
+            raise LaunchError(
+                f"run {opts.run_name!r} already exists ({self.run_dir}{held}); choose a fresh --run-name"
+            )
 
     def _refuse_finished_run(self, manifest_path: Path) -> None:
         """A node k > 0 never writes into a run that already finished or already holds its outcome."""
