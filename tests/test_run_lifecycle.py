@@ -104,6 +104,32 @@ def test_fresh_run_refuses_a_folder_holding_an_unmanaged_processes_steps(tmp_pat
     assert _run(["train.py", "--run-name", "empty", "--args", "2"], tmp_path).returncode == 0
 
 
+def test_default_names_never_collide_even_when_launched_in_the_same_second(tmp_path: Path) -> None:
+    """QA: two launches without --run-name in the same second: one was refused ("already exists; choose a
+    fresh --run-name") for a name the user never chose. Every default name of the next seconds is taken here,
+    so both racing launchers must move on to a free one, and not the same one."""
+    (tmp_path / "tiny.py").write_text(STEPS)
+    now = time.time()
+    taken = {f"tiny-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now + s))}" for s in range(-1, 30)}
+    for name in taken:
+        (tmp_path / "logs" / name).mkdir(parents=True)
+        (tmp_path / "logs" / name / "manifest.json").write_text('{"old": true}\n')
+    procs = [subprocess.Popen([*TRACEML, "run", "tiny.py", "--args", "2"], cwd=tmp_path, env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errs = [proc.communicate(timeout=120)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], errs
+    fresh = sorted(set(os.listdir(tmp_path / "logs")) - taken)
+    assert len(fresh) == 2 and all(name.rsplit("-", 1)[0] in taken for name in fresh), fresh
+    for name in fresh:
+        assert sum(f"this run is {name!r}" in err for err in errs) == 1, errs
+        manifest = json.loads((tmp_path / "logs" / name / "manifest.json").read_text())
+        assert manifest["run_name"] == name and manifest["status"] == "completed"
+    assert all((tmp_path / "logs" / name / "manifest.json").read_text() == '{"old": true}\n' for name in taken)
+    # a chosen name is still refused, never renamed
+    proc = _run(["tiny.py", "--run-name", fresh[0], "--args", "2"], tmp_path)
+    assert proc.returncode == 1 and "already exists" in proc.stderr and "this run is" not in proc.stderr
+
+
 def test_late_node_never_writes_into_a_finished_run(tmp_path: Path) -> None:
     (tmp_path / "traceml.yaml").write_text(yaml.safe_dump({"guard": GUARD}))
     (tmp_path / "train.py").write_text(STEPS)
