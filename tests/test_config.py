@@ -70,10 +70,40 @@ def test_find_config_none_when_absent(tmp_path):
     assert found is None or tmp_path not in found.parents
 
 
-def test_find_config_skips_directory_named_like_the_file(tmp_path):
-    (tmp_path / "proj" / "traceml.yaml").mkdir(parents=True)
-    outer = write(tmp_path / "traceml.yaml", "mode: summary\n")
-    assert find_config(tmp_path / "proj") == outer
+@pytest.mark.parametrize("kind", ["directory", "dangling-link", "fifo"])
+def test_find_config_stops_at_the_first_entry_whatever_it_is(tmp_path, kind):
+    inner = tmp_path / "proj" / "traceml.yaml"
+    make_entry(inner, kind)
+    write(tmp_path / "traceml.yaml", "mode: summary\n")
+    assert find_config(tmp_path / "proj") == inner
+
+
+def make_entry(path: Path, kind: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "dangling-link":
+        path.symlink_to(path.parent / "no-such-target")
+    elif kind == "fifo":
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize(("kind", "why"), [("directory", "a directory, not a regular file"),
+                                           ("dangling-link", "a symbolic link to a missing target"),
+                                           ("fifo", "a FIFO, not a regular file")])
+def test_unusable_config_in_launch_dir_is_refused_not_skipped(tmp_path, traceml_cmd, cli_env, kind, why):
+    """QA: such an entry was skipped and the parent's traceml.yaml (here a guard) silently applied."""
+    write(tmp_path / "traceml.yaml", GUARD)
+    launch = tmp_path / "cfg"
+    make_entry(launch / "traceml.yaml", kind)
+    (launch / "train.py").write_text("open('SCRIPT_RAN', 'w').write('yes')\n")
+    # A FIFO opened for reading would block until a writer came: the timeout catches that regression.
+    proc = subprocess.run([*traceml_cmd, "run", "train.py", "--run-name", "x"], cwd=launch, env=cli_env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [f"traceml run: {launch / 'traceml.yaml'}: cannot read file: {why}"]
+    assert sorted(p.name for p in launch.iterdir()) == ["traceml.yaml", "train.py"]  # no logs/, the script never ran
+    assert not (tmp_path / "logs").exists()
 
 
 # --- loading -----------------------------------------------------------------
@@ -164,7 +194,7 @@ def test_unreadable_file(tmp_path):
     path = tmp_path / "traceml.yaml"
     assert_config_error(path, None, "cannot read")  # missing
     path.mkdir()
-    assert_config_error(path, None, "cannot read")  # a directory
+    assert_config_error(path, None, "cannot read file: a directory")
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads any file")

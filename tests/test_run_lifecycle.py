@@ -82,6 +82,54 @@ def test_resume_refused_for_a_guarded_run_and_for_another_topology(tmp_path: Pat
     assert _digest(elsewhere / "logs") == before
 
 
+def test_fresh_run_refuses_a_folder_holding_an_unmanaged_processes_steps(tmp_path: Path) -> None:
+    """QA: the launcher wrote attempt steps-1 beside a plain traceml.init() process's steps-0 and the summary
+    counted that process's steps; only a folder with a manifest was refused."""
+    (tmp_path / "train.py").write_text(STEPS)
+    sdk = subprocess.run([sys.executable, "-c", "import sys; sys.argv = ['x', '2']; import traceml_tui as traceml; "
+                          "traceml.init('gsdk'); exec(open('train.py').read()); traceml.finish()"],
+                         cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert sdk.returncode == 0, sdk.stderr
+    run_dir = tmp_path / "logs" / "gsdk"
+    assert (run_dir / "ranks/rank_0/steps-0.jsonl").is_file() and not (run_dir / "manifest.json").exists()
+    before = _digest(tmp_path / "logs")
+    for extra in ([], ["--resume"]):  # nothing to resume either: no manifest
+        proc = _run(["train.py", "--run-name", "gsdk", *extra, "--args", "2"], tmp_path)
+        assert proc.returncode == 1, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert ("already exists" if not extra else "no run 'gsdk' to resume") in proc.stderr
+        assert _digest(tmp_path / "logs") == before and sorted(os.listdir(run_dir)) == ["ranks"]
+    # an empty folder is not a run: a fresh run may use it
+    (tmp_path / "logs" / "empty").mkdir()
+    assert _run(["train.py", "--run-name", "empty", "--args", "2"], tmp_path).returncode == 0
+
+
+def test_default_names_never_collide_even_when_launched_in_the_same_second(tmp_path: Path) -> None:
+    """QA: two launches without --run-name in the same second: one was refused ("already exists; choose a
+    fresh --run-name") for a name the user never chose. Every default name of the next seconds is taken here,
+    so both racing launchers must move on to a free one, and not the same one."""
+    (tmp_path / "tiny.py").write_text(STEPS)
+    now = time.time()
+    taken = {f"tiny-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now + s))}" for s in range(-1, 30)}
+    for name in taken:
+        (tmp_path / "logs" / name).mkdir(parents=True)
+        (tmp_path / "logs" / name / "manifest.json").write_text('{"old": true}\n')
+    procs = [subprocess.Popen([*TRACEML, "run", "tiny.py", "--args", "2"], cwd=tmp_path, env=_env(tmp_path),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errs = [proc.communicate(timeout=120)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], errs
+    fresh = sorted(set(os.listdir(tmp_path / "logs")) - taken)
+    assert len(fresh) == 2 and all(name.rsplit("-", 1)[0] in taken for name in fresh), fresh
+    for name in fresh:
+        assert sum(f"this run is {name!r}" in err for err in errs) == 1, errs
+        manifest = json.loads((tmp_path / "logs" / name / "manifest.json").read_text())
+        assert manifest["run_name"] == name and manifest["status"] == "completed"
+    assert all((tmp_path / "logs" / name / "manifest.json").read_text() == '{"old": true}\n' for name in taken)
+    # a chosen name is still refused, never renamed
+    proc = _run(["tiny.py", "--run-name", fresh[0], "--args", "2"], tmp_path)
+    assert proc.returncode == 1 and "already exists" in proc.stderr and "this run is" not in proc.stderr
+
+
 def test_late_node_never_writes_into_a_finished_run(tmp_path: Path) -> None:
     (tmp_path / "traceml.yaml").write_text(yaml.safe_dump({"guard": GUARD}))
     (tmp_path / "train.py").write_text(STEPS)

@@ -22,7 +22,9 @@ displays this tool does not have.
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,12 +117,14 @@ def find_config(start: Path) -> Path | None:
     """Return ``traceml.yaml`` in ``start`` or its nearest parent that has one.
 
     Walks up to the filesystem root; returns ``None`` when no file is found.
-    Only regular files count (a directory named ``traceml.yaml`` is skipped).
+    Any entry of that name counts (a directory, a FIFO, a dangling link):
+    skipping one would silently apply a parent folder's settings instead of
+    the ones the user put here, so :func:`load_config` refuses it instead.
     """
     current = Path(start).absolute()
     while True:
         candidate = current / CONFIG_FILENAME
-        if candidate.is_file():
+        if os.path.lexists(candidate):
             return candidate
         if current.parent == current:
             return None
@@ -183,9 +187,44 @@ class _Loader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+_KIND_NAMES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(mode: int) -> str | None:
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KIND_NAMES if test(mode)), "a special file")
+    return f"cannot read file: {kind}, not a regular file"
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, refusing anything but a regular file before reading it.
+
+    Opening a FIFO for reading blocks until a writer appears, so the type is
+    checked by ``stat`` first; the open is non-blocking and the type checked
+    again on the open file in case the entry was swapped in between.
+    """
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise ConfigError(path, None, "cannot read file: a symbolic link to a missing target") from None
+        raise
+    problem = _not_regular(info.st_mode)
+    if problem:
+        raise ConfigError(path, None, problem)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        problem = _not_regular(os.fstat(fd).st_mode)
+        if problem:
+            raise ConfigError(path, None, problem)
+        return handle.read()
+
+
 def _parse_yaml(path: Path) -> Any:
     try:
-        source = path.read_bytes().decode("utf-8")
+        source = _read_regular(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(path, None, f"not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:

@@ -138,6 +138,7 @@ def parse_options(argv: list[str], config_logs_dir: Optional[str] = None, config
         trace_max_steps=ns.trace_max_steps,
         finalize_timeout=float(timeout),
         resume=bool(ns.resume),
+        default_name=not ns.run_name,
     )
 
 

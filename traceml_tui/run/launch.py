@@ -19,6 +19,7 @@ Order of events (seed 000 "Saved artifacts and completion checks"):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from typing import IO, Any, Optional
 import msgspec
 
 from traceml_tui.core import artifacts, atomic
-from traceml_tui.core.rundir import RunDir
+from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
 from traceml_tui.run import lifeline
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.sdk import env as sdk_env
@@ -87,12 +88,13 @@ class Launcher:
     # -- before anything starts -------------------------------------------------------------
     def prepare(self) -> None:
         """Create the run directory and (node 0) write the manifest; refuse without side effects."""
+        if self.options.node_rank == 0 and not self.options.resume:
+            if self.options.default_name:
+                self._claim_default_name()
+            else:
+                self._refuse_used_run_dir()
         opts = self.options
         manifest_path = self.layout.manifest
-        if opts.node_rank == 0 and manifest_path.exists() and not opts.resume:
-            raise LaunchError(
-                f"run {opts.run_name!r} already exists ({manifest_path}); choose a fresh --run-name"
-            )
         if opts.resume and opts.node_rank == 0 and not manifest_path.exists():
             raise LaunchError(f"--resume: no run {opts.run_name!r} to resume in {opts.logs_dir}")
         if opts.node_rank != 0:
@@ -154,6 +156,71 @@ class Launcher:
         from traceml_tui.run.provenance import write_bundle
 
         write_bundle(self.layout, opts, self.config, self.hygiene)  # fresh run only; never raises
+
+    def _refuse_used_run_dir(self) -> None:
+        """A fresh run starts in an absent or empty folder: the one rule for "this run already exists".
+
+        Anything there (even step files of an unmanaged ``traceml.init()``
+        process, without a manifest) would be taken over: new attempts written
+        beside it and its steps counted in the summary. The one exception is
+        what other nodes of this multi-node run may have made before node 0
+        started: ``nodes/node_<k>`` for ``k`` in ``1..nnodes-1``.
+        """
+        opts = self.options
+        manifest_path = self.layout.manifest
+        if os.path.lexists(manifest_path):
+            raise LaunchError(f"run {opts.run_name!r} already exists ({manifest_path}); choose a fresh --run-name")
+        if not os.path.lexists(self.run_dir):
+            return  # (a logs dir that is no folder is refused below, as not writable)
+        try:
+            entries = sorted(os.listdir(self.run_dir)) if os.path.isdir(self.run_dir) else [""]
+        except OSError as exc:
+            raise LaunchError(f"cannot read {self.run_dir}: {exc.strerror}") from None
+        peers = {f"node_{k}" for k in range(1, opts.nnodes)}
+        for entry in entries:
+            if entry == "nodes" and opts.nnodes > 1:
+                try:
+                    if set(os.listdir(self.run_dir / "nodes")) <= peers:
+                        continue
+                except OSError:
+                    pass
+            shown = entry if entry.isprintable() else ascii(entry)  # the refusal stays one line
+            held = f" holds {shown}" if entry else " is not a folder"
+            raise LaunchError(
+                f"run {opts.run_name!r} already exists ({self.run_dir}{held}); choose a fresh --run-name"
+            )
+
+    def _claim_default_name(self) -> None:
+        """Take the first free ``<name>``, ``<name>-2``, … by creating its folder (atomic: two launchers never share one).
+
+        Default names have one-second resolution, so two launches in the same
+        second would otherwise collide, and the user never chose the name.
+        Multi-node runs always have a chosen name (every node must agree on it).
+        """
+        opts = self.options
+        try:
+            opts.logs_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LaunchError(f"logs dir {opts.logs_dir} is not writable: {exc.strerror}") from None
+        base = opts.run_name
+        for number in range(1, 1000):
+            suffix = "" if number == 1 else f"-{number}"
+            name = base[: MAX_RUN_NAME_CHARS - len(suffix)] + suffix
+            try:
+                (opts.logs_dir / name).mkdir()
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise LaunchError(f"logs dir {opts.logs_dir} is not writable: {exc.strerror}") from None
+            break
+        else:
+            raise LaunchError(f"no free run name {base}-N in {opts.logs_dir}; choose a --run-name")
+        if name != base:
+            print(f"[traceml] run {base!r} already exists; this run is {name!r}", file=sys.stderr, flush=True)
+        self.options = dataclasses.replace(opts, run_name=name)
+        self.run_dir = self.options.run_dir
+        self.layout = RunDir(self.run_dir)
+        self.node_dir = self.layout.node_dir(opts.node_rank)
 
     def _refuse_finished_run(self, manifest_path: Path) -> None:
         """A node k > 0 never writes into a run that already finished or already holds its outcome."""

@@ -32,6 +32,8 @@ class LaunchOptions:
     trace_max_steps: Optional[int]
     finalize_timeout: float
     resume: bool = False
+    # The name is <script>-<timestamp>, not the user's: a clash picks the next free one instead of refusing.
+    default_name: bool = False
 
     @property
     def run_dir(self) -> Path:
