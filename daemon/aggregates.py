@@ -529,8 +529,11 @@ def write_manifest_facts(conn: sqlite3.Connection, run_id: int, facts: Optional[
 
 
 def write_summary_facts(conn: sqlite3.Connection, run_id: int, facts: Optional[sidefiles.SummaryFacts]) -> None:
-    conn.execute("UPDATE runs SET summary_status = ? WHERE run_id = ?",
-                 (facts.status if facts is not None else None, run_id))
+    """The final summary's facts into the run's row; NULL without a readable summary."""
+    f = facts
+    conn.execute("UPDATE runs SET summary_status = ?, failure_rank = ?, failure_exit_code = ? WHERE run_id = ?",
+                 (f.status, f.failure_rank, f.failure_exit_code, run_id) if f is not None
+                 else (None, None, None, run_id))
 
 
 def write_outcome_rollup(conn: sqlite3.Connection, run_id: int) -> None:

@@ -35,6 +35,7 @@ from traceml_tui.core.state import (
     claim_is_stale,
     decide_backlog,
     decide_run,
+    with_exit_codes,
 )
 
 from . import index as idx
@@ -236,7 +237,7 @@ _RUN_COLS = ("run_id", "name", "dir", "root", "missing", "ranks_total", "ranks_e
              "last_ts", "last_seen", "steps_per_s", "examples_per_s", "slowest_rank", "straggler_score", "records",
              "errors", "manifest_status", "training_status", "summary_status", "outcomes_total", "outcomes_failed",
              "nnodes", "nproc_per_node", "world_size", "started_at", "ended_at", "updated_version",
-             "median_interval_s", "outcome_nodes")
+             "median_interval_s", "outcome_nodes", "failure_rank", "failure_exit_code")
 _RANK_COLS = ("rank", "attempt", "records", "first_step", "last_step", "last_ts", "last_seen", "median_step_ms",
               "median_input_wait_ms", "median_interval_s", "steps_per_s", "examples_per_s", "loss", "ratios", "ended",
               "exit_code", "end_ts", "node", "step_parts")
@@ -392,6 +393,8 @@ class Reader:
                       end_ts=r["end_ts"], node_outcome_written=r["node"] is not None and r["node"] in outcome_nodes,
                       last_seen=r["last_seen"])
             for r in latest)
+        if d["failure_rank"] is not None:  # the summary's culprit, with the exit code its end record lacked
+            ranks = with_exit_codes(ranks, {d["failure_rank"]: d["failure_exit_code"]})
         verdict = decide_run(RunFacts(
             ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],
             manifest_status=d["manifest_status"], summary_status=d["summary_status"],

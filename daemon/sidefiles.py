@@ -57,9 +57,12 @@ class OutcomeFacts:
 
 @dataclass(frozen=True)
 class SummaryFacts:
-    """The final summary's run status (``run_context.run.status``)."""
+    """The final summary's run status (``run_context.run.status``) and the rank its ``failure`` section names
+    with that rank's exit code (which the rank's own end record may lack: core.state.with_exit_codes)."""
 
     status: Optional[str]
+    failure_rank: Optional[int] = None
+    failure_exit_code: Optional[int] = None
 
 
 Facts = Union[ManifestFacts, OutcomeFacts, SummaryFacts, None]
@@ -109,7 +112,11 @@ def outcome_facts(outcome: Optional[artifacts.NodeOutcome], key: Optional[str]) 
 
 
 def summary_facts(summary: Optional[artifacts.Summary]) -> Optional[SummaryFacts]:
-    return None if summary is None else SummaryFacts(summary.run_status)
+    """The ``runs`` facts of a decoded final summary (None for None)."""
+    if summary is None:
+        return None
+    failure = summary.failure
+    return SummaryFacts(summary.run_status, failure.rank if failure else None, failure.exit_code if failure else None)
 
 
 def decode_facts(kind: str, data: Union[bytes, str], key: Optional[str] = None) -> Facts:

@@ -12,6 +12,9 @@ through ``torch.distributed.run``, or one process) with the scripts in
 ``rank_raises``       2-rank DDP; rank 1 raises ``RuntimeError("CUDA out of memory (simulated)")``
                       inside step 5 (rank 0 then fails in step 5's all-reduce)
 ``rank_sigkilled``    2-rank DDP; rank 1 SIGKILLs itself after step 4 (rank 0 fails in step 5's all-reduce)
+``rank_exits``        2-rank DDP; rank 1 calls ``sys.exit(3)`` after step 4 (its ``rank_end`` says ``exited``
+                      without a code; torchrun's report has exit code 3; rank 0 is stopped after it)
+``single_exits``      one process; it calls ``sys.exit(3)`` after step 4
 ``interrupted``       one process, slow steps; the launcher gets SIGINT once rank 0 wrote 5 steps
 ``hung``              2-rank DDP, slow steps; rank 1 SIGSTOPs itself after step 5, rank 0 blocks
                       in its next all-reduce; the run directory is *copied* 1.5 s later (the
@@ -58,6 +61,8 @@ CASES: tuple[str, ...] = (
     "completed_finish",
     "rank_raises",
     "rank_sigkilled",
+    "rank_exits",
+    "single_exits",
     "interrupted",
     "hung",
     "hygiene",
@@ -304,6 +309,19 @@ def _finished_launch(ctx: _Ctx, *script_args: object, nproc: int = 2, **extra_en
     return run
 
 
+def _rank_exits(ctx: _Ctx) -> RealRun:
+    run = _finished_launch(ctx, "--steps", 8, "--exit-after", 4, "--bad-rank", 1,
+                           PET_MONITOR_INTERVAL=FAILURE_MONITOR_INTERVAL_S)
+    _expect(run.returncode != 0, ctx, "the launcher exited 0 although rank 1 exited with code 3")
+    return run
+
+
+def _single_exits(ctx: _Ctx) -> RealRun:
+    run = _finished_launch(ctx, "--steps", 8, "--exit-after", 4, "--bad-rank", 0, nproc=1)
+    _expect(run.returncode == 3, ctx, f"launcher exit code {run.returncode}, expected the script's 3")
+    return run
+
+
 def _completed(ctx: _Ctx) -> RealRun:
     run = _finished_launch(ctx, "--steps", 8)
     _expect(run.returncode == 0, ctx, f"launcher exit code {run.returncode}, expected 0")
@@ -527,6 +545,8 @@ BUILDERS: dict[str, Callable[[_Ctx], RealRun]] = {
     "completed_finish": _completed_finish,
     "rank_raises": _rank_raises,
     "rank_sigkilled": _rank_sigkilled,
+    "rank_exits": _rank_exits,
+    "single_exits": _single_exits,
     "interrupted": _interrupted,
     "hung": _hung,
     "hygiene": _hygiene,

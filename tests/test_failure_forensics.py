@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 EXPECTED = {
     "rank_raises": ("failed", "cuda-oom", None, "RuntimeError: CUDA out of memory (simulated)"),
     "rank_sigkilled": ("lost", "killed", "SIGKILL", None),
+    # sys.exit(3) after step 4: no exception; torchrun's report has the code its rank_end record lacks
+    "rank_exits": ("failed", "exit-code", None, None),
 }
 
 
@@ -41,7 +43,7 @@ def _summary(run) -> dict:
     return json.loads((run.run_dir / "final_summary.json").read_text())
 
 
-@pytest.mark.realruns("rank_raises", "rank_sigkilled")
+@pytest.mark.realruns("rank_raises", "rank_sigkilled", "rank_exits")
 @pytest.mark.parametrize("case", list(EXPECTED))
 def test_summary_failure_section_names_rank_1_first(real_runs, case) -> None:
     run = real_runs[case]
@@ -64,6 +66,17 @@ def test_summary_failure_section_names_rank_1_first(real_runs, case) -> None:
         assert exception in card
 
 
+@pytest.mark.realruns("rank_exits", "single_exits")
+def test_an_exit_code_without_an_exception_is_the_failure(real_runs) -> None:
+    """sys.exit(3) leaves rank_end `exited` without a code; the code comes from torchrun's report (2 ranks) or
+    the process's exit status (one process): the rank is the failure, cause exit-code, exit code 3."""
+    ddp = _summary(real_runs["rank_exits"])["failure"]
+    assert (ddp["rank"], ddp["exit_code"], ddp["cause"]) == (1, 3, "exit-code")
+    single = _summary(real_runs["single_exits"])["failure"]
+    assert (single["rank"], single["node"], single["step"], single["state"], single["exit_code"], single["cause"]) \
+        == (0, 0, 5, "failed", 3, "exit-code")
+
+
 @pytest.mark.realruns("completed")
 def test_a_completed_run_has_no_failure_section(real_runs) -> None:
     run = real_runs["completed"]
@@ -71,7 +84,7 @@ def test_a_completed_run_has_no_failure_section(real_runs) -> None:
     assert "Failure:" not in (run.run_dir / "final_summary.txt").read_text()
 
 
-@pytest.mark.realruns("rank_raises", "rank_sigkilled")
+@pytest.mark.realruns("rank_raises", "rank_sigkilled", "rank_exits")
 @pytest.mark.parametrize("case", list(EXPECTED))
 def test_status_and_run_screen_show_culprit_and_victim(real_runs, case, tmp_path, cli_env) -> None:
     run = real_runs[case]

@@ -45,6 +45,9 @@ EXPECTED: dict[str, tuple[str, dict[int, set[str]]]] = {
     # the first failing rank keeps failed/lost; the peer that died in the next all-reduce is aborted (core/state.py)
     "rank_raises": ("failed", {0: {"aborted"}, 1: {"failed"}}),
     "rank_sigkilled": ("failed", {0: {"aborted"}, 1: {"lost"}}),  # rank 1: no end record, then rank 0 failed
+    # sys.exit(3): the rank's own end record says `exited`; the summary's failure section carries torchrun's code
+    "rank_exits": ("failed", {0: {"aborted"}, 1: {"failed"}}),
+    "single_exits": ("failed", {0: {"failed"}}),
     "interrupted": ("interrupted", {0: {"interrupted"}}),
     "hung": ("stalled", {0: {"stalled"}, 1: {"stalled"}}),
     "hygiene": ("completed", {0: {"completed"}}),

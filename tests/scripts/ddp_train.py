@@ -10,6 +10,7 @@ rank misbehave the way real jobs do (each counts completed steps from 1):
     --raise-at K        the --bad-rank raises RuntimeError inside step K
     --sigkill-after K   the --bad-rank SIGKILLs itself after step K
     --sigstop-after K   the --bad-rank SIGSTOPs itself after step K (a hung rank)
+    --exit-after K      the --bad-rank calls sys.exit(3) after step K (no exception: only its exit code says so)
     --bad-rank R        which rank misbehaves (default 1)
     --pid-dir DIR       write rank_<r>.pid there at start (so a harness can find and reap the ranks)
 """
@@ -20,6 +21,7 @@ import argparse
 import gc
 import os
 import signal
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--raise-at", type=int)
     parser.add_argument("--sigkill-after", type=int)
     parser.add_argument("--sigstop-after", type=int)
+    parser.add_argument("--exit-after", type=int)
     parser.add_argument("--bad-rank", type=int, default=1)
     parser.add_argument("--pid-dir")
     args = parser.parse_args()
@@ -79,6 +82,8 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if bad and step == args.sigstop_after:
             os.kill(os.getpid(), signal.SIGSTOP)
+        if bad and step == args.exit_after:
+            sys.exit(3)
         if args.sleep:
             time.sleep(args.sleep)
     if args.finish:

@@ -25,19 +25,20 @@ code and signal.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Optional, Sequence
 
-from traceml_tui.core.state import RankFacts, RankState, RunFacts, decide_ranks, first_failure
+from traceml_tui.core.state import RankFacts, RankState, RunFacts, decide_ranks, first_failure, with_exit_codes
 
 #: The cause words, in the order they are tried. ``cuda-oom``: CUDA out of memory; ``comm-timeout``: an
 #: NCCL/gloo collective timed out; ``peer-lost``: a peer's connection closed or reset (NCCL/gloo);
 #: ``exception``: any other Python exception; ``killed``: SIGKILL with no exception (the host's OOM killer,
 #: or ``kill -9``); ``crash``: a fatal signal of the process itself (SIGSEGV, SIGBUS, SIGABRT, SIGILL,
-#: SIGFPE); ``signal``: another signal from outside (SIGTERM, SIGHUP, …); ``launcher-lost``: the launcher
-#: died before it finalized the run; ``unknown``: no evidence.
+#: SIGFPE); ``signal``: another signal from outside (SIGTERM, SIGHUP, …); ``exit-code``: the script exited
+#: with a non-zero code and no exception (``sys.exit(3)``); ``launcher-lost``: the launcher died before it
+#: finalized the run; ``unknown``: no evidence.
 CAUSES: tuple[str, ...] = ("cuda-oom", "comm-timeout", "peer-lost", "exception", "killed", "crash", "signal",
-                           "launcher-lost", "unknown")
+                           "exit-code", "launcher-lost", "unknown")
 #: One-phrase meaning of each cause word (the summary card and the Run screen show it beside the word).
 CAUSE_TEXT: dict[str, str] = {
     "cuda-oom": "CUDA out of memory",
@@ -47,6 +48,7 @@ CAUSE_TEXT: dict[str, str] = {
     "killed": "no exception: the host's OOM killer or kill -9",
     "crash": "the process crashed (fatal signal)",
     "signal": "stopped by a signal from outside",
+    "exit-code": "the script exited with a non-zero code, no exception (sys.exit)",
     "launcher-lost": "the launcher died before finalizing the run",
     "unknown": "no exception or signal found",
 }
@@ -255,6 +257,8 @@ def classify(exceptions: Sequence[str], signal: Optional[str] = None, exit_code:
         return "signal"
     if text:
         return "exception"
+    if exit_code:
+        return "exit-code"
     return "unknown"
 
 
@@ -279,14 +283,6 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
     ``traceml.init()``) is the evidence. ``exit_code`` is the launch's.
     """
     hosts = tuple(hosts)
-    facts = RunFacts(ranks=tuple(RankFacts(rank=t.rank, last_ts=t.last_ts, end_status=t.end_status,
-                                           end_exit_code=t.end_exit_code, end_ts=t.end_ts) for t in trails),
-                     now=0.0, manifest_status="failed")
-    states = decide_ranks(facts)
-    first = first_failure(facts.ranks, states)
-    failing = [s in (RankState.FAILED, RankState.LOST, RankState.ABORTED) for s in states]
-    if first is None and not any(failing) and not exit_code and not launcher_lost:
-        return None
     by_node = {log.node: log for log in logs}
     single = len(trails) == 1
     reports: dict[int, tuple[RankReport, NodeLog]] = {}
@@ -294,6 +290,20 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
         only = trails[0].rank if single else None
         for rank, report in parse_stderr(log.text, single_rank=only).items():
             reports.setdefault(rank, (report, log))
+    # The exit codes torchrun reported (or the one process's): a rank whose script called sys.exit(3) wrote
+    # rank_end `exited` without a code, and only these say it failed (core.state.with_exit_codes).
+    codes = {rank: report.exit_code for rank, (report, _) in reports.items()}
+    if single and exit_code:
+        codes.setdefault(trails[0].rank, exit_code)
+    ranks = with_exit_codes(tuple(RankFacts(rank=t.rank, last_ts=t.last_ts, end_status=t.end_status,
+                                            end_exit_code=t.end_exit_code, end_ts=t.end_ts) for t in trails), codes)
+    trails = [replace(t, end_exit_code=r.end_exit_code) for t, r in zip(trails, ranks)]
+    facts = RunFacts(ranks=ranks, now=0.0, manifest_status="failed")
+    states = decide_ranks(facts)
+    first = first_failure(facts.ranks, states)
+    failing = [s in (RankState.FAILED, RankState.LOST, RankState.ABORTED) for s in states]
+    if first is None and not any(failing) and not exit_code and not launcher_lost:
+        return None
     if first is None:
         # No rank's records say which failed: the first rank the logs blame, else no rank.
         blamed = sorted(reports.items(), key=lambda kv: (not kv[1][0].exceptions, kv[0]))

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import enum
 import sys
-from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping, Optional, Sequence
 
 if sys.version_info >= (3, 11):
     StrEnum = enum.StrEnum
@@ -134,6 +134,21 @@ def rank_end_state(status: Optional[str], exit_code: Optional[int]) -> RankState
     if status in _CLEAN_ENDS and (exit_code is None or exit_code == 0):
         return RankState.COMPLETED
     return RankState.FAILED
+
+
+def with_exit_codes(ranks: Sequence[RankFacts], codes: Mapping[int, Optional[int]]) -> tuple[RankFacts, ...]:
+    """``ranks`` with the exit codes their launcher saw, where a rank's own end record could not know one.
+
+    A script that ends with ``sys.exit(3)`` leaves ``rank_end`` ``exited`` without a code (``SystemExit``
+    never reaches an exception hook), which alone reads as a clean end; torchrun's report (or the one
+    process's exit status) has the code. A non-zero code there makes that end a failure
+    (:func:`rank_end_state`), so the rank that really failed first is named, not the peer torchrun then
+    stopped. End records with a code of their own, and codes of 0 or unknown, are left as they are.
+    """
+    return tuple(
+        replace(r, end_exit_code=codes[r.rank])
+        if r.end_status in _CLEAN_ENDS and r.end_exit_code is None and codes.get(r.rank) else r
+        for r in ranks)
 
 
 def final_run_word(status: Optional[str]) -> Optional[RunStatus]:
