@@ -96,14 +96,20 @@ def _metric_rows(rows: dict[str, Any], unit_of) -> list[list[str]]:
     return out
 
 
+def steps_text(measurement: dict[str, Any]) -> str:
+    """A declared measurement window as every surface shows it: ``steps 1-20`` (first to last step)."""
+    start, count = measurement.get("start_step"), measurement.get("completed_steps")
+    if isinstance(start, int) and isinstance(count, int):
+        return f"steps {start}-{start + count - 1}"
+    return f"steps {start}+{count}"
+
+
 def declaration_text(declaration: Optional[dict[str, Any]]) -> str:
     if not declaration:
         return "none"
     workload = declaration["workload"]
     params = ", ".join(f"{k}={v!r}" for k, v in workload["parameters"].items()) or "no parameters"
-    m = declaration["measurement"]
-    end = m["start_step"] + m["completed_steps"] - 1
-    return f"{workload['name']} ({params}); steps {m['start_step']}-{end}"
+    return f"{workload['name']} ({params}); {steps_text(declaration['measurement'])}"
 
 
 def topology_text(topology: Optional[dict[str, Any]]) -> str:

@@ -157,6 +157,7 @@ def compare_snapshot(reference: dict, candidate: dict, threshold_pct: Optional[f
                      labels: tuple[str, str]) -> CompareSnapshot:
     """Run the same comparison core as `traceml compare` and lay its report out for the screen."""
     from traceml_tui.compare.core import compare_summaries
+    from traceml_tui.compare.render_text import fmt_value, steps_text
     from traceml_tui.tui.textplot import fmt_num
 
     res = compare_summaries(reference, candidate, threshold_pct, labels=labels)
@@ -175,7 +176,7 @@ def compare_snapshot(reference: dict, candidate: dict, threshold_pct: Optional[f
             m = d.get("measurement") if isinstance(d.get("measurement"), dict) else {}
             name = wl.get("name", "?")
             if m:
-                return f"{name} steps {m.get('start_step')}+{m.get('completed_steps')}"
+                return f"{name} {steps_text(m)}"  # as `traceml compare` prints the window
             return str(name)
         return info.get("declaration_problem") or "–"
 
@@ -201,7 +202,8 @@ def compare_snapshot(reference: dict, candidate: dict, threshold_pct: Optional[f
         for row in (rep.get(section) or {}).values():
             if row.get("reference") is None and row.get("candidate") is None:
                 continue
-            rows.append((row["label"], fmt_num(row.get("reference")), fmt_num(row.get("candidate")),
+            unit = row.get("unit") or ""  # in the units `traceml compare` prints (MiB, GiB, %)
+            rows.append((row["label"], fmt_value(row.get("reference"), unit), fmt_value(row.get("candidate"), unit),
                          pct(row.get("pct_change"))))
     ref_ratio = _training_ratio(reference)
     cand_ratio = _training_ratio(candidate)
