@@ -190,6 +190,34 @@ async def test_log_follow_shows_an_appended_line(real):
         assert view.lines[-1].rank == 0
 
 
+@aio
+async def test_an_empty_log_says_why_for_an_ended_and_a_vanished_run(tmp_path):
+    """No line to show: an ended run "wrote no training output" (not "yet"), a run whose folder is gone says so."""
+    import shutil
+
+    root, index = fr.build_real_index(tmp_path)
+    ended, gone = fr.name_of("completed"), fr.name_of("completed_finish")
+    for log in (root / ended / "nodes").rglob("training.*.log"):
+        log.write_bytes(b"")
+    shutil.rmtree(root / gone)
+    d.ingest(index, [root])  # the ingester marks the vanished run missing
+    src = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    app = create_app(src, poll_interval=0.02)
+    try:
+        async with app.run_test(size=(120, 20)) as pilot:
+            await d.settle(pilot)
+            for name, words in ((ended, "the run wrote no training output (2 log files"),
+                                (gone, "the run's folder is gone from disk")):
+                app.open_logs(_run_id(app, name))
+                screen = await _log_screen(pilot)
+                status = str(screen.query_one("#log-status").render())
+                assert status.startswith(words) and "yet" not in status, status
+                await pilot.press("escape")
+                await _until(pilot, lambda: not isinstance(pilot.app.screen, LogScreen))
+    finally:
+        src.close()
+
+
 def test_log_tail_reads_at_most_max_bytes_and_skips_a_burst(tmp_path):
     """A huge log is read from its last ``max_bytes``; a burst larger than that is skipped, not read."""
     node = tmp_path / "nodes" / "node_0"

@@ -331,6 +331,7 @@ class LogSources:
     first_failed: Optional[int] = None  # the rank that failed first: the view opens at its first error line
     single_rank: Optional[int] = None  # a one-process run: its unprefixed lines are this rank's
     live: bool = False  # still running (the view follows new lines)
+    missing: bool = False  # the run's folder is gone from disk (the index keeps its rows)
 
 
 @dataclass(frozen=True)

@@ -616,7 +616,7 @@ class IndexSource:
                           files=tuple((f.node, f.stream, f.rel) for f in files),
                           first_failed=failure.rank if failure is not None else _first_failed(run),
                           single_rank=(run.ranks_in(*RankState)[:1] or (0,))[0] if single else None,
-                          live=run.status in LIVE_RUN_STATES)
+                          live=run.status in LIVE_RUN_STATES, missing=run.missing)
 
     @_serialized
     def describe(self, run_id: int) -> Optional[DescribeSnapshot]:

@@ -39,6 +39,14 @@ def first_error(lines: list[LogLine], rank: Optional[int]) -> Optional[int]:
     return next((i for i, ln in enumerate(lines) if ln.error), None)
 
 
+
+def empty_log_text(sources: LogSources) -> str:
+    """What the Log screen says when a run's logs hold no line: why, for a live, ended or vanished run."""
+    if sources.missing:
+        return "the run's folder is gone from disk: its training logs cannot be read (the index keeps its records)"
+    where = f"{len(sources.files)} log files: nodes/node_<k>/training.stdout.log, training.stderr.log"
+    return f"no training output yet ({where})" if sources.live else f"the run wrote no training output ({where})"
+
 class LogScreen(Screen):
     """One run's training logs."""
 
@@ -155,8 +163,7 @@ class LogScreen(Screen):
         if self.problem:
             text = self.problem
         elif self.sources is not None and not self.all_lines:
-            text = (f"no training output yet ({len(self.sources.files)} log files: "
-                    "nodes/node_<k>/training.stdout.log, training.stderr.log)")
+            text = empty_log_text(self.sources)
         else:
             shown = f"{len(view.lines)} of {len(self.all_lines)} lines" if self.rank is not None else \
                 f"{len(self.all_lines)} lines"
