@@ -243,6 +243,13 @@ def test_watch_rejects_bad_input(tmp_path, cli_env, traceml_cmd):
                           env=cli_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "negative" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    # --compare with a name that is no file, no folder and no run anywhere: one line before any screen
+    (tmp_path / "logs" / "real-run" / "ranks").mkdir(parents=True)
+    (tmp_path / "logs" / "real-run" / "manifest.json").write_text("{}")
+    proc = subprocess.run([*traceml_cmd, "watch", str(tmp_path / "logs"), "--compare", "real-run", "nope2"],
+                          env=cli_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.startswith("traceml watch: --compare nope2: not a summary file")
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_watch_that_loses_the_lock_race_joins_the_winner(tmp_path, monkeypatch):

@@ -49,6 +49,22 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
+def _run_name_known(name: str, roots: list[str], index: Path) -> bool:
+    """Whether ``name`` names a run the Compare screen can find: one in the index, or a run folder of that
+    name under the roots (the embedded ingester will index it)."""
+    from daemon.reader import Reader
+    from traceml_tui.core import rundir
+
+    try:
+        with Reader(index) as reader:
+            if reader.find_run(name) is not None:
+                return True
+    except Exception:  # noqa: BLE001 - no index yet, or one this watch will upgrade: look on disk
+        pass
+    return any(os.path.basename(run) == name for root in roots if os.path.isdir(root)
+               for run in rundir.discover_runs(root))
+
+
 def _embed_or_join(service, index: Path, roots: list[str]):
     """Start the embedded ingester, or join the writer that holds the index: ``(ingester, running)``.
 
@@ -144,6 +160,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             p = Path(spec)
             if (p.suffix == ".json" or os.sep in spec) and not p.exists():
                 return _fail(f"{spec} does not exist")
+            if not p.exists() and not _run_name_known(spec, roots, index):
+                return _fail(f"--compare {spec}: not a summary file, a run folder, a run under "
+                             f"{', '.join(roots)} or a run in the index {index}")
 
     try:
         ingester, running = _embed_or_join(service, index, roots)
