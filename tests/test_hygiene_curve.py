@@ -132,7 +132,25 @@ def test_curve_cli(tmp_path):
     _assert_valid_png(out.read_bytes())
     bad = subprocess.run([sys.executable, "-m", "traceml_tui", "curve", str(tmp_path / "missing")],
                          capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and bad.stderr.strip() == f"traceml curve: run directory not found: {tmp_path / 'missing'}"
+    assert bad.returncode == 2 and bad.stderr.strip() == f"traceml curve: run directory {tmp_path / 'missing'} does not exist"
+
+
+@pytest.mark.parametrize("case", ["out-is-the-summary", "out-is-a-folder", "not-a-run", "a-file"])
+def test_curve_cli_never_writes_where_it_should_not(tmp_path, case):
+    """A mistyped --out (the run's summary, a folder) or a folder that is no run is one line, exit 2, and every
+    file stays as it was: the curve replaces its target atomically, so a wrong target would be lost."""
+    run_dir = tmp_path / "run"
+    _write_steps(run_dir, range(1, 11))
+    summary = run_dir / "final_summary.json"
+    summary.write_text('{"schema_version": 1.9}')
+    (tmp_path / "empty").mkdir()
+    target, out = {"out-is-the-summary": (run_dir, summary), "out-is-a-folder": (run_dir, tmp_path / "empty"),
+                   "not-a-run": (tmp_path / "empty", None), "a-file": (summary, None)}[case]
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    proc = subprocess.run([sys.executable, "-m", "traceml_tui", "curve", str(target),
+                           *(["--out", str(out)] if out else [])], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_importing_hygiene_stays_cheap():

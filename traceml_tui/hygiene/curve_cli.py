@@ -2,40 +2,38 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise _UsageError(message)
+from traceml_tui.core.cliargs import OneLineParser
+from traceml_tui.core.rundir import is_run_dir
 
 
 def main(argv: list[str]) -> int:
     """Render the curve of RUN_DIR; prints the path written. Exit 2 on bad input, 1 if rendering fails."""
-    parser = _Parser(prog="traceml curve", description="render <run_dir>/learning_curve.png atomically")
+    parser = OneLineParser(prog="traceml curve", description="render <run_dir>/learning_curve.png atomically")
     parser.add_argument("run_dir")
-    parser.add_argument("--out", default=None, help="write here instead of <run_dir>/learning_curve.png")
-    try:
-        args = parser.parse_args(argv)
-    except _UsageError as exc:
-        print(f"traceml curve: {exc}", file=sys.stderr)
-        return 2
+    parser.add_argument("--out", default=None, help="write here (a .png) instead of <run_dir>/learning_curve.png")
+    args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
-        print(f"traceml curve: run directory not found: {run_dir}", file=sys.stderr)
+        what = "is not a folder" if run_dir.exists() else "does not exist"
+        print(f"traceml curve: run directory {run_dir} {what}", file=sys.stderr)
+        return 2
+    if not is_run_dir(run_dir):  # an empty or unrelated folder would get a curve of nothing
+        print(f"traceml curve: {run_dir} is not a run directory (no manifest.json, ranks/ or nodes/)", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else None
+    if out is not None and (out.suffix.lower() != ".png" or out.is_dir()):
+        # The curve replaces its target atomically: a mistyped --out must never replace a summary or a folder.
+        print(f"traceml curve: --out {out} must name a .png file", file=sys.stderr)
         return 2
     from traceml_tui.hygiene.curve import render_learning_curve
 
     try:
-        path = render_learning_curve(run_dir, Path(args.out) if args.out else None)
+        path = render_learning_curve(run_dir, out)
     except OSError as exc:
-        print(f"traceml curve: cannot write the curve: {exc.strerror or exc}", file=sys.stderr)
+        print(f"traceml curve: cannot write the curve to {out or run_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     print(path)
     return 0
