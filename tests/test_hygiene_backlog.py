@@ -301,6 +301,9 @@ def test_runtime_limit_leaves_unstarted_work_pending(tmp_path, traceml_cmd, cli_
         (["drain", "{run}", "--lease", "-1", "--", "x", "{checkpoint}"], "--lease"),
         (["status", "{run}/missing"], "run directory not found"),
         (["frobnicate"], "unknown subcommand"),
+        ([], "give a subcommand"),
+        (["status", "{run}", "--max-attempts", "0"], "--max-attempts"),
+        (["drain", "{run}", "--max-attempts", "0", "--", "x", "{checkpoint}"], "--max-attempts"),
     ],
 )
 def test_bad_usage_is_one_line_exit_2(tmp_path, args, needle):

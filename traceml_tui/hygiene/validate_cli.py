@@ -38,6 +38,17 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
+def _attempts(text: str) -> int:
+    """``--max-attempts``: a whole number, at least 1 (0 would block every request before its first try)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+    return value
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
@@ -58,7 +69,7 @@ def _drain(argv: list[str]) -> int:
     parser.add_argument("run_dir")
     parser.add_argument("--max-runtime", type=_positive, default=None, help="seconds this worker may run")
     parser.add_argument("--lease", type=_positive, default=60.0, help="claim lease in seconds (heartbeat every lease/3)")
-    parser.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
+    parser.add_argument("--max-attempts", type=_attempts, default=DEFAULT_MAX_ATTEMPTS,
                         help="failures after which a request is blocked")
     parser.add_argument("--no-curve", action="store_true", help="do not refresh learning_curve.png after receipts")
     parser.add_argument("--recipe", default=None,
@@ -70,8 +81,6 @@ def _drain(argv: list[str]) -> int:
         return _fail("drain needs a worker command after `--` (with a {checkpoint} placeholder)")
     if not any("{checkpoint}" in arg for arg in command):
         return _fail("the worker command must contain a {checkpoint} placeholder")
-    if args.max_attempts < 1:
-        return _fail("--max-attempts must be >= 1")
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         return _fail(f"run directory not found: {run_dir}")
@@ -132,7 +141,7 @@ def _status(argv: list[str]) -> int:
     parser = _Parser(prog="traceml validate status")
     parser.add_argument("run_dir")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--max-attempts", type=int, default=None,
+    parser.add_argument("--max-attempts", type=_attempts, default=None,
                         help="failures after which a request is blocked (default: the run's declared value, else "
                              f"{DEFAULT_MAX_ATTEMPTS})")
     args = parser.parse_args(argv)
@@ -178,9 +187,11 @@ def format_status(status: dict) -> str:
 
 def main(argv: list[str]) -> int:
     """Entry point of `traceml validate`."""
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:  # a usage error: on stderr, like every other one
+        return _fail(f"give a subcommand — {USAGE}")
+    if argv[0] in ("-h", "--help"):
         print(USAGE)
-        return 0 if argv else 2
+        return 0
     sub, rest = argv[0], argv[1:]
     try:
         if sub == "drain":
