@@ -40,6 +40,10 @@ from traceml_tui.core.state import (
 
 from . import index as idx
 
+#: Which rank states explain a run's word (RunSummary.explaining_ranks).
+_EXPLAINED_BY = {RunStatus.STALLED: (RankState.STALLED,), RunStatus.LOST: (RankState.LOST,),
+                 RunStatus.FAILED: (RankState.FAILED, RankState.LOST)}
+
 
 @dataclass(frozen=True)
 class RunSummary:
@@ -83,6 +87,13 @@ class RunSummary:
     def silent_ranks(self) -> tuple[int, ...]:
         """Ranks that stopped writing without an end: stalled or lost."""
         return self.ranks_in(RankState.STALLED, RankState.LOST)
+
+    @property
+    def explaining_ranks(self) -> tuple[int, ...]:
+        """The ranks every surface names beside the run's word (``stalled r1``, ``failed r1``): the stalled
+        ranks of a stalled run, the lost ones of a lost run, the failed or lost one of a failed run (its
+        aborted peers are not named: they died because of it)."""
+        return self.ranks_in(*_EXPLAINED_BY.get(self.status, ()))
 
 
 @dataclass(frozen=True)

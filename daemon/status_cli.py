@@ -12,7 +12,7 @@ from dataclasses import asdict
 from traceml_tui.core import artifacts
 from traceml_tui.core.cliargs import OneLineParser, seconds
 from traceml_tui.core.rundir import middle_cut
-from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RankState, RunStatus, count_states
+from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RunStatus, count_states
 
 from . import index as idx
 from . import locations
@@ -49,9 +49,7 @@ def _fmt(v, spec: str = "") -> str:
 
 def _status_cell(run) -> str:
     """The run's word, with the ranks that explain it (``stalled r1``, ``failed r0,r1``)."""
-    explain = {RunStatus.STALLED: (RankState.STALLED,), RunStatus.LOST: (RankState.LOST,),
-               RunStatus.FAILED: (RankState.FAILED, RankState.LOST)}.get(run.status)
-    ranks = run.ranks_in(*explain) if explain else ()
+    ranks = run.explaining_ranks
     return f"{run.status} " + ",".join(f"r{r}" for r in ranks) if ranks else str(run.status)
 
 

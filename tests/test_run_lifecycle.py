@@ -141,13 +141,17 @@ def test_late_node_never_writes_into_a_finished_run(tmp_path: Path) -> None:
     assert _digest(tmp_path / "logs") == before
 
 
-def test_sigint_mid_run_gives_an_interrupted_run_with_a_summary(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig,nproc", [(signal.SIGINT, 1), (signal.SIGTERM, 2)])
+def test_a_signal_mid_run_gives_an_interrupted_run_with_a_summary(tmp_path: Path, sig, nproc) -> None:
+    """Ctrl-C (one process) or a scheduler's SIGTERM (torchrun, 2 processes): exit 128 + the signal's number
+    (torchrun turned SIGTERM into its own exit 1), an interrupted run, every step before the signal."""
     (tmp_path / "slow.py").write_text(
         "import time\nimport traceml_tui as traceml\nfor _ in range(10000):\n"
         "    with traceml.trace_step():\n        time.sleep(0.01)\n"
     )
-    proc = subprocess.Popen([*TRACEML, "run", "slow.py", "--run-name", "stop"], cwd=tmp_path, env=_env(tmp_path),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*TRACEML, "run", "slow.py", "--run-name", "stop", "--nproc-per-node", str(nproc)],
+                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     steps = tmp_path / "logs/stop/ranks/rank_0/steps-0.jsonl"
     seen = 0
     for _ in range(600):
@@ -155,9 +159,9 @@ def test_sigint_mid_run_gives_an_interrupted_run_with_a_summary(tmp_path: Path) 
         if seen >= 5:
             break
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == 128 + sig, err[-2000:]
     manifest = json.loads((tmp_path / "logs/stop/manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["exit_code"] == proc.returncode
     summary = json.loads((tmp_path / "logs/stop/final_summary.json").read_text())

@@ -75,7 +75,7 @@ async def test_statuses_failed_and_stalled_rank_named(fixture_index):
         table = pilot.app.screen.query_one(RunsTable)
         keys = shown_columns(table)  # which columns show, and where, depends on the width
         by_name = {cells(table, i)[1]: dict(zip(keys, cells(table, i))) for i in range(table.row_count)}
-        assert d.strip_glyph(by_name["bert-crash"]["Status"]) == "failed"
+        assert d.strip_glyph(by_name["bert-crash"]["Status"]) == "failed r1"  # as `traceml status` names it
         assert d.strip_glyph(by_name["vit-hang"]["Status"]) == "stalled r2"
         assert d.strip_glyph(by_name["resnet-ok"]["Status"]) == "completed"
         assert by_name["resnet-ok"]["Topo"] == "1×4"
@@ -94,7 +94,7 @@ async def test_stalled_run_screen_names_silent_rank(fixture_index):
         await d.settle(pilot)
         screen = pilot.app.screen
         assert isinstance(screen, RunScreen) and screen.detail is not None
-        assert "silent rank 2" in panel_text(screen, "#headline")
+        assert "STALLED r2" in panel_text(screen, "#headline")  # the ranks the Runs table names
         ranks = screen.query_one(RankTable)
         silent = [d.strip_glyph(c) for c in column(ranks, 2)]
         assert silent[2].startswith("STALLED") and not silent[0].startswith("STALLED")

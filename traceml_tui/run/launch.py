@@ -83,6 +83,7 @@ class Launcher:
         self.digest: Optional[str] = None
         self.manifest: Optional[artifacts.Manifest] = None  # node 0 only, once prepared
         self.interrupted = False
+        self.stop_signal: Optional[int] = None  # the first SIGINT/SIGTERM this launcher forwarded to training
         self.child: Optional[subprocess.Popen] = None
 
     # -- before anything starts -------------------------------------------------------------
@@ -301,6 +302,7 @@ class Launcher:
             self._signal_group(child, signal.SIGKILL)
             return
         self.interrupted = True
+        self.stop_signal = signum
         if child is not None:
             self._signal_group(child, signum)
             # torchrun can sit in a rendezvous retry loop that ignores SIGINT: escalate if it lingers
@@ -359,6 +361,10 @@ class Launcher:
                 for tee in tees:
                     tee.join(timeout=max(0.0, deadline - time.monotonic()))
                 exit_code = returncode if returncode >= 0 else 128 - returncode
+                if self.stop_signal is not None and exit_code != 0:
+                    # Stopped by a signal: 128 + its number, as a shell and a scheduler expect (docs/run.md).
+                    # torchrun, unlike one process, turns the SIGTERM it gets into its own exit code 1.
+                    exit_code = 128 + self.stop_signal
         finally:
             sampler.stop()
             if curve is not None:

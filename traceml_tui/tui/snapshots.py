@@ -33,6 +33,7 @@ class RunRow:
     name: str
     status: str  # one of RUN_STATES
     silent_ranks: tuple[int, ...] = ()
+    explaining_ranks: tuple[int, ...] = ()  # named beside the status word, as `traceml status` names them
     workload: Optional[str] = None
     nodes: Optional[int] = None
     procs_per_node: Optional[int] = None

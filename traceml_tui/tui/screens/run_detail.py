@@ -29,8 +29,8 @@ def headline(detail: RunDetail) -> list:
     """One-line run status plus facts, as InfoPanel lines."""
     r = detail.run
     status = r.status.upper()
-    if r.silent_ranks:
-        status += " — silent rank" + ("s " if len(r.silent_ranks) > 1 else " ") + ", ".join(map(str, r.silent_ranks))
+    if r.explaining_ranks:  # the ranks the Runs table and `traceml status` name beside the word
+        status += " " + ",".join(f"r{n}" for n in r.explaining_ranks)
     facts = [f"step {r.step if r.step is not None else '–'}" + (f"/{r.declared_steps}" if r.declared_steps else ""),
              f"median {textplot.fmt_num(r.median_step_ms)} ms",
              f"{textplot.fmt_num(r.steps_per_s)} steps/s", f"{textplot.fmt_num(r.examples_per_s)} ex/s"]

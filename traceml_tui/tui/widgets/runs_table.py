@@ -23,7 +23,7 @@ ASCENDING, DESCENDING = "▲", "▼"
 
 #: (column label, sort key) in display order. Status sorts by the core's attention order (RUN_ATTENTION).
 COLUMNS: tuple[tuple[str, object], ...] = (
-    ("Status", lambda r: (_ATTENTION.get(r.status, len(_ATTENTION)), r.silent_ranks)),
+    ("Status", lambda r: (_ATTENTION.get(r.status, len(_ATTENTION)), r.explaining_ranks)),
     ("Run", lambda r: r.name),
     ("Folder", lambda r: (r.folder, r.name)),
     ("Workload", lambda r: r.workload or ""),
@@ -61,8 +61,8 @@ def sort_key(label: str):
 
 def status_text(row: RunRow) -> Text:
     label = run_label(row.status)
-    if row.silent_ranks:
-        label += " " + ",".join(f"r{r}" for r in row.silent_ranks)
+    if row.explaining_ranks:
+        label += " " + ",".join(f"r{r}" for r in row.explaining_ranks)
     return Text(label, style=STATUS_STYLE.get(row.status, ""))
 
 
