@@ -53,9 +53,10 @@ class WatchApp(App):
     TITLE = "traceml watch"
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
+        # Help first: at 80 columns the footer cuts what comes last, and Help lists every key.
+        Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
         Binding("a", "toggle_alerts", "Alerts"),
-        Binding("question_mark", "help", "Help"),
         Binding("r", "show_runs", "Runs", show=False),
     ]
 
