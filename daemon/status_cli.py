@@ -71,10 +71,6 @@ def main(argv: list[str]) -> int:
     """Entry point of ``traceml status``."""
     args = _parser().parse_args(argv)
     index_path = os.path.abspath(args.index) if args.index else str(locations.default_index_path())
-    for root in args.roots:  # a mistyped ROOT would otherwise read as "no runs"
-        if not os.path.isdir(root):
-            print(f"traceml status: {root} is not a folder", file=sys.stderr)
-            return 1
     if os.path.isdir(index_path):
         print(f"traceml status: --index {index_path} is a folder, not an index file", file=sys.stderr)
         return 1
@@ -95,6 +91,11 @@ def main(argv: list[str]) -> int:
     try:
         now = time.time()
         runs = reader.list_runs(args.roots or None, now=now)
+        # A mistyped ROOT would read as "no runs"; a root deleted since keeps its runs in the index (missing).
+        for root in args.roots:
+            if not os.path.isdir(root) and not reader.list_runs([root], now=now):
+                print(f"traceml status: {root} is not a folder, and the index has no runs under it", file=sys.stderr)
+                return 1
         if args.oneline:
             print(_oneline(runs))
             return 0

@@ -201,3 +201,49 @@ def test_a_run_whose_launcher_died_is_lost_after_the_stall_limit() -> None:
     clean = tuple(RankFacts(r.rank, last_ts=100.0, end_status="exited", end_ts=100.5) for r in ranks)
     # ranks that ended on their own: the launcher may be draining validation; no SIGTERM, no verdict of lost
     assert decide_run(RunFacts(ranks=clean, now=1000.0, last_ingest=100.6)).status is RunStatus.COMPLETED
+
+
+def _exit_block(rank: int, code: int) -> str:
+    """A torchrun ChildFailedError entry for one rank (the shape of TORCHRUN_BLOCK's)."""
+    return f"Root Cause (first observed failure):\n[0]:\n  rank      : {rank} (local_rank: {rank})\n" \
+           f"  exitcode  : {code} (pid: 1)\n"
+
+
+def _exited(rank: int, ts: float) -> RankTrail:
+    return RankTrail(rank=rank, node=0, last_step=4, last_ts=ts, end_status="exited", end_ts=ts)
+
+
+def test_sys_exit_code_from_torchrun_makes_the_rank_the_failure():
+    """rank 1 called sys.exit(3) (rank_end `exited`, no code); torchrun then stopped rank 0 (terminated)."""
+    trails = [RankTrail(rank=0, node=0, last_step=4, last_ts=11.0, end_status="terminated", end_exit_code=143,
+                        end_ts=11.0), _exited(1, 10.0)]
+    log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(1, 3) + _exit_block(0, -15))
+    failure = diagnose(trails, [log], exit_code=1)
+    assert (failure.rank, failure.exit_code, failure.cause, failure.victims) == (1, 3, "exit-code", (0,))
+
+
+def test_a_resumed_run_that_ends_cleanly_ignores_the_crashed_attempts_report():
+    """--resume appends to the node's stderr log: the crashed attempt's report is still in the tail."""
+    log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(1, 3) + _exit_block(0, -15))
+    assert diagnose([_exited(0, 20.0), _exited(1, 20.0)], [log], exit_code=0) is None
+
+
+def test_the_newest_report_in_an_appended_log_wins():
+    reports = parse_stderr(_exit_block(1, 3) + "later attempt\n" + _exit_block(1, 7))
+    assert reports[1].exit_code == 7
+
+
+def test_a_one_process_run_with_stderr_noise_still_gets_its_exit_code():
+    log = NodeLog(0, "nodes/node_0/training.stderr.log", "train.py:3: UserWarning: something odd\n")
+    failure = diagnose([_exited(0, 10.0)], [log], exit_code=3)
+    assert (failure.rank, failure.state, failure.exit_code, failure.cause) == (0, "failed", 3, "exit-code")
+
+
+def test_a_rank_stopped_by_a_signal_after_its_clean_end_is_not_the_culprit():
+    """Rank 0 ended (`exited`) but was still tearing down when rank 1 raised; torchrun's SIGTERM (-15) to it
+    must not make it the first failure."""
+    trails = [_exited(0, 10.0), RankTrail(rank=1, node=0, last_step=5, last_ts=12.0, end_status="failed",
+                                          end_exit_code=1, end_ts=12.0)]
+    log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(1, 1) + _exit_block(0, -15))
+    failure = diagnose(trails, [log], exit_code=1)
+    assert failure.rank == 1

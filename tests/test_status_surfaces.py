@@ -196,7 +196,6 @@ def test_status_table_cuts_long_names_in_the_middle(tmp_path, cli_env, traceml_c
     (["status", "--bogus"], 2, "unrecognized arguments: --bogus"),
     (["status", "--stall-after", "nan"], 2, "--stall-after"),
     (["status", "--stall-after", "-5"], 2, "--stall-after"),
-    (["status", "no-such-root"], 1, "no-such-root is not a folder"),
     (["status", "--index", "."], 1, "is a folder, not an index file"),
     (["daemon", "--bogus"], 2, "unrecognized arguments: --bogus"),
     (["daemon", "logs", "--poll-interval", "inf"], 2, "--poll-interval"),
@@ -211,3 +210,31 @@ def test_status_daemon_and_watch_say_a_bad_command_line_in_one_line(args, code, 
     assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_status_root_that_is_gone_lists_its_missing_runs_and_a_mistyped_one_is_one_line(tmp_path, cli_env,
+                                                                                       traceml_cmd):
+    """A root deleted since it was indexed still lists its runs (kept, marked missing: docs/daemon.md rule 7);
+    a ROOT that never held a run is one line and exit 1, not "no runs"."""
+    import shutil
+
+    (tmp_path / "train.py").write_text("import traceml_tui as traceml\nwith traceml.trace_step():\n    pass\n")
+    run = subprocess.run([*traceml_cmd, "run", "train.py", "--run-name", "kept", "--logs-dir", "old"], cwd=tmp_path,
+                         env=cli_env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    index = tmp_path / "index.sqlite"
+    for _ in range(2):  # index it, then (its folder gone) mark it missing
+        ing = subprocess.run([*traceml_cmd, "daemon", "old", "--once", "--index", str(index)], cwd=tmp_path,
+                             env=cli_env, capture_output=True, text=True, timeout=120)
+        assert ing.returncode == 0, ing.stderr
+        (tmp_path / "old").exists() and shutil.rmtree(tmp_path / "old")
+        (tmp_path / "old").mkdir()
+    shutil.rmtree(tmp_path / "old")
+    gone = subprocess.run([*traceml_cmd, "status", "old", "--json", "--index", str(index)], cwd=tmp_path,
+                          env=cli_env, capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 0, gone.stderr
+    assert [(r["name"], r["status"]) for r in json.loads(gone.stdout)["runs"]] == [("kept", "missing")]
+    typo = subprocess.run([*traceml_cmd, "status", "olb", "--index", str(index)], cwd=tmp_path, env=cli_env,
+                          capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 1 and typo.stderr.strip() == \
+        "traceml status: olb is not a folder, and the index has no runs under it"

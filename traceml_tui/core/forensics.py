@@ -224,7 +224,7 @@ def parse_stderr(text: str, *, single_rank: Optional[int] = None) -> dict[int, R
         if exit_match and current is not None:
             code = int(exit_match.group(1))
             sig = exit_match.group(2) or (_SIGNAL_NUMBERS.get(-code) if code < 0 else None)
-            exits.setdefault(current, (code, sig))
+            exits[current] = (code, sig)  # an appended log (a resumed run) holds older reports: the newest wins
             current = None
     out: dict[int, RankReport] = {}
     for rank in set(per_rank) | set(exits):
@@ -292,9 +292,10 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
             reports.setdefault(rank, (report, log))
     # The exit codes torchrun reported (or the one process's): a rank whose script called sys.exit(3) wrote
     # rank_end `exited` without a code, and only these say it failed (core.state.with_exit_codes).
-    codes = {rank: report.exit_code for rank, (report, _) in reports.items()}
-    if single and exit_code:
-        codes.setdefault(trails[0].rank, exit_code)
+    # Only for a launch that failed: a resumed run's appended stderr still holds the crashed attempt's report.
+    codes = {rank: report.exit_code for rank, (report, _) in reports.items()} if exit_code else {}
+    if single and exit_code and codes.get(trails[0].rank) is None:  # its stderr may hold warnings, no report
+        codes[trails[0].rank] = exit_code
     ranks = with_exit_codes(tuple(RankFacts(rank=t.rank, last_ts=t.last_ts, end_status=t.end_status,
                                             end_exit_code=t.end_exit_code, end_ts=t.end_ts) for t in trails), codes)
     trails = [replace(t, end_exit_code=r.end_exit_code) for t, r in zip(trails, ranks)]

@@ -143,11 +143,13 @@ def with_exit_codes(ranks: Sequence[RankFacts], codes: Mapping[int, Optional[int
     never reaches an exception hook), which alone reads as a clean end; torchrun's report (or the one
     process's exit status) has the code. A non-zero code there makes that end a failure
     (:func:`rank_end_state`), so the rank that really failed first is named, not the peer torchrun then
-    stopped. End records with a code of their own, and codes of 0 or unknown, are left as they are.
+    stopped. Only a code a script's own exit gives (1–127) stands in: a signal's (negative, or 128+N) means
+    the rank was stopped from outside after it had ended, during its teardown, and does not make it the
+    culprit. End records with a code of their own, and codes of 0 or unknown, are left as they are.
     """
     return tuple(
         replace(r, end_exit_code=codes[r.rank])
-        if r.end_status in _CLEAN_ENDS and r.end_exit_code is None and codes.get(r.rank) else r
+        if r.end_status in _CLEAN_ENDS and r.end_exit_code is None and 0 < (codes.get(r.rank) or 0) < 128 else r
         for r in ranks)
 
 
