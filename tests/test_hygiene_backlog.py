@@ -299,6 +299,7 @@ def test_runtime_limit_leaves_unstarted_work_pending(tmp_path, traceml_cmd, cli_
         (["drain", "{run}", "--", "python", "v.py"], "{checkpoint} placeholder"),
         (["drain", "{run}/missing", "--", "x", "{checkpoint}"], "run directory not found"),
         (["drain", "{run}", "--lease", "-1", "--", "x", "{checkpoint}"], "--lease"),
+        (["drain", "{run}", "--lease", "inf", "--", "x", "{checkpoint}"], "--lease"),
         (["status", "{run}/missing"], "run directory not found"),
         (["frobnicate"], "unknown subcommand"),
         ([], "give a subcommand"),

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from traceml_tui.core.cliargs import positive_seconds
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
 
 USAGE = "usage: traceml validate drain RUN_DIR [options] -- CMD ... | traceml validate status RUN_DIR [--json]"
@@ -49,16 +50,6 @@ def _attempts(text: str) -> int:
     return value
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
-
-
 def _drain(argv: list[str]) -> int:
     if "--" in argv:
         split = argv.index("--")
@@ -67,8 +58,8 @@ def _drain(argv: list[str]) -> int:
         opts, command = argv, []
     parser = _Parser(prog="traceml validate drain", add_help=True)
     parser.add_argument("run_dir")
-    parser.add_argument("--max-runtime", type=_positive, default=None, help="seconds this worker may run")
-    parser.add_argument("--lease", type=_positive, default=60.0, help="claim lease in seconds (heartbeat every lease/3)")
+    parser.add_argument("--max-runtime", type=positive_seconds, default=None, help="seconds this worker may run")
+    parser.add_argument("--lease", type=positive_seconds, default=60.0, help="claim lease in seconds (heartbeat every lease/3)")
     parser.add_argument("--max-attempts", type=_attempts, default=DEFAULT_MAX_ATTEMPTS,
                         help="failures after which a request is blocked")
     parser.add_argument("--no-curve", action="store_true", help="do not refresh learning_curve.png after receipts")
