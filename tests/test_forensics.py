@@ -222,6 +222,18 @@ def test_sys_exit_code_from_torchrun_makes_the_rank_the_failure():
     assert (failure.rank, failure.exit_code, failure.cause, failure.victims) == (1, 3, "exit-code", (0,))
 
 
+@pytest.mark.parametrize("code", [-6, -11, 134])
+def test_a_crash_in_the_teardown_after_sys_exit_makes_the_rank_the_failure(code):
+    """rank 1 called sys.exit(3) mid-training and gloo aborted it on the way out (torchrun: exitcode -6,
+    SIGABRT); rank 0 then raised 'Connection closed by peer' 30 ms later. Rank 1 left first: it is the
+    failure, not the peer whose exception came after (seen on a loaded CI machine)."""
+    trails = [RankTrail(rank=0, node=0, last_step=4, last_ts=10.0, end_status="failed", end_exit_code=1,
+                        end_ts=10.03), _exited(1, 10.0)]
+    log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(0, 1) + _exit_block(1, code))
+    failure = diagnose(trails, [log], exit_code=1)
+    assert (failure.rank, failure.state, failure.cause, failure.victims) == (1, "failed", "crash", (0,))
+
+
 def test_a_resumed_run_that_ends_cleanly_ignores_the_crashed_attempts_report():
     """--resume appends to the node's stderr log: the crashed attempt's report is still in the tail."""
     log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(1, 3) + _exit_block(0, -15))

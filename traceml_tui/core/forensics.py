@@ -28,7 +28,15 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Optional, Sequence
 
-from traceml_tui.core.state import RankFacts, RankState, RunFacts, decide_ranks, first_failure, with_exit_codes
+from traceml_tui.core.state import (
+    CRASH_SIGNALS,
+    RankFacts,
+    RankState,
+    RunFacts,
+    decide_ranks,
+    first_failure,
+    with_exit_codes,
+)
 
 #: The cause words, in the order they are tried. ``cuda-oom``: CUDA out of memory; ``comm-timeout``: an
 #: NCCL/gloo collective timed out; ``peer-lost``: a peer's connection closed or reset (NCCL/gloo);
@@ -57,7 +65,7 @@ MAX_LINE = 200
 #: The most stderr a caller needs to hand in per node (bytes from the end of the log).
 TAIL_BYTES = 64 * 1024
 
-_CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE"})
+_CRASH_SIGNALS = frozenset(s.name for s in CRASH_SIGNALS)
 _SIGNAL_NUMBERS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
                    11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
 

@@ -36,6 +36,7 @@ The rules (docs/contracts.md, "state rules"):
 from __future__ import annotations
 
 import enum
+import signal
 import sys
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Optional, Sequence
@@ -143,14 +144,29 @@ def with_exit_codes(ranks: Sequence[RankFacts], codes: Mapping[int, Optional[int
     never reaches an exception hook), which alone reads as a clean end; torchrun's report (or the one
     process's exit status) has the code. A non-zero code there makes that end a failure
     (:func:`rank_end_state`), so the rank that really failed first is named, not the peer torchrun then
-    stopped. Only a code a script's own exit gives (1–127) stands in: a signal's (negative, or 128+N) means
-    the rank was stopped from outside after it had ended, during its teardown, and does not make it the
+    stopped. A code the process gave itself stands in: its script's (1–127) or a crash in its own teardown
+    (:data:`CRASH_SIGNALS`, e.g. gloo aborting a process that left mid-collective). A stop signal (SIGTERM,
+    SIGKILL, SIGINT…) means it was stopped from outside after it had ended and does not make it the
     culprit. End records with a code of their own, and codes of 0 or unknown, are left as they are.
     """
     return tuple(
         replace(r, end_exit_code=codes[r.rank])
-        if r.end_status in _CLEAN_ENDS and r.end_exit_code is None and 0 < (codes.get(r.rank) or 0) < 128 else r
+        if r.end_status in _CLEAN_ENDS and r.end_exit_code is None and _self_inflicted(codes.get(r.rank)) else r
         for r in ranks)
+
+
+#: Signals a process raises on itself when it crashes (torchrun reports them as exit code -N).
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE})
+
+
+def _self_inflicted(code: Optional[int]) -> bool:
+    """Whether an exit code is the process's own doing: a script's code, or death by a crash signal."""
+    if not code:
+        return False
+    if 0 < code < 128:
+        return True
+    number = -code if code < 0 else code - 128  # torchrun says -N; a shell says 128+N
+    return number in {int(s) for s in CRASH_SIGNALS}
 
 
 def final_run_word(status: Optional[str]) -> Optional[RunStatus]:
