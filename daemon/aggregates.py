@@ -531,9 +531,9 @@ def write_manifest_facts(conn: sqlite3.Connection, run_id: int, facts: Optional[
 def write_summary_facts(conn: sqlite3.Connection, run_id: int, facts: Optional[sidefiles.SummaryFacts]) -> None:
     """The final summary's facts into the run's row; NULL without a readable summary."""
     f = facts
-    conn.execute("UPDATE runs SET summary_status = ?, failure_rank = ?, failure_exit_code = ? WHERE run_id = ?",
-                 (f.status, f.failure_rank, f.failure_exit_code, run_id) if f is not None
-                 else (None, None, None, run_id))
+    codes = json.dumps(dict(f.launcher_exit_codes), separators=(",", ":")) if f and f.launcher_exit_codes else None
+    conn.execute("UPDATE runs SET summary_status = ?, launcher_exit_codes = ? WHERE run_id = ?",
+                 (f.status if f is not None else None, codes, run_id))
 
 
 def write_outcome_rollup(conn: sqlite3.Connection, run_id: int) -> None:

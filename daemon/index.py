@@ -134,8 +134,7 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("steps", "data_wait_ms", "REAL"),
     ("steps", "data_in_step_ms", "REAL"),
     ("rank_live", "step_parts", "TEXT"),
-    ("runs", "failure_rank", "INTEGER"),
-    ("runs", "failure_exit_code", "INTEGER"),
+    ("runs", "launcher_exit_codes", "TEXT"),  # replaces failure_rank/failure_exit_code (left unused where present)
 )
 
 
@@ -192,7 +191,7 @@ CREATE TABLE IF NOT EXISTS runs (
   manifest_status TEXT,
   training_status TEXT,
   summary_status TEXT,
-  failure_rank INTEGER, failure_exit_code INTEGER,
+  launcher_exit_codes TEXT,
   nnodes INTEGER, nproc_per_node INTEGER, world_size INTEGER,
   started_at TEXT, ended_at TEXT,
   steps_per_s REAL, examples_per_s REAL,

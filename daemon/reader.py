@@ -248,7 +248,7 @@ _RUN_COLS = ("run_id", "name", "dir", "root", "missing", "ranks_total", "ranks_e
              "last_ts", "last_seen", "steps_per_s", "examples_per_s", "slowest_rank", "straggler_score", "records",
              "errors", "manifest_status", "training_status", "summary_status", "outcomes_total", "outcomes_failed",
              "nnodes", "nproc_per_node", "world_size", "started_at", "ended_at", "updated_version",
-             "median_interval_s", "outcome_nodes", "failure_rank", "failure_exit_code")
+             "median_interval_s", "outcome_nodes", "launcher_exit_codes")
 _RANK_COLS = ("rank", "attempt", "records", "first_step", "last_step", "last_ts", "last_seen", "median_step_ms",
               "median_input_wait_ms", "median_interval_s", "steps_per_s", "examples_per_s", "loss", "ratios", "ended",
               "exit_code", "end_ts", "node", "step_parts")
@@ -272,6 +272,17 @@ def _nodes_of(text: Optional[str]) -> frozenset[int]:
     if not text:
         return frozenset()
     return frozenset(int(p) for p in str(text).split(",") if p.strip().lstrip("-").isdigit())
+
+
+def _exit_codes_of(text: str) -> dict[int, int]:
+    """``runs.launcher_exit_codes`` (JSON rank -> code, written by the index from the summary) as a mapping."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {int(k): v for k, v in data.items() if k.lstrip("-").isdigit() and type(v) is int}
 
 
 def _count(n: float) -> str:
@@ -404,8 +415,8 @@ class Reader:
                       end_ts=r["end_ts"], node_outcome_written=r["node"] is not None and r["node"] in outcome_nodes,
                       last_seen=r["last_seen"])
             for r in latest)
-        if d["failure_rank"] is not None:  # the summary's culprit, with the exit code its end record lacked
-            ranks = with_exit_codes(ranks, {d["failure_rank"]: d["failure_exit_code"]})
+        if d["launcher_exit_codes"]:  # the summary's codes for ranks whose end records lacked one
+            ranks = with_exit_codes(ranks, _exit_codes_of(d["launcher_exit_codes"]))
         verdict = decide_run(RunFacts(
             ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],
             manifest_status=d["manifest_status"], summary_status=d["summary_status"],

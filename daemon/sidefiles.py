@@ -57,12 +57,11 @@ class OutcomeFacts:
 
 @dataclass(frozen=True)
 class SummaryFacts:
-    """The final summary's run status (``run_context.run.status``) and the rank its ``failure`` section names
-    with that rank's exit code (which the rank's own end record may lack: core.state.with_exit_codes)."""
+    """The final summary's run status (``run_context.run.status``) and the exit codes its ``failure`` section
+    says the launcher reported for ranks whose own end records lack one (core.state.with_exit_codes)."""
 
     status: Optional[str]
-    failure_rank: Optional[int] = None
-    failure_exit_code: Optional[int] = None
+    launcher_exit_codes: tuple[tuple[int, int], ...] = ()  # (rank, code), by rank
 
 
 Facts = Union[ManifestFacts, OutcomeFacts, SummaryFacts, None]
@@ -116,7 +115,8 @@ def summary_facts(summary: Optional[artifacts.Summary]) -> Optional[SummaryFacts
     if summary is None:
         return None
     failure = summary.failure
-    return SummaryFacts(summary.run_status, failure.rank if failure else None, failure.exit_code if failure else None)
+    codes = failure.launcher_exit_codes() if failure is not None else {}
+    return SummaryFacts(summary.run_status, tuple(sorted(codes.items())))
 
 
 def decode_facts(kind: str, data: Union[bytes, str], key: Optional[str] = None) -> Facts:

@@ -14,6 +14,7 @@ through ``torch.distributed.run``, or one process) with the scripts in
 ``rank_sigkilled``    2-rank DDP; rank 1 SIGKILLs itself after step 4 (rank 0 fails in step 5's all-reduce)
 ``rank_exits``        2-rank DDP; rank 1 calls ``sys.exit(3)`` after step 4 (its ``rank_end`` says ``exited``
                       without a code; torchrun's report has exit code 3; rank 0 is stopped after it)
+``all_exit``          2-rank DDP; every rank calls ``sys.exit(3)`` after step 4 (a check that fails everywhere)
 ``single_exits``      one process; it calls ``sys.exit(3)`` after step 4
 ``interrupted``       one process, slow steps; the launcher gets SIGINT once rank 0 wrote 5 steps
 ``hung``              2-rank DDP, slow steps; rank 1 SIGSTOPs itself after step 5, rank 0 blocks
@@ -62,6 +63,7 @@ CASES: tuple[str, ...] = (
     "rank_raises",
     "rank_sigkilled",
     "rank_exits",
+    "all_exit",
     "single_exits",
     "interrupted",
     "hung",
@@ -316,6 +318,13 @@ def _rank_exits(ctx: _Ctx) -> RealRun:
     return run
 
 
+def _all_exit(ctx: _Ctx) -> RealRun:
+    run = _finished_launch(ctx, "--steps", 8, "--exit-after", 4, "--bad-rank", "all",
+                           PET_MONITOR_INTERVAL=FAILURE_MONITOR_INTERVAL_S)
+    _expect(run.returncode != 0, ctx, "the launcher exited 0 although every rank exited with code 3")
+    return run
+
+
 def _single_exits(ctx: _Ctx) -> RealRun:
     run = _finished_launch(ctx, "--steps", 8, "--exit-after", 4, "--bad-rank", 0, nproc=1)
     _expect(run.returncode == 3, ctx, f"launcher exit code {run.returncode}, expected the script's 3")
@@ -546,6 +555,7 @@ BUILDERS: dict[str, Callable[[_Ctx], RealRun]] = {
     "rank_raises": _rank_raises,
     "rank_sigkilled": _rank_sigkilled,
     "rank_exits": _rank_exits,
+    "all_exit": _all_exit,
     "single_exits": _single_exits,
     "interrupted": _interrupted,
     "hung": _hung,

@@ -239,3 +239,13 @@ def test_a_sigkilled_launcher_leaves_a_lost_run_with_terminated_ranks(tmp_path, 
             source.close()
 
     assert "Failure: the launcher — launcher-lost (the launcher died before finalizing the run)" in asyncio.run(screen())
+
+
+@pytest.mark.realruns("all_exit")
+def test_every_rank_whose_code_decided_its_state_is_in_the_summary(real_runs) -> None:
+    """Every rank called sys.exit(3): the summary names the first as the failure, the other as aborted after it,
+    and carries both codes so the index (which reads them from the summary) gives both ranks the same words."""
+    failure = _summary(real_runs["all_exit"])["failure"]
+    assert set(failure["exit_codes"]) == {"0", "1"}, failure
+    assert all(code in (3, -6) for code in failure["exit_codes"].values()), failure  # -6: gloo's abort on the way out
+    assert failure["state"] == "failed" and failure["victims"] == [1 - failure["rank"]]

@@ -47,6 +47,9 @@ EXPECTED: dict[str, tuple[str, dict[int, set[str]]]] = {
     "rank_sigkilled": ("failed", {0: {"aborted"}, 1: {"lost"}}),  # rank 1: no end record, then rank 0 failed
     # sys.exit(3): the rank's own end record says `exited`; the summary's failure section carries torchrun's code
     "rank_exits": ("failed", {0: {"aborted"}, 1: {"failed"}}),
+    # every rank called sys.exit(3): the first to end is failed, the other aborted after it (which is first is
+    # the records' times' call); the index must read both codes from the summary, not only the culprit's
+    "all_exit": ("failed", {0: {"failed", "aborted"}, 1: {"failed", "aborted"}}),
     "single_exits": ("failed", {0: {"failed"}}),
     "interrupted": ("interrupted", {0: {"interrupted"}}),
     "hung": ("stalled", {0: {"stalled"}, 1: {"stalled"}}),
@@ -107,6 +110,11 @@ def test_every_surface_says_the_same_word(case, real_runs, tmp_path, cli_env):
     assert set(rank_states) == set(want_ranks)
     for rank, allowed in want_ranks.items():
         assert rank_states[rank] in allowed, (rank, rank_states)
+    failure = json.loads((run.run_dir / "final_summary.json").read_text())["failure"] \
+        if (run.run_dir / "final_summary.json").is_file() else None
+    if failure is not None:  # the index's words are the summary's: its first failure, and its victims aborted
+        assert rank_states[failure["rank"]] == failure["state"], (failure, rank_states)
+        assert sorted(r for r, s in rank_states.items() if s == "aborted") == failure["victims"], rank_states
 
     status = _cli(["status", "--json", "--index", str(index), "--stall-after", str(STALL_AFTER)], cli_env)
     assert status.returncode == 0, status.stderr

@@ -11,7 +11,7 @@ rank misbehave the way real jobs do (each counts completed steps from 1):
     --sigkill-after K   the --bad-rank SIGKILLs itself after step K
     --sigstop-after K   the --bad-rank SIGSTOPs itself after step K (a hung rank)
     --exit-after K      the --bad-rank calls sys.exit(3) after step K (no exception: only its exit code says so)
-    --bad-rank R        which rank misbehaves (default 1)
+    --bad-rank R        which rank misbehaves (default 1; `all`: every rank)
     --pid-dir DIR       write rank_<r>.pid there at start (so a harness can find and reap the ranks)
 """
 
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--sigkill-after", type=int)
     parser.add_argument("--sigstop-after", type=int)
     parser.add_argument("--exit-after", type=int)
-    parser.add_argument("--bad-rank", type=int, default=1)
+    parser.add_argument("--bad-rank", default="1")
     parser.add_argument("--pid-dir")
     args = parser.parse_args()
 
@@ -57,7 +57,7 @@ def main() -> None:
     if args.pid_dir:
         Path(args.pid_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.pid_dir) / f"rank_{rank}.pid").write_text(str(os.getpid()))
-    bad = rank == args.bad_rank
+    bad = args.bad_rank == "all" or rank == int(args.bad_rank)
     torch.manual_seed(1234 + rank)
 
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))

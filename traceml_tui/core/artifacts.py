@@ -256,6 +256,15 @@ class FailureSection(msgspec.Struct):
     exception: Optional[str] = None
     victims: list[int] = msgspec.field(default_factory=list)  # ranks aborted after it
     log: Optional[str] = None
+    # rank -> the exit code its launcher reported, for every rank whose state that code decided (its end
+    # record had none: core.state.with_exit_codes); readers apply the same codes to get the same rank words
+    exit_codes: dict[str, int] = msgspec.field(default_factory=dict)  # JSON keys: the rank as text
+
+    def launcher_exit_codes(self) -> dict[int, int]:
+        """:attr:`exit_codes` by rank; for a summary written before that field, the first failure's own code."""
+        if self.exit_codes:
+            return {int(k): v for k, v in self.exit_codes.items() if k.lstrip("-").isdigit()}
+        return {self.rank: self.exit_code} if self.rank is not None and self.exit_code is not None else {}
 
 
 class _FailureOnly(msgspec.Struct):

@@ -142,13 +142,16 @@ class Failure:
     victims: tuple[int, ...] = ()  # ranks that ended in failure after it (aborted after r<rank>)
     log: Optional[str] = None  # relative path of the stderr log that holds its lines
     detail: tuple[str, ...] = field(default=())  # the rank's other exception lines (scrubbed), oldest first
+    # (rank, code) of every rank whose state its launcher's exit code decided (core.state.with_exit_codes)
+    exit_codes: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict:
         """The JSON section (plain values)."""
         return {"rank": self.rank, "node": self.node, "step": self.step, "last_step": self.last_step,
                 "state": self.state, "cause": self.cause, "cause_text": CAUSE_TEXT.get(self.cause, ""),
                 "exit_code": self.exit_code, "signal": self.signal, "exception": self.exception,
-                "victims": list(self.victims), "log": self.log}
+                "victims": list(self.victims), "log": self.log,
+                "exit_codes": {str(rank): code for rank, code in self.exit_codes}}
 
 
 def scrub(line: str, hosts: Iterable[str] = (), limit: int = MAX_LINE) -> str:
@@ -306,6 +309,7 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
         codes[trails[0].rank] = exit_code
     ranks = with_exit_codes(tuple(RankFacts(rank=t.rank, last_ts=t.last_ts, end_status=t.end_status,
                                             end_exit_code=t.end_exit_code, end_ts=t.end_ts) for t in trails), codes)
+    stood_in = tuple((t.rank, r.end_exit_code) for t, r in zip(trails, ranks) if t.end_exit_code != r.end_exit_code)
     trails = [replace(t, end_exit_code=r.end_exit_code) for t, r in zip(trails, ranks)]
     facts = RunFacts(ranks=ranks, now=0.0, manifest_status="failed")
     states = decide_ranks(facts)
@@ -328,7 +332,8 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
     report, log = reports.get(trail.rank, (RankReport(), by_node.get(trail.node) if trail.node is not None else None))
     if log is None and len(logs) == 1:
         log = logs[0]
-    return _failure(trail.rank, trail, states[first], report, log, victims, hosts, exit_code, launcher_lost)
+    failure = _failure(trail.rank, trail, states[first], report, log, victims, hosts, exit_code, launcher_lost)
+    return replace(failure, exit_codes=stood_in)
 
 
 def _failure(rank: Optional[int], trail: Optional[RankTrail], state: Optional[RankState], report: RankReport,
