@@ -48,9 +48,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help"):
+    if not args:  # a usage error: the command list on stderr, so `traceml > file` does not hide it
+        print(_help(), file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help"):
         print(_help())
-        return 0 if args else 2
+        return 0
     if args[0] == "--version":
         from traceml_tui import __version__
 
@@ -59,8 +62,10 @@ def _dispatch(args: list[str]) -> int:
     name, rest = args[0], args[1:]
     entry = COMMANDS.get(name)
     if entry is None:
-        print(f"traceml: unknown command {name!r} (try `traceml --help`)", file=sys.stderr)
-        return 2
+        from traceml_tui.core.cliargs import EXIT_USAGE, usage_line
+
+        print(usage_line("traceml", f"unknown command {name!r}"), file=sys.stderr)
+        return EXIT_USAGE
     module = importlib.import_module(entry[0])
     return int(module.main(rest) or 0)
 

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from traceml_tui.compare import policy
 from traceml_tui.compare.load import SummaryError, read_summary
+from traceml_tui.core.cliargs import EXIT_USAGE, RaisingParser, UsageError, usage_line
 from traceml_tui.pipes import write_stdout
 
 PROG = "traceml compare"
@@ -34,17 +35,8 @@ _GENERIC_STEMS = {"final_summary", "summary", "run", "output"}
 MAX_LABEL_CHARS = 64
 
 
-class UsageError(Exception):
-    """Invalid command line (exit 2)."""
-
-
 class InputError(Exception):
     """Bad input or unwritable output (exit 1)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message)
 
 
 def _threshold(text: str) -> float:
@@ -63,7 +55,7 @@ def _path(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = RaisingParser(
         prog=PROG,
         description="Compare a reference final_summary.json with a candidate (reference first) "
         "and, with a threshold, give the CI result of seed 000.",
@@ -298,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             return int(exc.code or 0)
         return run_calibrate(args) if args.calibrate else run_compare(args)
     except UsageError as exc:
-        print(f"{PROG}: usage error: {exc} (see `{PROG} --help`)", file=sys.stderr)
-        return policy.EXIT_USAGE
+        print(usage_line(PROG, str(exc)), file=sys.stderr)
+        return EXIT_USAGE
     except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return policy.EXIT_BAD_INPUT

@@ -19,8 +19,7 @@ INCONCLUSIVE = "INCONCLUSIVE"
 
 #: Process exit code for each CI result (seed 000, "Compare the results").
 EXIT_CODES: dict[str, int] = {WITHIN: 0, FASTER: 0, SLOWER: 4, INCONCLUSIVE: 3}
-EXIT_BAD_INPUT = 1
-EXIT_USAGE = 2
+EXIT_BAD_INPUT = 1  # a usage error is core.cliargs.EXIT_USAGE (2), as for every command
 
 #: Stable reason codes for an INCONCLUSIVE result, in the order they are checked.
 REASON_CODES: tuple[str, ...] = (

@@ -7,22 +7,13 @@ in ``card``). Exit 1 with one line on stderr for a bad file, 2 for usage.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from traceml_tui.compare.load import SummaryError, read_summary
+from traceml_tui.core.cliargs import RaisingParser, UsageError, usage_line
 from traceml_tui.pipes import write_stdout
 
 PROG = "traceml view"
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise _UsageError(message)
 
 
 def stored_text(summary: dict) -> str | None:
@@ -36,14 +27,14 @@ def stored_text(summary: dict) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``traceml view``; returns the process exit code."""
-    parser = _Parser(prog=PROG, description="Print the text card stored in a final_summary.json.")
+    parser = RaisingParser(prog=PROG, description="Print the text card stored in a final_summary.json.")
     parser.add_argument("summary", metavar="SUMMARY", help="path to final_summary.json")
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
-    except _UsageError as exc:
-        print(f"{PROG}: usage error: {exc} (see `{PROG} --help`)", file=sys.stderr)
+    except UsageError as exc:
+        print(usage_line(PROG, str(exc)), file=sys.stderr)
         return 2
     try:
         summary = read_summary(args.summary, require_shape=False)

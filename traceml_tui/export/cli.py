@@ -15,18 +15,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from traceml_tui.core.cliargs import OneLineParser
+
 EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL: try again later
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
-        print(f"traceml export: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="traceml export", description="Publish run directories to a tracking dashboard (a derived index).")
-    sub = p.add_subparsers(dest="target", required=True, parser_class=_Parser)
+    p = OneLineParser(prog="traceml export", description="Publish run directories to a tracking dashboard (a derived index).")
+    sub = p.add_subparsers(dest="target", required=True, parser_class=OneLineParser)
     t = sub.add_parser("trackio", help="publish to Trackio")
     t.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     t.add_argument("--project", help="<lane>-<manager>, lowercase and stable (e.g. vanguard-hal)")

@@ -18,25 +18,22 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
-from traceml_tui.core.cliargs import positive_seconds
+from traceml_tui.core.cliargs import EXIT_USAGE, RaisingParser, UsageError, positive_seconds, usage_line
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
 
 USAGE = "usage: traceml validate drain RUN_DIR [options] -- CMD ... | traceml validate status RUN_DIR [--json]"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
-        raise _UsageError(message)
-
-
-class _UsageError(Exception):
-    pass
-
-
 def _fail(message: str, code: int = 2) -> int:
     print(f"traceml validate: {message}", file=sys.stderr)
     return code
+
+
+def _usage(message: str, prog: Optional[str] = None) -> int:
+    print(usage_line(prog or "traceml validate", message), file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _attempts(text: str) -> int:
@@ -56,7 +53,7 @@ def _drain(argv: list[str]) -> int:
         opts, command = argv[:split], argv[split + 1:]
     else:
         opts, command = argv, []
-    parser = _Parser(prog="traceml validate drain", add_help=True)
+    parser = RaisingParser(prog="traceml validate drain", add_help=True)
     parser.add_argument("run_dir")
     parser.add_argument("--max-runtime", type=positive_seconds, default=None, help="seconds this worker may run")
     parser.add_argument("--lease", type=positive_seconds, default=60.0, help="claim lease in seconds (heartbeat every lease/3)")
@@ -69,9 +66,9 @@ def _drain(argv: list[str]) -> int:
                         help="run requests bound to another validation config; each receipt records the override")
     args = parser.parse_args(opts)
     if not command:
-        return _fail("drain needs a worker command after `--` (with a {checkpoint} placeholder)")
+        return _usage("drain needs a worker command after `--` (with a {checkpoint} placeholder)", "traceml validate drain")
     if not any("{checkpoint}" in arg for arg in command):
-        return _fail("the worker command must contain a {checkpoint} placeholder")
+        return _usage("the worker command must contain a {checkpoint} placeholder", "traceml validate drain")
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         return _fail(f"run directory not found: {run_dir}")
@@ -129,7 +126,7 @@ def _render(run_dir: Path) -> None:
 
 
 def _status(argv: list[str]) -> int:
-    parser = _Parser(prog="traceml validate status")
+    parser = RaisingParser(prog="traceml validate status")
     parser.add_argument("run_dir")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--max-attempts", type=_attempts, default=None,
@@ -179,7 +176,7 @@ def format_status(status: dict) -> str:
 def main(argv: list[str]) -> int:
     """Entry point of `traceml validate`."""
     if not argv:  # a usage error: on stderr, like every other one
-        return _fail(f"give a subcommand — {USAGE}")
+        return _usage(f"give a subcommand — {USAGE}")
     if argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -189,6 +186,6 @@ def main(argv: list[str]) -> int:
             return _drain(rest)
         if sub == "status":
             return _status(rest)
-    except _UsageError as exc:
-        return _fail(str(exc))
-    return _fail(f"unknown subcommand {sub!r} (drain or status)")
+    except UsageError as exc:
+        return _usage(str(exc), exc.prog)
+    return _usage(f"unknown subcommand {sub!r} (drain or status)")

@@ -12,24 +12,18 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional
 
+from traceml_tui.core.cliargs import EXIT_USAGE, OneLineParser
 from traceml_tui.core.rundir import validate_run_name
 from traceml_tui.run.options import LaunchError, LaunchOptions
 
-EXIT_USAGE = 2
 EXIT_REFUSED = 1
 
 __all__ = ["EXIT_REFUSED", "EXIT_USAGE", "LaunchError", "LaunchOptions", "build_parser", "main", "parse_options",
            "split_script_args"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (usage error)
-        print(f"traceml run: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="traceml run",
         description="Launch a training script under traceml (one process, DDP or multi-node).",
         epilog="Everything after --args is passed to the script unchanged.",
