@@ -38,7 +38,8 @@ def test_missing_hygiene_item_refuses_launch(tmp_path: Path, monkeypatch: pytest
     rc = run_cli.main(["train.py", "--run-name", "h"])
     err = capsys.readouterr().err.strip()
     assert rc != 0
-    assert len(err.splitlines()) == 1 and f"hygiene.{item}" in err
+    # said like a guard block's error: the file read, the field, the rule
+    assert err == f"traceml run: {(tmp_path / 'traceml.yaml').resolve()}: hygiene.{item}: required", err
     assert not (tmp_path / "SCRIPT_RAN").exists()
     assert not (tmp_path / "logs").exists()
 

@@ -157,9 +157,8 @@ def main(argv: list[str]) -> int:
 
             try:
                 hygiene = parse_hygiene(config.hygiene)
-            except HygieneConfigError as exc:
-                where = f"{config.path.name}: " if config.path is not None else ""
-                raise LaunchError(f"{where}{exc}") from None
+            except HygieneConfigError as exc:  # said like every other traceml.yaml error: file, field, rule
+                raise ConfigError(config.path, exc.path, exc.problem) from None
     except (ConfigError, LaunchError) as exc:
         print(f"traceml run: {exc}", file=sys.stderr)
         return EXIT_REFUSED
