@@ -35,6 +35,7 @@ from traceml_tui.core.state import (
     claim_is_stale,
     decide_backlog,
     decide_run,
+    summary_is_current,
     with_exit_codes,
 )
 
@@ -415,7 +416,7 @@ class Reader:
                       end_ts=r["end_ts"], node_outcome_written=r["node"] is not None and r["node"] in outcome_nodes,
                       last_seen=r["last_seen"])
             for r in latest)
-        if d["launcher_exit_codes"]:  # the summary's codes for ranks whose end records lacked one
+        if d["launcher_exit_codes"] and summary_is_current(d["manifest_status"]):  # codes end records lacked
             ranks = with_exit_codes(ranks, _exit_codes_of(d["launcher_exit_codes"]))
         verdict = decide_run(RunFacts(
             ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],
@@ -509,7 +510,10 @@ class Reader:
         return rows[0][0].encode("utf-8") if rows else None
 
     def failure(self, run_id: int) -> Optional[artifacts.FailureSection]:
-        """The ``failure`` section of the run's final summary as ingested (who, where, why), or None."""
+        """The ``failure`` section of the run's final summary as ingested (who, where, why), or None (also
+        while a resumed attempt runs: that summary is the previous attempt's, core.state.summary_is_current)."""
+        if not summary_is_current(self._run_value(run_id, "manifest_status")):
+            return None
         content = self.summary_bytes(run_id)
         return artifacts.decode_failure(content) if content is not None else None
 
@@ -562,7 +566,13 @@ class Reader:
                          self.series_metrics(run_id))
 
     def _summary_status(self, run_id: int) -> Optional[str]:
-        rows = self._rows("SELECT summary_status FROM runs WHERE run_id = ?", (run_id,))
+        if not summary_is_current(self._run_value(run_id, "manifest_status")):
+            return None
+        return self._run_value(run_id, "summary_status")
+
+    def _run_value(self, run_id: int, column: str) -> Any:
+        """One column of the run's ``runs`` row (None when the run is not indexed)."""
+        rows = self._rows(f"SELECT {column} FROM runs WHERE run_id = ?", (run_id,))
         return rows[0][0] if rows else None
 
     # ------------------------------------------------------------------ series

@@ -59,6 +59,58 @@ def test_unguarded_resume_is_a_new_attempt_continuing_the_history(tmp_path: Path
     assert summary["step_time"]["global"]["window"]["steps_analyzed"] == 7
 
 
+RESUMABLE = """import sys, time
+from pathlib import Path
+import traceml_tui as traceml
+for _ in range(2):
+    with traceml.trace_step():
+        traceml.log(loss=1.0)
+if sys.argv[1] == "fail":
+    raise RuntimeError("first attempt fails")
+Path("resumed.waiting").write_text("1")
+while not Path("resumed.go").exists():  # the test looks at the run while this attempt is alive
+    time.sleep(0.05)
+"""
+
+
+def _status_json(tmp_path: Path) -> dict:
+    index = tmp_path / "index.sqlite"
+    ingest = subprocess.run([*TRACEML, "daemon", "logs", "--once", "--index", str(index)], cwd=tmp_path,
+                            env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert ingest.returncode == 0, ingest.stderr
+    status = subprocess.run([*TRACEML, "status", "--json", "--index", str(index)], cwd=tmp_path,
+                            env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    (run,) = json.loads(status.stdout)["runs"]
+    return run
+
+
+def test_a_resumed_run_reads_running_until_its_new_attempt_ends(tmp_path: Path) -> None:
+    """While --resume's attempt runs, the failed attempt's final_summary.json is still on disk: it must not make
+    the run `failed`, its rank `lost` or show the old failure (the manifest says `running`: core.state)."""
+    (tmp_path / "train.py").write_text(RESUMABLE)
+    assert _run(["train.py", "--run-name", "r", "--args", "fail"], tmp_path).returncode != 0
+    failed = _status_json(tmp_path)
+    assert failed["status"] == "failed" and failed["failure"]["rank"] == 0
+    proc = subprocess.Popen([*TRACEML, "run", "train.py", "--run-name", "r", "--resume", "--args", "ok"],
+                            cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "resumed.waiting").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the resumed attempt never got going"
+            time.sleep(0.05)
+        assert (tmp_path / "logs/r/final_summary.json").exists()  # the previous attempt's, until the new one
+        live = _status_json(tmp_path)
+        assert (live["status"], live["rank_states"], live.get("failure")) == ("running", {"0": "running"}, None)
+        (tmp_path / "resumed.go").write_text("1")
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+    done = _status_json(tmp_path)
+    assert (done["status"], done["rank_states"], done.get("failure")) == ("completed", {"0": "completed"}, None)
+
+
 def test_resume_refused_for_a_guarded_run_and_for_another_topology(tmp_path: Path) -> None:
     guarded = tmp_path / "guarded"
     guarded.mkdir()

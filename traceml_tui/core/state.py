@@ -174,6 +174,21 @@ def final_run_word(status: Optional[str]) -> Optional[RunStatus]:
     return _FINAL_WORDS.get(status) if isinstance(status, str) else None
 
 
+def summary_is_current(manifest_status: Optional[str]) -> bool:
+    """Whether the run's ``final_summary.json`` speaks for it now (its word, failure section and exit codes).
+
+    Not while the manifest says ``running``: a launcher is at work on the run again (``--resume``), and the
+    summary is the previous attempt's — the launcher writes the manifest's final word before a new summary.
+    """
+    return manifest_status != "running"
+
+
+def _final_word(facts: RunFacts) -> Optional[RunStatus]:
+    """The launcher's final word on a run: the manifest's, else a current summary's; None while it runs."""
+    summary = final_run_word(facts.summary_status) if summary_is_current(facts.manifest_status) else None
+    return final_run_word(facts.manifest_status) or summary
+
+
 @dataclass(frozen=True)
 class RankFacts:
     """What is known about one rank's newest attempt (from its records and the files around it)."""
@@ -220,7 +235,7 @@ class RunVerdict:
 def decide_ranks(facts: RunFacts) -> tuple[RankState, ...]:
     """The state of every rank of a run (pure; see the module docstring for the rules)."""
     limit = stall_limit_s(facts.median_interval_s, facts.stall_floor_s)
-    final = (final_run_word(facts.manifest_status) or final_run_word(facts.summary_status)) is not None
+    final = _final_word(facts) is not None
     stamps = [r.last_ts for r in facts.ranks if r.last_ts is not None]
     newest = max(stamps) if stamps else None
     ingest_idle = facts.last_ingest is None or facts.now - facts.last_ingest > limit
@@ -301,7 +316,7 @@ def launcher_lost(facts: RunFacts) -> bool:
     one of them terminated, with no final word for the stall limit after the
     last end (and nothing new ingested meanwhile) has lost its launcher.
     """
-    if final_run_word(facts.manifest_status) or final_run_word(facts.summary_status) or not facts.ranks:
+    if _final_word(facts) or not facts.ranks:
         return False
     if any(r.end_status is None for r in facts.ranks) or not any(r.end_status == "terminated" for r in facts.ranks):
         return False
@@ -325,7 +340,7 @@ def decide_run(facts: RunFacts) -> RunVerdict:
     ranks = decide_ranks(facts)
     if facts.missing:
         return RunVerdict(RunStatus.MISSING, ranks)
-    word = final_run_word(facts.manifest_status) or final_run_word(facts.summary_status)
+    word = _final_word(facts)
     guard_bad = (facts.guard_training_status not in (None, "completed")) or facts.outcome_failed > 0
     if word is not None:
         if word is RunStatus.COMPLETED and (guard_bad or RankState.FAILED in ranks or RankState.ABORTED in ranks):
