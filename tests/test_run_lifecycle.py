@@ -204,10 +204,12 @@ def test_a_signal_mid_run_gives_an_interrupted_run_with_a_summary(tmp_path: Path
     proc = subprocess.Popen([*TRACEML, "run", "slow.py", "--run-name", "stop", "--nproc-per-node", str(nproc)],
                             cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
-    steps = tmp_path / "logs/stop/ranks/rank_0/steps-0.jsonl"
+    files = [tmp_path / f"logs/stop/ranks/rank_{r}/steps-0.jsonl" for r in range(nproc)]
     seen = 0
     for _ in range(600):
-        seen = steps.read_bytes().count(b"\n") - 1 if steps.exists() else 0  # minus the header line
+        # the summary's window is the steps every rank recorded: wait for the slowest rank (a loaded machine
+        # starts rank 1 later), minus the header line
+        seen = min(f.read_bytes().count(b"\n") - 1 if f.exists() else 0 for f in files)
         if seen >= 5:
             break
         time.sleep(0.05)
