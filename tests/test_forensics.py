@@ -234,6 +234,19 @@ def test_a_crash_in_the_teardown_after_sys_exit_makes_the_rank_the_failure(code)
     assert (failure.rank, failure.state, failure.cause, failure.victims) == (1, "failed", "crash", (0,))
 
 
+def test_a_stop_signal_after_the_ranks_own_failed_end_is_not_how_it_ended():
+    """rank 1 raised (rank_end failed, code 1) and was still tearing down when torchrun, having seen rank 0's
+    exit first, SIGTERMed it (report: -15; seen on a loaded CI machine): its own end says how it ended."""
+    trails = [RankTrail(rank=0, node=0, last_step=4, last_ts=10.0, end_status="failed", end_exit_code=1,
+                        end_ts=10.05),
+              RankTrail(rank=1, node=0, last_step=4, last_ts=10.0, end_status="failed", end_exit_code=1,
+                        end_ts=10.01)]
+    text = "[rank1]: Traceback (most recent call last):\n[rank1]: RuntimeError: CUDA out of memory (simulated)\n"
+    log = NodeLog(0, "nodes/node_0/training.stderr.log", text + _exit_block(0, 1) + _exit_block(1, -15))
+    failure = diagnose(trails, [log], exit_code=1)
+    assert (failure.rank, failure.cause, failure.exit_code, failure.signal) == (1, "cuda-oom", 1, None)
+
+
 def test_a_resumed_run_that_ends_cleanly_ignores_the_crashed_attempts_report():
     """--resume appends to the node's stderr log: the crashed attempt's report is still in the tail."""
     log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(1, 3) + _exit_block(0, -15))

@@ -35,6 +35,7 @@ from traceml_tui.core.state import (
     RunFacts,
     decide_ranks,
     first_failure,
+    self_inflicted_exit,
     with_exit_codes,
 )
 
@@ -339,6 +340,10 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
 def _failure(rank: Optional[int], trail: Optional[RankTrail], state: Optional[RankState], report: RankReport,
              log: Optional[NodeLog], victims: tuple[int, ...], hosts: tuple[str, ...], exit_code: Optional[int],
              launcher_lost: bool) -> Failure:
+    if trail is not None and trail.end_status is not None and not self_inflicted_exit(report.exit_code):
+        # The rank ended on its own (its end record says how); a stop signal torchrun then sent it while it was
+        # still tearing down (a loaded machine: its peer's exit was noticed first) is not how it ended.
+        report = replace(report, exit_code=None, signal=None if report.exit_code is not None else report.signal)
     code = report.exit_code
     if code is None and trail is not None:
         code = trail.end_exit_code

@@ -151,7 +151,7 @@ def with_exit_codes(ranks: Sequence[RankFacts], codes: Mapping[int, Optional[int
     """
     return tuple(
         replace(r, end_exit_code=codes[r.rank])
-        if r.end_status in _CLEAN_ENDS and r.end_exit_code is None and _self_inflicted(codes.get(r.rank)) else r
+        if r.end_status in _CLEAN_ENDS and r.end_exit_code is None and self_inflicted_exit(codes.get(r.rank)) else r
         for r in ranks)
 
 
@@ -159,8 +159,9 @@ def with_exit_codes(ranks: Sequence[RankFacts], codes: Mapping[int, Optional[int
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE})
 
 
-def _self_inflicted(code: Optional[int]) -> bool:
-    """Whether an exit code is the process's own doing: a script's code, or death by a crash signal."""
+def self_inflicted_exit(code: Optional[int]) -> bool:
+    """Whether an exit code is the process's own doing: a script's code, or death by a crash signal (not a stop
+    signal such as torchrun's SIGTERM, which says who stopped it, not why it ended)."""
     if not code:
         return False
     if 0 < code < 128:
