@@ -560,6 +560,44 @@ async def test_scrolled_right_a_table_never_shows_part_of_a_column(tmp_path):
         source.close()
 
 
+@aio
+async def test_compare_at_80_columns_shows_change_and_every_number_whole(tmp_path):
+    """Two real runs compared at 80×24: the Change column (the verdict's) is in view without scrolling, every
+    number is whole, and what gave up room is text cut in the middle (a run name, a declaration, a label)."""
+    import fixture_runs as fr
+
+    from traceml_tui.tui.widgets.compare_table import CompareTable
+
+    def is_number(text: str) -> bool:  # 4.34, +42.9%, 305.11 MiB
+        try:
+            float(text.split()[0].rstrip("%kMG"))
+        except (IndexError, ValueError):
+            return False
+        return True
+
+    root, index = fr.build_real_index(tmp_path)
+    source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    pair = (str(root / fr.name_of("completed")), str(root / fr.name_of("rank_sigkilled")))
+    app = create_app(source, poll_interval=0.02, compare=pair, threshold_pct=5.0)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await d.settle(pilot)
+            table = pilot.app.screen.query_one(CompareTable)
+            assert visible_columns(table) == ["Field", "Reference", "Candidate", "Change"]
+            assert table.max_scroll_x == 0 and "Change" in table.render_line(0).text.split()
+            rows = pilot.app.screen.snapshot.rows
+            assert any(r[3] for r in rows)  # some rows carry a change
+            for i, row in enumerate(rows):
+                shown = cells(table, i)
+                assert shown[3] == row[3]
+                for full, cut in zip(row, shown):
+                    assert cut == full or (not is_number(full) and "…" in cut), (full, cut)
+            assert any(cut != full for i, row in enumerate(rows) for full, cut in zip(row, cells(table, i)))
+            assert clipped_words(table) == []
+    finally:
+        source.close()
+
+
 def test_middle_cut_keeps_both_ends():
     from traceml_tui.core.rundir import middle_cut
 
