@@ -509,6 +509,95 @@ async def test_columns_fit_the_width_attention_first_name_pinned(fixture_index):
         assert "Δ median" in visible_columns(ranks) and ranks.fixed_columns == 3
 
 
+def clipped_words(table) -> list[tuple[int, str]]:
+    """(line, word) for each word the table draws that is not a whole word of its own row's cells (or, on the
+    header line, of the column labels): what a column cut by the edge of the view shows ("89" of "3.89")."""
+    found = []
+    for y in range(table.size.height):
+        if y == 0:
+            whole = {w for c in table.ordered_columns for w in c.label.plain.split()}
+        else:
+            row = y - 1 + int(table.scroll_y)
+            if row >= table.row_count:
+                continue
+            whole = {w for c in cells(table, row) for w in str(c).split()}
+        found += [(y, w) for w in table.render_line(y).text.split() if w not in whole]
+    return found
+
+
+@aio
+async def test_scrolled_right_a_table_never_shows_part_of_a_column(tmp_path):
+    """At 80 columns the rank table and the Runs table, at every horizontal scroll position, draw only whole
+    cells: a column cut by either edge of the view is blank (a cut "3.89" read "89"). The arrow keys scroll by
+    whole columns, so the column beside the pinned ones starts at its first cell."""
+    import fixture_runs as fr
+
+    _, index = fr.build_real_index(tmp_path)
+    source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    app = create_app(source, poll_interval=0.02)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await d.settle(pilot)
+            for screen, table_type in (("runs", RunsTable), ("run", RankTable)):
+                if screen == "run":
+                    pilot.app.open_run(next(r.run_id for r in app.runs_snapshot.rows
+                                            if r.name == fr.name_of("completed")))
+                    await d.settle(pilot)
+                table = pilot.app.screen.query_one(table_type)
+                assert table.max_scroll_x > 0  # not every column fits at 80 columns
+                for x in range(int(table.max_scroll_x) + 1):
+                    table.scroll_to(x=x, animate=False, immediate=True)
+                    assert clipped_words(table) == [], (screen, x)
+            ranks = table
+            ranks.scroll_to(x=0, animate=False, immediate=True)
+            await pilot.press("right")  # the rank table has the focus; its header, after the pinned columns:
+            await pilot.pause()
+            pinned = ranks._get_fixed_offset().left
+            scrolling = ranks.ordered_columns[ranks.fixed_columns:]
+            assert ranks.scroll_x == scrolling[0].get_render_width(ranks)
+            assert ranks.render_line(0).text[pinned:].split()[:2] == scrolling[1].label.plain.split()
+    finally:
+        source.close()
+
+
+@aio
+async def test_compare_at_80_columns_shows_change_and_every_number_whole(tmp_path):
+    """Two real runs compared at 80×24: the Change column (the verdict's) is in view without scrolling, every
+    number is whole, and what gave up room is text cut in the middle (a run name, a declaration, a label)."""
+    import fixture_runs as fr
+
+    from traceml_tui.tui.widgets.compare_table import CompareTable
+
+    def is_number(text: str) -> bool:  # 4.34, +42.9%, 305.11 MiB
+        try:
+            float(text.split()[0].rstrip("%kMG"))
+        except (IndexError, ValueError):
+            return False
+        return True
+
+    root, index = fr.build_real_index(tmp_path)
+    source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    pair = (str(root / fr.name_of("completed")), str(root / fr.name_of("rank_sigkilled")))
+    app = create_app(source, poll_interval=0.02, compare=pair, threshold_pct=5.0)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await d.settle(pilot)
+            table = pilot.app.screen.query_one(CompareTable)
+            assert visible_columns(table) == ["Field", "Reference", "Candidate", "Change"]
+            assert table.max_scroll_x == 0 and "Change" in table.render_line(0).text.split()
+            rows = pilot.app.screen.snapshot.rows
+            assert any(r[3] for r in rows)  # some rows carry a change
+            for i, row in enumerate(rows):
+                shown = cells(table, i)
+                assert shown[3] == row[3]
+                for full, cut in zip(row, shown):
+                    assert cut == full or (not is_number(full) and "…" in cut), (full, cut)
+            assert any(cut != full for i, row in enumerate(rows) for full, cut in zip(row, cells(table, i)))
+            assert clipped_words(table) == []
+    finally:
+        source.close()
+
+
 def test_middle_cut_keeps_both_ends():
     from traceml_tui.core.rundir import middle_cut
 

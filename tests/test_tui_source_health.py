@@ -330,6 +330,59 @@ def test_header_with_a_daemon_writer(snap_compare, tmp_path):
         source.close()
 
 
+def header_line(app) -> str:
+    """The header's title line as drawn (Textual cuts what does not fit with an ellipsis)."""
+    from textual.geometry import Region
+    from textual.widgets._header import HeaderTitle
+
+    line = app.screen.query_one(HeaderTitle)
+    return line.render_lines(Region(0, 0, line.size.width, 1))[0].text.strip()
+
+
+@aio
+async def test_at_80_columns_the_header_keeps_the_run_name_whole(tmp_path):
+    """With a daemon named in the header, the Describe and Run screens at 80 columns show the run's whole name
+    (the source line once took the room and left `describe · …`); the source line gives way a fact at a time."""
+    root, index = fr.build_real_index(tmp_path)
+    daemon = DaemonInfo(pid=4242, roots=(str(root),), index=str(index), mode="daemon", started=None)
+    source = IndexSource(index, clock=lambda: fr.SHOWN_AT, probe=lambda: daemon, poll_s=1.0)
+    name = fr.name_of("completed_finish")
+    try:
+        app = create_app(source, poll_interval=0.02)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await d.settle(pilot)
+            run_id = next(r.run_id for r in app.runs_snapshot.rows if r.name == name)
+            app.open_describe(run_id)
+            assert await wait_for(pilot, lambda: getattr(app.screen, "loaded", False))
+            await d.settle(pilot)
+            assert header_line(app) == f"daemon pid 4242 · commit 2m ago — describe · {name}"
+            app.open_run(run_id)
+            await d.settle(pilot)
+            assert header_line(app).endswith(f" — {name}")
+            await pilot.resize_terminal(60, 24)
+            await d.settle(pilot)
+            assert header_line(app) == f"daemon pid 4242 — {name}"
+            await pilot.resize_terminal(120, 24)
+            await d.settle(pilot)
+            assert header_line(app) == f"traceml watch · daemon pid 4242 · commit 2m ago — {name}"
+    finally:
+        source.close()
+
+
+def test_a_subject_too_wide_for_the_header_keeps_its_start():
+    """Only a subject wider than the whole line is cut, at its end: the name's start is what tells runs apart
+    in a list of the same experiment; the source line is left out, never cut inside a fact."""
+    from traceml_tui.tui.widgets.screen_header import fit_title
+
+    title, long_name = "⚠ daemon pid 4242 · last commit 12s ago · 1 root not indexed", "resnet50-imagenet-" + "x" * 60
+    assert fit_title(title, f"describe · {long_name}", 62) == ("", f"describe · {long_name}"[:61] + "…")
+    assert fit_title(title, "describe · short", 100) == (title, "describe · short")
+    assert fit_title(title, "describe · short", 62) == ("⚠ daemon pid 4242 · last commit 12s ago", "describe · short")
+    assert fit_title(title, "describe · a-run-name-0123456789", 62) == (
+        "⚠ daemon pid 4242", "describe · a-run-name-0123456789")
+    assert fit_title("traceml watch", "describe · " + "n" * 50, 62) == ("", "describe · " + "n" * 50)
+
+
 # --------------------------------------------------------------------------- end to end, in a real terminal
 
 

@@ -8,12 +8,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Header
+from textual.widgets import Footer
 
 from traceml_tui.tui.screens.backlog_request import BacklogRequestScreen
 from traceml_tui.tui.snapshots import BACKLOG_STATES, BacklogItem, BacklogSnapshot
 from traceml_tui.tui.widgets.backlog_table import BacklogTable, backlog_cells, metric_names
 from traceml_tui.tui.widgets.info_panel import InfoPanel
+from traceml_tui.tui.widgets.screen_header import ScreenHeader
 
 _ORDER = {state: n for n, state in enumerate(BACKLOG_STATES)}
 
@@ -48,7 +49,7 @@ class BacklogScreen(Screen):
         self._items: dict[str, BacklogItem] = {}  # row key → request, for Enter
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield ScreenHeader(show_clock=False)
         yield InfoPanel(id="backlog-summary")
         yield BacklogTable(id="backlog")
         yield Footer()

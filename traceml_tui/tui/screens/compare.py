@@ -8,12 +8,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input
+from textual.widgets import Footer, Input
 
 from traceml_tui.compare.policy import ThresholdError, parse_threshold
 from traceml_tui.tui.snapshots import CompareSnapshot
 from traceml_tui.tui.widgets.compare_table import CompareTable, compare_cells
 from traceml_tui.tui.widgets.info_panel import InfoPanel
+from traceml_tui.tui.widgets.screen_header import ScreenHeader
 
 RESULT_STYLE = {"SLOWER_IN_THIS_PAIR": "bold white on red", "FASTER_IN_THIS_PAIR": "bold green",
                 "WITHIN_THRESHOLD_IN_THIS_PAIR": "bold cyan"}
@@ -47,7 +48,7 @@ class CompareScreen(Screen):
         self.threshold_pct = threshold_pct
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield ScreenHeader(show_clock=False)
         yield Input(value="" if self.threshold_pct is None else f"{self.threshold_pct:g}",
                     placeholder="max step-time regression % (empty = exploratory)", id="threshold")
         yield InfoPanel(id="verdict")

@@ -11,11 +11,12 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header
+from textual.widgets import Footer
 from textual.worker import Worker, WorkerState
 
 from traceml_tui.tui.messages import DescribeLoaded
 from traceml_tui.tui.widgets.describe_tree import DescribeTree
+from traceml_tui.tui.widgets.screen_header import ScreenHeader
 
 
 class DescribeScreen(Screen):
@@ -32,7 +33,7 @@ class DescribeScreen(Screen):
         self.loaded = False  # tests wait on this, never on time
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield ScreenHeader(show_clock=False)
         yield DescribeTree(id="describe")
         yield Footer()
 

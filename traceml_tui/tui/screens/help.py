@@ -16,13 +16,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Footer, Static
 
 from traceml_tui.core import steptime
 from traceml_tui.core.state import BACKLOG_ORDER, RUN_ATTENTION, BacklogState, RunStatus
 from traceml_tui.tui.glyphs import BACKLOG_GLYPHS, RUN_GLYPHS
 from traceml_tui.tui.widgets.rank_table import RankTable
 from traceml_tui.tui.widgets.runs_table import COLUMNS as RUNS_COLUMNS
+from traceml_tui.tui.widgets.screen_header import ScreenHeader
 
 #: The Runs table's columns (labels from widgets/runs_table.py).
 RUNS_COLUMN_HELP: dict[str, str] = {
@@ -203,7 +204,7 @@ class HelpScreen(Screen):
     ]
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield ScreenHeader(show_clock=False)
         with VerticalScroll(id="help-body"):
             yield Static(help_renderable(), id="help-text")
         yield Footer()

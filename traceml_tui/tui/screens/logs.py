@@ -16,13 +16,14 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Footer, Input, Static
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from traceml_tui.tui.logtail import LogLine, LogTail
 from traceml_tui.tui.messages import LogLinesRead
 from traceml_tui.tui.snapshots import LogSources
 from traceml_tui.tui.widgets.log_view import LogView
+from traceml_tui.tui.widgets.screen_header import ScreenHeader
 
 #: Lines kept in memory; beyond it the oldest go (the files keep everything).
 MAX_LINES = 200_000
@@ -76,7 +77,7 @@ class LogScreen(Screen):
         self._wake = threading.Event()
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield ScreenHeader(show_clock=False)
         yield Static("reading the logs…", id="log-status")
         yield LogView(id="log")
         yield Input(placeholder="search (Enter: next match, Esc: close)", id="log-search")

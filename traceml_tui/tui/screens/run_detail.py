@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header
+from textual.widgets import DataTable, Footer
 
 from traceml_tui.core.state import LIVE_RUN_STATES
 from traceml_tui.tui import textplot
@@ -22,6 +22,7 @@ from traceml_tui.tui.widgets.heatmap import Heatmap
 from traceml_tui.tui.widgets.info_panel import InfoPanel
 from traceml_tui.tui.widgets.rank_table import RankTable, rank_cells
 from traceml_tui.tui.widgets.runs_table import STATUS_STYLE
+from traceml_tui.tui.widgets.screen_header import ScreenHeader
 from traceml_tui.tui.widgets.text_chart import ChartData, TextChart
 
 
@@ -142,7 +143,7 @@ class RunScreen(Screen):
         self.chart: Optional[tuple[str, Optional[int]]] = None
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield ScreenHeader(show_clock=False)
         with VerticalScroll(id="run-body"):
             yield InfoPanel(id="headline")
             yield FailurePanel(id="failure")

@@ -8,10 +8,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.widgets import DataTable, Footer, Input, Static
 
 from traceml_tui.tui.snapshots import ATTENTION_WORDS, RunRow, RunsSnapshot
 from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable, run_cells
+from traceml_tui.tui.widgets.screen_header import ScreenHeader
 
 #: The default order (the source's): newest activity first; `S` turns it round.
 DEFAULT_ORDER = "latest activity"
@@ -60,7 +61,7 @@ class RunsScreen(Screen):
     _said = ""
 
     def compose(self) -> ComposeResult:
-        yield Header(show_clock=False)
+        yield ScreenHeader(show_clock=False)
         yield Input(placeholder="filter runs (name, folder, workload, status) — press / to focus", id="filter")
         yield Static("", id="runs-empty")
         yield RunsTable(id="runs")

@@ -6,6 +6,10 @@ cursor (on its key), the vertical and the horizontal scroll survive a live
 run's refreshes (docs/watch.md "Tables"). The columns shown are chosen by the
 subclass from the width it has (:meth:`FedTable.layout`); only a change of
 that choice rebuilds the columns, and the view is restored afterwards.
+
+Scrolled sideways, a column that is only partly in view is drawn blank, header
+and cells: a clipped number reads as another number (``3.89`` cut to ``89``),
+so only whole columns are shown. The arrow keys scroll by whole columns.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 from rich.cells import cell_len as rich_cell_len
+from rich.segment import Segment
 from rich.text import Text
 from textual import events
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowKey
 
@@ -43,6 +49,28 @@ def cell_width(cell: Any) -> int:
     if text is None:
         text = str(cell)
     return len(text) if text.isascii() else rich_cell_len(text)  # ASCII: one cell a character (most cells)
+
+
+def partial_spans(widths: Sequence[int], scroll_x: int, view: int) -> list[tuple[int, int]]:
+    """Where the columns only partly in view are, in view cells [start, end), scrolled ``scroll_x`` cells.
+
+    ``widths``: the scrolling columns' widths, left to right; ``view``: the cells they are shown in. A column
+    wider than the view is left out: it can never be shown whole, and clipped beats never.
+    """
+    spans = []
+    left = -scroll_x
+    for width in widths:
+        right = left + width
+        if left < view and right > 0 and (left < 0 or right > view) and width <= view:
+            spans.append((max(left, 0), min(right, view)))
+        left = right
+    return spans
+
+
+def blank_span(strip: Strip, start: int, end: int) -> Strip:
+    """``strip`` with cells [start, end) turned to spaces in their own style (a cursor row stays highlighted)."""
+    blank = [Segment(" " * seg.cell_length, seg.style) for seg in strip.crop(start, end) if not seg.control]
+    return Strip.join([strip.crop(0, start), Strip(blank), strip.crop(end)])
 
 
 def same_cell(a: Any, b: Any) -> bool:
@@ -97,6 +125,45 @@ class FedTable(DataTable):
     def on_resize(self, event: events.Resize) -> None:
         # A new width may change which columns fit.
         self._fill(self.table_rows)
+
+    # -- whole columns only (see the module's docstring)
+    def _scroll_widths(self) -> list[int]:
+        return [column.get_render_width(self) for column in self.ordered_columns[self.fixed_columns:]]
+
+    def render_line(self, y: int) -> Strip:
+        strip = super().render_line(y)
+        pinned = self._get_fixed_offset().left  # cells of the pinned columns, where the scrolling ones start
+        view = self.size.width - pinned
+        if view <= 0:
+            return strip
+        for start, end in partial_spans(self._scroll_widths(), self.scroll_offset.x, view):
+            strip = blank_span(strip, pinned + start, pinned + end)
+        return strip
+
+    def column_stops(self) -> list[int]:
+        """The horizontal scroll positions where a scrolling column starts at the left edge, and the last one."""
+        stops, x = [], 0
+        for width in self._scroll_widths():
+            if x >= self.max_scroll_x:
+                break
+            stops.append(x)
+            x += width
+        return stops + [self.max_scroll_x]
+
+    def action_cursor_right(self) -> None:
+        if self.cursor_type in ("cell", "column"):
+            super().action_cursor_right()
+            return
+        # A row cursor scrolls: by a whole column, so the one beside the pinned columns is never cut.
+        x = self.scroll_offset.x
+        self.scroll_to(x=next((s for s in self.column_stops() if s > x), self.max_scroll_x), animate=False)
+
+    def action_cursor_left(self) -> None:
+        if self.cursor_type in ("cell", "column"):
+            super().action_cursor_left()
+            return
+        x = self.scroll_offset.x
+        self.scroll_to(x=max((s for s in self.column_stops() if s < x), default=0), animate=False)
 
     # -- the in-place update
     def _fill(self, rows: tuple) -> None:
