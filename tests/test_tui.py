@@ -561,6 +561,37 @@ async def test_scrolled_right_a_table_never_shows_part_of_a_column(tmp_path):
 
 
 @aio
+async def test_the_backlog_shows_the_start_of_each_error_without_scrolling(tmp_path):
+    """Last error is cut at its end to the room the other columns leave (at 120 and at 80 columns): the start of
+    a failed request's error is in view, not a blank column running past the edge (whole columns only)."""
+    import fixture_runs as fr
+
+    from traceml_tui.tui.widgets.backlog_table import BacklogTable
+
+    _, index = fr.build_real_index(tmp_path)
+    source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    app = create_app(source, poll_interval=0.02)
+    try:
+        for width in (120, 80):
+            async with app.run_test(size=(width, 24)) as pilot:
+                await d.settle(pilot)
+                pilot.app.open_backlog(next(r.run_id for r in app.runs_snapshot.rows
+                                            if r.name == fr.name_of("hygiene")))
+                await d.settle(pilot)
+                table = pilot.app.screen.query_one(BacklogTable)
+                if width == 80:  # the columns before it take the view: scrolled to the end, it is whole
+                    table.scroll_to(x=table.max_scroll_x, animate=False, immediate=True)
+                    await pilot.pause()
+                shown = [table.render_line(y).text for y in range(1, table.row_count + 1)]
+                # the fixture's backlog has one blocked and one failed request, each with its error
+                assert sum("exit code 3: validator" in line for line in shown) == 2, (width, shown)
+                assert clipped_words(table) == [], width
+            app = create_app(source, poll_interval=0.02)
+    finally:
+        source.close()
+
+
+@aio
 async def test_compare_at_80_columns_shows_change_and_every_number_whole(tmp_path):
     """Two real runs compared at 80×24: the Change column (the verdict's) is in view without scrolling, every
     number is whole, and what gave up room is text cut in the middle (a run name, a declaration, a label)."""

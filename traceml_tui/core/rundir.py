@@ -99,6 +99,15 @@ def middle_cut(text: str, width: int) -> str:
     return f"{text[:head]}…{text[len(text) - tail:]}" if tail else text[:head] + "…"
 
 
+def tail_cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, its end cut (``exit code 3: valid…``): the start is what reads."""
+    if width <= 0:
+        return ""
+    if len(text) <= width:
+        return text
+    return text[: width - 1] + "…"
+
+
 def steps_file_name(attempt: int) -> str:
     """File name of one rank's step stream for one attempt."""
     return f"steps-{int(attempt)}.jsonl"

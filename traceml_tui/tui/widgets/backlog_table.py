@@ -7,7 +7,7 @@ from rich.text import Text
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import backlog_label
 from traceml_tui.tui.snapshots import BacklogItem
-from traceml_tui.tui.widgets.table_base import Col, FedTable
+from traceml_tui.tui.widgets.table_base import PADDING, Col, FedTable, cell_width
 
 STATE_STYLE = {"pending": "yellow", "claimed": "green", "completed": "cyan", "failed": "red",
                "blocked": "bold red", "stale-claim": "bold white on red"}
@@ -47,6 +47,8 @@ def backlog_cells(i: BacklogItem, names: tuple[str, ...] = ()) -> tuple:
 RUN_MAX = 28
 #: At most this many metric columns (a receipt with more shows them all in the request's detail, Enter).
 MAX_METRICS = 4
+#: Narrowest the Last error column gets when it is cut to the room left (scrolled to, it shows this much).
+ERROR_MIN = 24
 
 
 class BacklogTable(FedTable):
@@ -64,7 +66,23 @@ class BacklogTable(FedTable):
         keys = [f"metric:{m}" for m in self.metrics]
         self._index = {k: n for n, k in enumerate((*self.COLUMNS, *keys))}
         cols = [Col(k, k, RUN_MAX if k == "Run" and any(len(str(c[0])) > RUN_MAX for _, c in rows) else None,
-                    cut=k == "Run") for k in self.COLUMNS]
+                    cut="middle" if k == "Run" else "") for k in self.COLUMNS]
         at = self.COLUMNS.index("State") + 1  # the values next to the state: what a completed request found
         cols[at:at] = [Col(k, m, None) for k, m in zip(keys, self.metrics)]
-        return tuple(cols)
+        return tuple(cols[:-1]) + (self._error_column(cols, rows),)
+
+    def _error_column(self, cols: list[Col], rows) -> Col:
+        """Last error, its end cut to the room the other columns leave: the start of the error shows
+        without scrolling, where a column running past the edge would be blank (table_base: whole columns only).
+        The whole text is in the request's detail (Enter)."""
+        last = cols[-1]
+        want = max((cell_width(c[self._index[last.key]]) for _, c in rows), default=0)
+        if want <= cell_width(last.label):
+            return last
+        others = 0
+        for col in cols[:-1]:
+            width = col.width if col.width is not None else max(
+                [cell_width(col.label)] + [cell_width(c[self._index[col.key]]) for _, c in rows])
+            others += width + PADDING
+        room = max(ERROR_MIN, cell_width(last.label), self.available_width(len(rows)) - others - PADDING)
+        return last if want <= room else Col(last.key, last.label, room, cut="end")

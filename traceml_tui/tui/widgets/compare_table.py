@@ -14,14 +14,13 @@ from typing import Any, Sequence
 
 from rich.text import Text
 
-from traceml_tui.tui.widgets.table_base import Col, FedTable, cell_width
+from traceml_tui.tui.widgets.table_base import PADDING, Col, FedTable, cell_width
 
 COLUMNS = ("Field", "Reference", "Candidate", "Change")
 #: The verdict-bearing column: always whole.
 CHANGE = "Change"
 #: Fewest cells Field keeps when the table is short of room (a label cut further reads as nothing).
 FIELD_MIN = 12
-PADDING = 2  # a DataTable cell's padding, both sides
 
 #: A value as the comparison prints it: 4.34, 1.23k, 1e+06, +42.9%, 305.11 MiB, 12.5 ms.
 NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?[kMG%]?( [A-Za-z%]+)?")
@@ -78,4 +77,4 @@ class CompareTable(FedTable):
                     least[label] = max(least[label], width)
         least = {k: min(v, want[k]) for k, v in least.items()}
         widths = fit_widths(want, least, self.available_width(len(rows)) - PADDING * len(COLUMNS))
-        return tuple(Col(label, label, widths[label], cut=label != CHANGE) for label in COLUMNS)
+        return tuple(Col(label, label, widths[label], cut="middle" if label != CHANGE else "") for label in COLUMNS)

@@ -9,7 +9,7 @@ from rich.text import Text
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RUN_STATES, RunRow
-from traceml_tui.tui.widgets.table_base import Col, FedTable, cell_width
+from traceml_tui.tui.widgets.table_base import PADDING, Col, FedTable, cell_width
 
 STATUS_STYLE = {"failed": "bold red", "lost": "bold red", "stalled": "bold yellow", "interrupted": "yellow",
                 "running": "green", "completed": "cyan", "missing": "dim"}
@@ -49,7 +49,6 @@ OPTIONAL = ("Loss/0", "Eval", "Backlog", "Step ms", "Trend", "Topo", "Workload",
 MAX_WIDTH = {"Status": 18, "Folder": 24, "Workload": 16}
 #: Run names get at least this many cells, and at most this share of the width.
 RUN_MIN, RUN_SHARE = 16, 0.45
-PADDING = 2  # a DataTable cell's padding, both sides
 #: Columns pinned at the left: scrolling right keeps the state and the name in view.
 PINNED = 2
 
@@ -126,7 +125,7 @@ def choose_columns(widths: dict[str, int], available: int, *, folder: bool = Fal
             used += want[k] + PADDING
     shown = [k for k in LABELS if k in fitted]
     shown += [k for k in LABELS if k not in fitted and (folder or k != "Folder")]
-    return tuple(Col(k, labels.get(k, k), want[k], cut=k in ("Run", "Folder")) for k in shown)
+    return tuple(Col(k, labels.get(k, k), want[k], cut="middle" if k in ("Run", "Folder") else "") for k in shown)
 
 
 class RunsTable(FedTable):

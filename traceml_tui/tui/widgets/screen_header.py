@@ -18,24 +18,12 @@ from textual.content import Content
 from textual.widgets import Header
 from textual.widgets._header import HeaderTitle  # not exported; Header finds its title line by this type
 
+from traceml_tui.core.rundir import tail_cut
+
 #: Between the facts of the title (``traceml watch · daemon pid 4242 · commit 2s ago``).
 FACT_SEP = " · "
 #: Between the title and the sub-title (as Textual's App.format_title writes it).
 TITLE_SEP = " — "
-
-
-def tail_cut(text: str, width: int) -> str:
-    """``text`` in at most ``width`` cells, its end cut with an ellipsis (the start is what reads)."""
-    if cell_len(text) <= width:
-        return text
-    if width <= 0:
-        return ""
-    out = ""
-    for char in text:
-        if cell_len(out + char) > width - 1:
-            break
-        out += char
-    return out + "…"
 
 
 def fit_title(title: str, sub_title: str, width: int, app_name: str = "") -> tuple[str, str]:

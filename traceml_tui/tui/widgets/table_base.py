@@ -25,22 +25,25 @@ from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowKey
 
-from traceml_tui.core.rundir import middle_cut
+from traceml_tui.core.rundir import middle_cut, tail_cut
 
 #: Columns a vertical scrollbar may take from the table's width.
 SCROLLBAR = 2
+#: A DataTable cell's padding, both sides together (cells a column takes beyond its width).
+PADDING = 2
 
 
 class Col(NamedTuple):
     """One shown column: its key (the label in ``COLUMNS``), the header text, its width (None: fit content).
 
-    ``cut``: text longer than the width is cut in the middle (:func:`middle_cut`), never at its end.
+    ``cut``: how text longer than the width is cut: ``"middle"`` (:func:`middle_cut`: a name, both ends read),
+    ``"end"`` (:func:`tail_cut`: a message, its start reads); ``""``: never (the column's width fits it).
     """
 
     key: str
     label: str
     width: int | None
-    cut: bool = False
+    cut: str = ""
 
 
 def cell_width(cell: Any) -> int:
@@ -181,8 +184,8 @@ class FedTable(DataTable):
             cell = cells[self._index[col.key]]
             if col.cut and col.width is not None and cell_width(cell) > col.width:
                 plain = getattr(cell, "plain", None)
-                cell = middle_cut(str(cell), col.width) if plain is None else Text(
-                    middle_cut(plain, col.width), style=cell.style)
+                cut = tail_cut if col.cut == "end" else middle_cut
+                cell = cut(str(cell), col.width) if plain is None else Text(cut(plain, col.width), style=cell.style)
             out.append(cell)
         return tuple(out)
 
