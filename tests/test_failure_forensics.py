@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -44,11 +45,13 @@ def _summary(run) -> dict:
     return json.loads((run.run_dir / "final_summary.json").read_text())
 
 
-def _reported_exit_code(run, rank: int) -> int:
-    """The exit code torchrun's report in the node's stderr gives ``rank`` (read here without the product)."""
+def _reported_exit_code(run, rank: int) -> Optional[int]:
+    """The exit code torchrun's report in the node's stderr gives ``rank`` (read here without the product);
+    None when the report does not list it (torchrun stopped it without counting it a failure)."""
     text = (run.run_dir / "nodes/node_0/training.stderr.log").read_text()
-    (code,) = re.findall(rf"rank\s*:\s*{rank} \(local_rank.*\n\s*exitcode\s*:\s*(-?\d+)", text)
-    return int(code)
+    codes = re.findall(rf"rank\s*:\s*{rank} \(local_rank.*\n\s*exitcode\s*:\s*(-?\d+)", text)
+    assert len(codes) <= 1, codes
+    return int(codes[0]) if codes else None
 
 
 def _expected(run, case: str) -> tuple:
@@ -244,8 +247,15 @@ def test_a_sigkilled_launcher_leaves_a_lost_run_with_terminated_ranks(tmp_path, 
 @pytest.mark.realruns("all_exit")
 def test_every_rank_whose_code_decided_its_state_is_in_the_summary(real_runs) -> None:
     """Every rank called sys.exit(3): the summary names the first as the failure, the other as aborted after it,
-    and carries both codes so the index (which reads them from the summary) gives both ranks the same words."""
-    failure = _summary(real_runs["all_exit"])["failure"]
-    assert set(failure["exit_codes"]) == {"0", "1"}, failure
-    assert all(code in (3, -6) for code in failure["exit_codes"].values()), failure  # -6: gloo's abort on the way out
-    assert failure["state"] == "failed" and failure["victims"] == [1 - failure["rank"]]
+    and carries every code that decided a rank's state, so the index (which reads them from the summary) gives
+    each rank the same word (tests/test_status_surfaces.py checks that side)."""
+    run = real_runs["all_exit"]
+    failure = _summary(run)["failure"]
+    reported = {rank: _reported_exit_code(run, rank) for rank in (0, 1)}
+    # A rank's own code (3), or gloo's abort on its way out (-6), stands in; on a loaded machine torchrun may
+    # have seen one rank's exit first and SIGTERMed the other (-15) while it was leaving: that is no failure of
+    # its own, and its `exited` end stays clean (core.state.with_exit_codes).
+    own = {str(rank): code for rank, code in reported.items() if code in (3, -6)}
+    assert own and failure["exit_codes"] == own, (failure, reported)
+    assert failure["state"] == "failed" and str(failure["rank"]) in own
+    assert failure["victims"] == sorted(int(r) for r in own if int(r) != failure["rank"])
