@@ -97,6 +97,7 @@ def test_each_missing_required_item_is_refused_by_name(path):
         (("validation", "recipe"), "  ", "hygiene.validation.recipe: must be a nonempty string"),
         (("history", "output"), "/abs/ranks", "hygiene.history.output: must be a path relative"),
         (("history", "output"), "../elsewhere", "hygiene.history.output: must be a path relative"),
+        (("history", "output"), "history", "hygiene.history.output: must be ranks"),
         (("history", "schema"), 2, "hygiene.history.schema: unsupported history schema 2"),
         (("qc",), "often", "hygiene.qc: must be a mapping"),
         (("validation", "surprise"), 1, "hygiene.validation.surprise: unknown key"),

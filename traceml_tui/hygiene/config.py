@@ -12,7 +12,7 @@ Shape (all cadences are in optimizer updates)::
     hygiene:
       history:
         schema: 1                    # step record version (traceml_tui.core.records.RECORD_VERSION)
-        output: ranks                # relative folder of the append-only history
+        output: ranks                # the append-only history's folder: always ranks (the run directory layout)
       curve:
         cadence: 50                  # re-render learning_curve.png every N updates
       validation:
@@ -43,7 +43,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from traceml_tui.core.records import RECORD_VERSION
-from traceml_tui.core.rundir import LEARNING_CURVE
+from traceml_tui.core.rundir import LEARNING_CURVE, RANKS
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
 from traceml_tui.guard.contract import show_key, show_value  # user values in messages: one line, <= 80 chars
 
@@ -152,6 +152,13 @@ def _history(raw: Any) -> dict:
     if schema != RECORD_VERSION:
         raise HygieneConfigError(f"{path}.schema", f"unsupported history schema {schema} (this traceml writes {RECORD_VERSION})")
     output = _relative_path(_required(block, "output", path), f"{path}.output")
+    if output != RANKS:
+        # The history's home is fixed by the run directory layout (docs/hygiene.md): every reader
+        # (summary, daemon, curve, export) reads ranks/; another folder would be recorded and ignored.
+        raise HygieneConfigError(
+            f"{path}.output",
+            f"must be {RANKS} (the history is always ranks/rank_<r>/steps-<attempt>.jsonl), got {show_value(output)}",
+        )
     return {"schema": schema, "output": output}
 
 
