@@ -140,3 +140,15 @@ def test_worker_string_is_split_and_digest_binds_recipe_and_worker_only():
     assert validation_config_digest(parse_hygiene(raw)) == validation_config_digest(as_list)
     raw["validation"]["recipe"] = "regression-holdout-v2"
     assert validation_config_digest(parse_hygiene(raw)) != validation_config_digest(as_list)
+
+
+def test_changed_item_names_the_first_difference_in_one_line():
+    from traceml_tui.hygiene.config import changed_item
+
+    recorded = parse_hygiene(copy.deepcopy(EXAMPLE))
+    assert changed_item(recorded, copy.deepcopy(recorded)) is None
+    older = copy.deepcopy(recorded)
+    del older["validation"]["dispatcher"]  # a manifest from before the item existed
+    assert changed_item(older, recorded) == "hygiene.validation.dispatcher: (not recorded) -> 'launcher'"
+    assert changed_item(recorded, None) == "hygiene: declared -> (not declared)"
+    assert changed_item(None, recorded) == "hygiene: (not declared) -> declared"

@@ -271,3 +271,31 @@ def validation_config_digest(hygiene: dict) -> str:
     bound = {"recipe": validation.get("recipe"), "worker": validation.get("worker")}
     canonical = json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def changed_item(recorded: Any, current: Any, path: str = "hygiene") -> "str | None":
+    """The first item of the effective config that differs, as ``<path>: <recorded> -> <current>``; None if equal.
+
+    ``recorded`` is the block a run's manifest holds, ``current`` what
+    ``traceml.yaml`` parses to now (both normalized by :func:`parse_hygiene`).
+    A resumed run keeps its recorded policy (docs/hygiene.md): this names what
+    an edit changed, so the refusal can say it in one line.
+    """
+    if recorded == current:
+        return None
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        for key in [*current, *(k for k in recorded if k not in current)]:
+            where = f"{path}.{show_key(key)}"
+            if key not in recorded:
+                return f"{where}: (not recorded) -> {show_value(current[key])}"
+            if key not in current:
+                return f"{where}: {show_value(recorded[key])} -> (absent)"
+            found = changed_item(recorded[key], current[key], where)
+            if found is not None:
+                return found
+        return None
+    if recorded is None or current is None:
+        before = "(not declared)" if recorded is None else "declared"
+        after = "(not declared)" if current is None else "declared"
+        return f"{path}: {before} -> {after}"
+    return f"{path}: {show_value(recorded)} -> {show_value(current)}"

@@ -100,6 +100,13 @@ class Launcher:
             raise LaunchError(f"--resume: no run {opts.run_name!r} to resume in {opts.logs_dir}")
         if opts.node_rank != 0:
             self._refuse_finished_run(manifest_path)
+            if opts.resume:
+                try:  # node 0 may not have resumed it yet; the hygiene block it recorded does not change
+                    recorded = artifacts.decode_manifest(manifest_path.read_bytes())
+                except OSError:
+                    recorded = None
+                if recorded is not None:
+                    self._keep_recorded_hygiene(recorded)
         try:
             self.node_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -130,6 +137,7 @@ class Launcher:
                     f"--resume: run {opts.run_name!r} ran with {topology.nnodes} node(s) x "
                     f"{topology.nproc_per_node} process(es); resume it with the same topology"
                 )
+            self._keep_recorded_hygiene(previous)
             self.manifest = msgspec.structs.replace(previous, attempts=previous.attempts + 1, status="running")
             atomic.atomic_write_json(manifest_path, artifacts.to_builtins(self.manifest))
             return
@@ -157,6 +165,25 @@ class Launcher:
         from traceml_tui.run.provenance import write_bundle
 
         write_bundle(self.layout, opts, self.config, self.hygiene)  # fresh run only; never raises
+
+    def _keep_recorded_hygiene(self, previous: artifacts.Manifest) -> None:
+        """A resumed run keeps the hygiene policy it recorded; an edited ``hygiene:`` block is refused.
+
+        docs/hygiene.md: "A changed policy on resume is refused". The recorded
+        block is then the one config of this launcher (the digest passed to the
+        ranks, its drainer, the final early-stopping pass), the same one the
+        script and manual drainers read from the manifest, so they never disagree.
+        """
+        from traceml_tui.hygiene.config import changed_item
+
+        recorded = previous.hygiene if isinstance(previous.hygiene, dict) else None
+        changed = changed_item(recorded, self.hygiene)
+        if changed is not None:
+            raise LaunchError(
+                f"--resume: traceml.yaml changed the run's recorded hygiene policy ({changed}); "
+                "restore it or choose a fresh --run-name"
+            )
+        self.hygiene = recorded
 
     def _refuse_used_run_dir(self) -> None:
         """A fresh run starts in an absent or empty folder: the one rule for "this run already exists".
