@@ -515,15 +515,12 @@ class Launcher:
     def _write_summary(self) -> None:
         try:
             from traceml_tui.summary.build import build_summary
-            from traceml_tui.summary.text import render_text
+            from traceml_tui.summary.store import write_summary
 
             manifest = artifacts.to_builtins(self.manifest) if self.manifest is not None else None
             summary = build_summary(self.run_dir, manifest)
             summary["failure"] = self._failure_section()
-            summary["text"] = render_text(summary)
-            artifacts.check_summary(summary)  # a payload readers could not decode is not published
-            atomic.atomic_write_json(self.layout.summary_json, summary)
-            atomic.atomic_write_bytes(self.layout.summary_txt, summary["text"].encode("utf-8") + b"\n")
+            write_summary(self.run_dir, summary)
         except Exception as exc:  # noqa: BLE001 - a summary problem must not change the exit code
             _warn(f"could not write final_summary.json: {type(exc).__name__}: {exc}")
             return
@@ -642,18 +639,9 @@ class Launcher:
         self._consume_final_receipts()
 
     def _consume_final_receipts(self) -> None:
-        """Let the script's early stopping consume the receipts of the final drain (docs/hygiene.md).
+        """Let the script's early stopping consume the receipts of the final drain (docs/hygiene.md)."""
+        from traceml_tui.hygiene.finalize import consume_final_receipts
 
-        Once stopped, the decision's state is frozen: receipts of checkpoints after
-        the stop are recorded in ``after_stop`` and change nothing. Only a run whose script
-        used early stopping (``early_stopping.json`` exists) is touched.
-        """
-        if not self.layout.early_stopping.is_file():
-            return
-        try:
-            from traceml_tui.hygiene.early_stopping import EarlyStopping
-
-            EarlyStopping.from_config(self.run_dir, self.hygiene or {}).update()
-        except Exception as exc:  # noqa: BLE001 - the state stays as the script left it
-            _warn(f"early stopping did not consume the final receipts: {type(exc).__name__}: {exc}")
-
+        problem = consume_final_receipts(self.run_dir, self.hygiene or {})
+        if problem is not None:
+            _warn(problem)
