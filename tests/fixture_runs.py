@@ -56,14 +56,10 @@ def stop_hygiene_early(root: Path) -> dict:
     patience 1 is exhausted at step-00000002 and step-00000000 stays the best. Returns the section.
     """
     from traceml_tui.hygiene.early_stopping import EarlyStopping
-    from traceml_tui.hygiene.report import validation_report
+    from traceml_tui.summary.store import refresh_validation
 
     run_dir = root / name_of("hygiene")
     if not EarlyStopping(run_dir, metric="r2", direction="min", patience=1).update(step=10):
         raise AssertionError("the hygiene run's receipts no longer exhaust patience 1 on r2")
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    section = validation_report(run_dir, manifest["hygiene"])
-    summary = json.loads((run_dir / "final_summary.json").read_text())
-    summary["validation"] = section
-    (run_dir / "final_summary.json").write_text(json.dumps(summary))
-    return section
+    return refresh_validation(run_dir, manifest)["validation"]  # the one rebuild of the section

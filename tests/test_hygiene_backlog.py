@@ -64,7 +64,7 @@ def test_two_drainers_race_over_50_requests_each_processed_exactly_once(tmp_path
     assert sum(done) == 50
     lines = log.read_text().splitlines()
     assert len(lines) == 50
-    assert sorted(Path(line.split()[0]).name for line in lines) == sorted(["weights.bin"] * 50)
+    assert sorted(Path(line.split()[0]).name for line in lines) == sorted(f"{c}.bin" for c in ckpts)  # each its copy
     assert sorted(int(line.split()[1]) for line in lines) == list(range(10, 510, 10))
     receipts = backlog.list_receipts(run_dir)
     assert sorted(receipts) == sorted(ckpts)
@@ -328,13 +328,47 @@ def test_publish_checkpoint_saves_state_immutably_and_requests_once(tmp_path):
     assert request["path"] == "checkpoints/step-00000120.pt" and request["step"] == 120
     assert set(request) == {"checkpoint", "step", "path", "config_digest", "created"}
     assert torch.load(run_dir / request["path"])["w"].tolist() == [1.0, 1.0]  # not overwritten by the second
-    outside = tmp_path / "elsewhere.pt"
-    outside.write_bytes(b"x")
-    inside = run_dir / "mine.pt"
-    inside.write_bytes(b"y")
+    assert os.stat(run_dir / request["path"]).st_mode & 0o222 == 0  # read-only
+
+
+def test_a_published_file_is_copied_once_read_only_under_checkpoints(tmp_path, monkeypatch):
+    """docs/hygiene.md: a published checkpoint is immutable — a file the script names gets the home a state gets.
+
+    The script's own file is copied: a relative path is the script's (its current folder, not the run
+    directory), and overwriting it afterwards (the next save to the same name) changes nothing published.
+    """
+    run_dir = tmp_path / "logs" / "run"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    own = tmp_path / "ckpt" / "last.pt"
+    own.write_bytes(b"step 10")
+    first = publish_checkpoint(run_dir, "ckpt/last.pt", step=10, config_digest=DIGEST)
+    own.write_bytes(b"step 20")  # the script saves its next checkpoint under the same name
+    second = publish_checkpoint(run_dir, Path("ckpt/last.pt"), step=20, config_digest=DIGEST)
     layout = RunDir(run_dir)
-    assert backlog.read_json(layout.request(publish_checkpoint(run_dir, inside, step=5, config_digest=DIGEST)))["path"] == "mine.pt"
-    assert backlog.read_json(layout.request(publish_checkpoint(run_dir, outside, step=6, config_digest=DIGEST)))["path"] == str(outside)
+    for ckpt, content in ((first, b"step 10"), (second, b"step 20")):
+        request = backlog.read_json(layout.request(ckpt))
+        assert request["path"] == f"checkpoints/{ckpt}.pt"  # relative to the run directory: no absolute path
+        published = run_dir / request["path"]
+        assert published.read_bytes() == content and published.stat().st_ino != own.stat().st_ino
+        assert published.stat().st_mode & 0o222 == 0
+    inside = run_dir / "mine.safetensors"
+    inside.write_bytes(b"y")
+    third = publish_checkpoint(run_dir, inside, step=30, config_digest=DIGEST)
+    assert backlog.read_json(layout.request(third))["path"] == f"checkpoints/{third}.safetensors"
+
+
+def test_publishing_a_missing_file_is_one_clear_error_and_writes_nothing(tmp_path, monkeypatch):
+    run_dir = tmp_path / "logs" / "run"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        publish_checkpoint(run_dir, "ckpt/model_10.pt", step=10, config_digest=DIGEST)
+    assert str(info.value) == ("publish_checkpoint: checkpoint file not found: ckpt/model_10.pt "
+                               "(a relative path is read from the folder the script runs in)")
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(ValueError, match=r"^publish_checkpoint: not a file: ckpt "):
+        publish_checkpoint(run_dir, "ckpt", step=10, config_digest=DIGEST)
+    assert not run_dir.exists()
 
 
 def test_status_words_are_the_backlog_states_of_core(tmp_path):

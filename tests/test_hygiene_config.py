@@ -97,6 +97,7 @@ def test_each_missing_required_item_is_refused_by_name(path):
         (("validation", "recipe"), "  ", "hygiene.validation.recipe: must be a nonempty string"),
         (("history", "output"), "/abs/ranks", "hygiene.history.output: must be a path relative"),
         (("history", "output"), "../elsewhere", "hygiene.history.output: must be a path relative"),
+        (("history", "output"), "history", "hygiene.history.output: must be ranks"),
         (("history", "schema"), 2, "hygiene.history.schema: unsupported history schema 2"),
         (("qc",), "often", "hygiene.qc: must be a mapping"),
         (("validation", "surprise"), 1, "hygiene.validation.surprise: unknown key"),
@@ -139,3 +140,15 @@ def test_worker_string_is_split_and_digest_binds_recipe_and_worker_only():
     assert validation_config_digest(parse_hygiene(raw)) == validation_config_digest(as_list)
     raw["validation"]["recipe"] = "regression-holdout-v2"
     assert validation_config_digest(parse_hygiene(raw)) != validation_config_digest(as_list)
+
+
+def test_changed_item_names_the_first_difference_in_one_line():
+    from traceml_tui.hygiene.config import changed_item
+
+    recorded = parse_hygiene(copy.deepcopy(EXAMPLE))
+    assert changed_item(recorded, copy.deepcopy(recorded)) is None
+    older = copy.deepcopy(recorded)
+    del older["validation"]["dispatcher"]  # a manifest from before the item existed
+    assert changed_item(older, recorded) == "hygiene.validation.dispatcher: (not recorded) -> 'launcher'"
+    assert changed_item(recorded, None) == "hygiene: declared -> (not declared)"
+    assert changed_item(None, recorded) == "hygiene: (not declared) -> declared"

@@ -85,3 +85,48 @@ def test_early_stopping_consumes_the_receipts_of_the_final_drain(tmp_path: Path)
     section = json.loads((run_dir / "final_summary.json").read_text())["validation"]
     assert section["best"]["checkpoint"] == "step-00000006" and section["best"]["selected_on"] == "eval"
     assert section["early_stopping"]["state"] == "not-stopped" and section["status"] == "complete"
+
+
+@pytest.mark.slow
+def test_an_external_drainer_after_the_run_brings_its_record_up_to_date(tmp_path: Path) -> None:
+    """dispatcher: external — receipts drained after `traceml run` ended reach early stopping and the summary.
+
+    docs/hygiene.md: a drainer finishing on an ended run lets early stopping consume what it completed and
+    rebuilds the summary's validation section, so status, summary, early_stopping.json (and watch, which
+    shows the summary) agree.
+    """
+    policy = {"metric": "r2", "direction": "max", "min_delta": 0.0, "patience": 10, "warmup": 0, "max_budget": 100}
+    done, run_dir = _launch(tmp_path, "--steps", "6", "--early-stopping", dispatcher="external", early_stopping=policy)
+    assert done.returncode == 0, done.stderr[-3000:]
+    launchers = json.loads((run_dir / "final_summary.json").read_text())
+    before = launchers["validation"]
+    assert before["pending"] == 4 and before["status"] == "missing"  # nothing drained while it ran
+    worker = json.loads((run_dir / "manifest.json").read_text())["hygiene"]["validation"]["worker"]
+    env = realruns.subprocess_env(tmp_path / "state")
+    drain = subprocess.run([sys.executable, "-m", "traceml_tui", "validate", "drain", str(run_dir), "--", *worker],
+                           cwd=run_dir.parents[1], env=env, capture_output=True, text=True, timeout=180)
+    assert drain.returncode == 0 and "4 completed" in drain.stdout, drain.stderr[-3000:]
+    status = json.loads(subprocess.run(
+        [sys.executable, "-m", "traceml_tui", "validate", "status", str(run_dir), "--json"],
+        env=env, capture_output=True, text=True, timeout=60, check=True).stdout)
+    receipts = sorted(p.stem for p in (run_dir / "validation" / "receipts").glob("*.json"))
+    assert status["counts"]["completed"] == len(receipts) == 4
+    state = json.loads((run_dir / "early_stopping.json").read_text())
+    assert state["consumed"] == receipts and state["best_checkpoint"] == "step-00000006"  # r2 grows with the step
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    section = summary["validation"]
+    assert section["status"] == "complete" and section["completed"] == 4 and section["pending"] == 0
+    assert section["newest_completed"] == status["newest_completed"]
+    assert section["best"]["checkpoint"] == state["best_checkpoint"]
+    assert section["early_stopping"]["evaluations"] == state["evaluations"] == 4
+    text = (run_dir / "final_summary.txt").read_text()
+    assert text == summary["text"] + "\n" and "MISSING" not in text
+    assert "selected best: step-00000006 (update 6)" in text
+    # every other section is the launcher's, untouched
+    others = [k for k in launchers if k not in ("validation", "text")]
+    assert {k: summary[k] for k in others} == {k: launchers[k] for k in others} and set(summary) == set(launchers)
+    # a drainer with nothing left to do rewrites nothing
+    mtime = (run_dir / "final_summary.json").stat().st_mtime_ns
+    again = subprocess.run([sys.executable, "-m", "traceml_tui", "validate", "drain", str(run_dir), "--", *worker],
+                           cwd=run_dir.parents[1], env=env, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0 and (run_dir / "final_summary.json").stat().st_mtime_ns == mtime

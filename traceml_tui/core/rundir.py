@@ -424,6 +424,11 @@ class RunDir:
         """The log of the drainer the launcher or training dispatches."""
         return self.validation / "drainer.log"
 
+    @property
+    def record_lock(self) -> Path:
+        """The lock taken while a drainer brings an ended run's record up to date (hidden: never a backlog file)."""
+        return self.validation / ".record.lock"
+
     def claim_lock(self, checkpoint: str) -> Path:
         """The lock taken while a stale claim of ``checkpoint`` is broken (hidden: never a backlog file)."""
         return self.backlog_dir("claims") / f".{checkpoint}.break"

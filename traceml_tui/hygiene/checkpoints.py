@@ -8,10 +8,11 @@ step published again (a resume re-reaching the same update) gets a new id.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 from traceml_tui.core.atomic import atomic_write_json, fsync_dir
 from traceml_tui.core.rundir import CHECKPOINTS, RunDir
@@ -26,46 +27,69 @@ def checkpoint_id(step: int, serial: int = 1) -> str:
     return base if serial <= 1 else f"{base}-{serial}"
 
 
-def _free_id(run_dir: Path, step: int) -> str:
+def _free_id(run_dir: Path, step: int, suffix: str) -> str:
     serial = 1
     while True:
         ckpt = checkpoint_id(step, serial)
         layout = RunDir(run_dir)
-        taken = layout.request(ckpt).exists() or layout.checkpoint_file(ckpt).exists()
+        taken = layout.request(ckpt).exists() or layout.checkpoint_file(ckpt, suffix).exists()
         if not taken:
             return ckpt
         serial += 1
 
 
-def _save_state(state: Any, target: Path) -> None:
-    import torch  # lazily: only a training process that publishes a state pays for torch
+def _write_once(target: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write ``target`` once, read-only: the one way a published checkpoint comes to be (docs/hygiene.md).
 
+    Written to a temp file in the same folder, fsynced, made read-only, then
+    hard-linked into place, which fails with ``FileExistsError`` when the id is
+    taken: a published checkpoint is never replaced.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            torch.save(state, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.link(tmp, target)  # fails if the id exists: a published checkpoint is immutable
+        os.chmod(tmp, 0o444)
+        os.link(tmp, target)
     finally:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-    try:
-        os.chmod(target, 0o444)
-    except OSError:
-        pass
     fsync_dir(target.parent)
 
 
-def _relative(run_dir: Path, path: Path) -> str:
-    resolved = path.resolve()
-    try:
-        return resolved.relative_to(run_dir.resolve()).as_posix()
-    except ValueError:
-        return str(path)  # outside the run dir: recorded as given
+def _torch_save(state: Any) -> Callable[[IO[bytes]], None]:
+    def write(handle: IO[bytes]) -> None:
+        import torch  # lazily: only a training process that publishes a state pays for torch
+
+        torch.save(state, handle)
+
+    return write
+
+
+def _copy_of(source: Path) -> Callable[[IO[bytes]], None]:
+    def write(handle: IO[bytes]) -> None:
+        with open(source, "rb") as src:
+            shutil.copyfileobj(src, handle, 1 << 20)
+
+    return write
+
+
+def _source_file(path: "str | os.PathLike[str]") -> Path:
+    """The checkpoint file a script named: a relative path is the script's own (its current folder)."""
+    source = Path(os.path.abspath(path))
+    if not source.exists():
+        raise FileNotFoundError(
+            f"publish_checkpoint: checkpoint file not found: {os.fspath(path)} "
+            "(a relative path is read from the folder the script runs in)"
+        )
+    if not source.is_file():
+        raise ValueError(f"publish_checkpoint: not a file: {os.fspath(path)} (publish one checkpoint file or a state object)")
+    return source
 
 
 def publish_checkpoint(run_dir: Path, path_or_state: Any, *, step: int, config_digest: str) -> str:
@@ -76,33 +100,35 @@ def publish_checkpoint(run_dir: Path, path_or_state: Any, *, step: int, config_d
 def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_digest: str) -> dict:
     """Publish one checkpoint and its validation request; returns the request as written.
 
-    ``path_or_state`` is either an existing file (recorded as is, relative to
-    ``run_dir`` when inside it) or a state object saved with ``torch.save``
-    atomically and read-only under ``<run_dir>/checkpoints/<id>.pt``. The
-    request ``validation/requests/<id>.json`` is written once, atomically.
+    ``path_or_state`` is either a checkpoint file the script wrote (a relative
+    path is read from the script's current folder), which is copied, or a
+    state object saved with ``torch.save``. Either way the checkpoint becomes
+    ``<run_dir>/checkpoints/<id><suffix>`` (a file keeps its suffix, a state
+    gets ``.pt``), written once and read-only, so the script may overwrite or
+    delete its own file afterwards without changing what is validated. The
+    request ``validation/requests/<id>.json`` is written once, atomically, with
+    the checkpoint's path relative to ``run_dir``.
     """
     run_dir = Path(run_dir)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    if isinstance(path_or_state, (str, os.PathLike)):
+        source = _source_file(path_or_state)  # before anything is written
+        suffix, write = source.suffix or ".pt", _copy_of(source)
+    else:
+        suffix, write = ".pt", _torch_save(path_or_state)
     backlog.ensure_dirs(run_dir)
     while True:
-        ckpt = _free_id(run_dir, step)
-        if isinstance(path_or_state, (str, os.PathLike)):
-            source = Path(path_or_state)
-            if not source.is_file():
-                raise FileNotFoundError(f"checkpoint file not found: {source}")
-            rel = _relative(run_dir, source)
-        else:
-            target = RunDir(run_dir).checkpoint_file(ckpt)
-            try:
-                _save_state(path_or_state, target)
-            except FileExistsError:
-                continue  # a concurrent publisher took this id; pick the next one
-            rel = target.relative_to(run_dir).as_posix()
+        ckpt = _free_id(run_dir, step, suffix)
+        target = RunDir(run_dir).checkpoint_file(ckpt, suffix)
+        try:
+            _write_once(target, write)
+        except FileExistsError:
+            continue  # a concurrent publisher took this id; pick the next one
         request = {
             "checkpoint": ckpt,
             "step": step,
-            "path": rel,
+            "path": target.relative_to(run_dir).as_posix(),
             "config_digest": config_digest,
             "created": time.time(),
         }

@@ -12,7 +12,7 @@ Shape (all cadences are in optimizer updates)::
     hygiene:
       history:
         schema: 1                    # step record version (traceml_tui.core.records.RECORD_VERSION)
-        output: ranks                # relative folder of the append-only history
+        output: ranks                # the append-only history's folder: always ranks (the run directory layout)
       curve:
         cadence: 50                  # re-render learning_curve.png every N updates
       validation:
@@ -43,7 +43,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from traceml_tui.core.records import RECORD_VERSION
-from traceml_tui.core.rundir import LEARNING_CURVE
+from traceml_tui.core.rundir import LEARNING_CURVE, RANKS
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
 from traceml_tui.guard.contract import show_key, show_value  # user values in messages: one line, <= 80 chars
 
@@ -152,6 +152,13 @@ def _history(raw: Any) -> dict:
     if schema != RECORD_VERSION:
         raise HygieneConfigError(f"{path}.schema", f"unsupported history schema {schema} (this traceml writes {RECORD_VERSION})")
     output = _relative_path(_required(block, "output", path), f"{path}.output")
+    if output != RANKS:
+        # The history's home is fixed by the run directory layout (docs/hygiene.md): every reader
+        # (summary, daemon, curve, export) reads ranks/; another folder would be recorded and ignored.
+        raise HygieneConfigError(
+            f"{path}.output",
+            f"must be {RANKS} (the history is always ranks/rank_<r>/steps-<attempt>.jsonl), got {show_value(output)}",
+        )
     return {"schema": schema, "output": output}
 
 
@@ -264,3 +271,31 @@ def validation_config_digest(hygiene: dict) -> str:
     bound = {"recipe": validation.get("recipe"), "worker": validation.get("worker")}
     canonical = json.dumps(bound, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return "sha256:" + hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def changed_item(recorded: Any, current: Any, path: str = "hygiene") -> "str | None":
+    """The first item of the effective config that differs, as ``<path>: <recorded> -> <current>``; None if equal.
+
+    ``recorded`` is the block a run's manifest holds, ``current`` what
+    ``traceml.yaml`` parses to now (both normalized by :func:`parse_hygiene`).
+    A resumed run keeps its recorded policy (docs/hygiene.md): this names what
+    an edit changed, so the refusal can say it in one line.
+    """
+    if recorded == current:
+        return None
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        for key in [*current, *(k for k in recorded if k not in current)]:
+            where = f"{path}.{show_key(key)}"
+            if key not in recorded:
+                return f"{where}: (not recorded) -> {show_value(current[key])}"
+            if key not in current:
+                return f"{where}: {show_value(recorded[key])} -> (absent)"
+            found = changed_item(recorded[key], current[key], where)
+            if found is not None:
+                return found
+        return None
+    if recorded is None or current is None:
+        before = "(not declared)" if recorded is None else "declared"
+        after = "(not declared)" if current is None else "declared"
+        return f"{path}: {before} -> {after}"
+    return f"{path}: {show_value(recorded)} -> {show_value(current)}"

@@ -104,16 +104,25 @@ def _drain(argv: list[str]) -> int:
             override=args.recipe_override,
         )
     except DigestMismatch as exc:
-        if state["dirty"]:
-            _render(run_dir)
+        _after_drain(run_dir, state["dirty"])
         return _fail(str(exc))
-    if state["dirty"]:
-        _render(run_dir)
+    _after_drain(run_dir, state["dirty"])
     print(
         f"drained: {len(result.completed)} completed, {len(result.failed)} failed, "
         f"{len(result.interrupted)} interrupted; stopped: {result.reason}"
     )
     return 0
+
+
+def _after_drain(run_dir: Path, dirty: bool) -> None:
+    """Refresh the curve; on an ended run also its record (early stopping, summary: hygiene/finalize.py)."""
+    from traceml_tui.hygiene.finalize import refresh_ended_run
+
+    warnings = refresh_ended_run(run_dir, _render if dirty else None)
+    if warnings is None and dirty:
+        _render(run_dir)
+    for line in warnings or ():
+        print(f"traceml validate: warning: {line}", file=sys.stderr)
 
 
 def _render(run_dir: Path) -> None:

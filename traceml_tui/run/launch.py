@@ -100,6 +100,13 @@ class Launcher:
             raise LaunchError(f"--resume: no run {opts.run_name!r} to resume in {opts.logs_dir}")
         if opts.node_rank != 0:
             self._refuse_finished_run(manifest_path)
+            if opts.resume:
+                try:  # node 0 may not have resumed it yet; the hygiene block it recorded does not change
+                    recorded = artifacts.decode_manifest(manifest_path.read_bytes())
+                except OSError:
+                    recorded = None
+                if recorded is not None:
+                    self._keep_recorded_hygiene(recorded)
         try:
             self.node_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -130,6 +137,7 @@ class Launcher:
                     f"--resume: run {opts.run_name!r} ran with {topology.nnodes} node(s) x "
                     f"{topology.nproc_per_node} process(es); resume it with the same topology"
                 )
+            self._keep_recorded_hygiene(previous)
             self.manifest = msgspec.structs.replace(previous, attempts=previous.attempts + 1, status="running")
             atomic.atomic_write_json(manifest_path, artifacts.to_builtins(self.manifest))
             return
@@ -157,6 +165,25 @@ class Launcher:
         from traceml_tui.run.provenance import write_bundle
 
         write_bundle(self.layout, opts, self.config, self.hygiene)  # fresh run only; never raises
+
+    def _keep_recorded_hygiene(self, previous: artifacts.Manifest) -> None:
+        """A resumed run keeps the hygiene policy it recorded; an edited ``hygiene:`` block is refused.
+
+        docs/hygiene.md: "A changed policy on resume is refused". The recorded
+        block is then the one config of this launcher (the digest passed to the
+        ranks, its drainer, the final early-stopping pass), the same one the
+        script and manual drainers read from the manifest, so they never disagree.
+        """
+        from traceml_tui.hygiene.config import changed_item
+
+        recorded = previous.hygiene if isinstance(previous.hygiene, dict) else None
+        changed = changed_item(recorded, self.hygiene)
+        if changed is not None:
+            raise LaunchError(
+                f"--resume: traceml.yaml changed the run's recorded hygiene policy ({changed}); "
+                "restore it or choose a fresh --run-name"
+            )
+        self.hygiene = recorded
 
     def _refuse_used_run_dir(self) -> None:
         """A fresh run starts in an absent or empty folder: the one rule for "this run already exists".
@@ -488,15 +515,12 @@ class Launcher:
     def _write_summary(self) -> None:
         try:
             from traceml_tui.summary.build import build_summary
-            from traceml_tui.summary.text import render_text
+            from traceml_tui.summary.store import write_summary
 
             manifest = artifacts.to_builtins(self.manifest) if self.manifest is not None else None
             summary = build_summary(self.run_dir, manifest)
             summary["failure"] = self._failure_section()
-            summary["text"] = render_text(summary)
-            artifacts.check_summary(summary)  # a payload readers could not decode is not published
-            atomic.atomic_write_json(self.layout.summary_json, summary)
-            atomic.atomic_write_bytes(self.layout.summary_txt, summary["text"].encode("utf-8") + b"\n")
+            write_summary(self.run_dir, summary)
         except Exception as exc:  # noqa: BLE001 - a summary problem must not change the exit code
             _warn(f"could not write final_summary.json: {type(exc).__name__}: {exc}")
             return
@@ -615,18 +639,9 @@ class Launcher:
         self._consume_final_receipts()
 
     def _consume_final_receipts(self) -> None:
-        """Let the script's early stopping consume the receipts of the final drain (docs/hygiene.md).
+        """Let the script's early stopping consume the receipts of the final drain (docs/hygiene.md)."""
+        from traceml_tui.hygiene.finalize import consume_final_receipts
 
-        Once stopped, the decision's state is frozen: receipts of checkpoints after
-        the stop are recorded in ``after_stop`` and change nothing. Only a run whose script
-        used early stopping (``early_stopping.json`` exists) is touched.
-        """
-        if not self.layout.early_stopping.is_file():
-            return
-        try:
-            from traceml_tui.hygiene.early_stopping import EarlyStopping
-
-            EarlyStopping.from_config(self.run_dir, self.hygiene or {}).update()
-        except Exception as exc:  # noqa: BLE001 - the state stays as the script left it
-            _warn(f"early stopping did not consume the final receipts: {type(exc).__name__}: {exc}")
-
+        problem = consume_final_receipts(self.run_dir, self.hygiene or {})
+        if problem is not None:
+            _warn(problem)

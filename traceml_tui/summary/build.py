@@ -546,8 +546,12 @@ def _qc_section(ranks: dict[int, RankSteps]) -> dict:
     return field_qc.summarize_records(rec for series in ranks.values() for rec in series.fields)
 
 
-def _validation_section(run_dir: Path, manifest: dict) -> Optional[dict]:
-    """What the validation backlog delivered (seed 004), from the backlog and early-stopping files."""
+def validation_section(run_dir: Path, manifest: dict) -> Optional[dict]:
+    """What the validation backlog delivered (seed 004), from the backlog and early-stopping files.
+
+    The one builder of the summary's ``validation`` section: at the end of a run and when a drainer
+    refreshes an ended run's record (``summary/store.py``).
+    """
     from traceml_tui.hygiene.report import validation_report  # imported here: `traceml compare` loads this module
 
     hygiene = manifest.get("hygiene") if isinstance(manifest.get("hygiene"), dict) else None
@@ -607,7 +611,7 @@ def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[floa
         "step_memory": step_memory,
         "training": training_section(ranks, run_dir),
         "qc": _qc_section(loaded),
-        "validation": _validation_section(run_dir, manifest),
+        "validation": validation_section(run_dir, manifest),
         "environment": environment_section(),
         "text": "",
     }
