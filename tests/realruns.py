@@ -434,6 +434,9 @@ def hygiene_config() -> dict:
                 "first_evaluation": 0,
                 "worker": ["python", "validator.py", "--checkpoint", "{checkpoint}", "--step", "{step}"],
                 "lease_s": 30,
+                # no retry backoff: each drainer session of the case (and of tests on a copy) is a deliberate
+                # next attempt, and its failed request must be retryable at once
+                "retry_backoff_s": 0,
                 "dispatcher": "external",  # the harness drives the drainers itself, after training
             },
             "early_stopping": {"enabled": False, "reason": "fixture run: a fixed 10 updates"},

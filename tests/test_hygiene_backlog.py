@@ -265,8 +265,8 @@ def test_failures_stay_visible_and_retryable_never_a_result(tmp_path, traceml_cm
     # Retry: one succeeds, the other prints no metrics JSON and fails a second time.
     receipt_worker = ["sh", "-c", 'if [ "$2" = 10 ]; then echo "{\\"r2\\": 0.5}"; else echo "done, no metrics"; fi',
                       "sh", "{checkpoint}", "{step}"]
-    second = subprocess.run(_drain_cmd(traceml_cmd, run_dir, receipt_worker), env=cli_env, capture_output=True,
-                            text=True, timeout=60)
+    second = subprocess.run(_drain_cmd(traceml_cmd, run_dir, receipt_worker, "--retry-backoff", "0"), env=cli_env,
+                            capture_output=True, text=True, timeout=60)
     assert second.returncode == 0
     assert backlog.read_receipt(run_dir, bad_exit)["metrics"] == {"r2": 0.5}
     assert backlog.read_receipt(run_dir, bad_output) is None
@@ -288,8 +288,76 @@ def test_runtime_limit_leaves_unstarted_work_pending(tmp_path, traceml_cmd, cli_
     assert proc.returncode == 0 and "runtime_limit" in proc.stdout
     status = backlog.backlog_status(run_dir)
     assert 1 <= status["counts"]["completed"] < 6
-    assert all(row["state"] == "pending" for row in status["outstanding"])
-    assert backlog.list_failures(run_dir) == {}
+    # unstarted work stays pending; one the limit cut off (a loaded machine) is a failed attempt
+    cut = [row for row in status["outstanding"] if row["state"] != "pending"]
+    assert len(cut) <= 1 and all(r["state"] == "failed" and "runtime limit" in r["last_error"] for r in cut)
+
+
+def test_a_worker_cut_off_by_the_runtime_limit_is_a_failed_attempt_and_later_work_goes_first(
+        tmp_path, traceml_cmd, cli_env):
+    """QA #2: a worker that never returns, cut off by --max-runtime, left its request pending and taken first by
+    every next drainer, forever. Now it is a failed attempt (its group killed); after that the next drainer
+    takes the later requests while it backs off."""
+    run_dir = tmp_path / "run"
+    stuck, later = _publish(run_dir, [10, 20])
+    marker = tmp_path / "hung.pid"
+    hang = ["sh", "-c", f'if [ "$2" = 10 ]; then echo $$ > {marker}; sleep 600; fi; echo "{{\\"m\\": $2}}"',
+            "sh", "{checkpoint}", "{step}"]
+    first = subprocess.run(_drain_cmd(traceml_cmd, run_dir, hang, "--max-runtime", "2"), env=cli_env,
+                           capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0 and "runtime_limit" in first.stdout, first.stderr
+    assert [f["error"].split(" after")[0] for f in backlog.list_failures(run_dir)[stuck]] == [
+        "cut off by the drainer's runtime limit"]
+    assert _wait_for(lambda: _gone(int(marker.read_text())))  # its process group was killed
+    second = subprocess.run(_drain_cmd(traceml_cmd, run_dir, hang, "--retry-backoff", "600"), env=cli_env,
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and "drained: 1 completed, 0 failed" in second.stdout, second.stderr
+    assert backlog.read_receipt(run_dir, later)["metrics"] == {"m": 20.0}
+    assert [f["attempt"] for f in backlog.list_failures(run_dir)[stuck]] == [1]  # backing off: not retried
+
+
+def test_a_worker_past_its_timeout_is_killed_and_counted_as_failed(tmp_path, traceml_cmd, cli_env):
+    run_dir = tmp_path / "run"
+    stuck, later = _publish(run_dir, [10, 20])
+    hang = ["sh", "-c", 'if [ "$2" = 10 ]; then sleep 600; fi; echo "{\\"m\\": $2}"', "sh", "{checkpoint}", "{step}"]
+    done = subprocess.run(_drain_cmd(traceml_cmd, run_dir, hang, "--timeout", "1"), env=cli_env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "drained: 1 completed, 1 failed" in done.stdout, done.stderr
+    assert backlog.list_failures(run_dir)[stuck][0]["error"] == "timed out after 1 s (hygiene.validation.timeout_s)"
+    assert backlog.read_receipt(run_dir, later) is not None
+
+
+def test_a_failed_request_backs_off_before_its_retry(tmp_path, traceml_cmd, cli_env):
+    """QA #1: the dispatcher started a drainer every second and each retried a failed request at once, burning
+    every attempt in seconds. A failed request now waits out a backoff; other work goes on meanwhile."""
+    run_dir = tmp_path / "run"
+    flaky, fine = _publish(run_dir, [10, 20])
+    worker = ["sh", "-c", 'if [ "$2" = 10 ]; then echo "CUDA out of memory" >&2; exit 1; fi; echo "{\\"m\\": 1}"',
+              "sh", "{checkpoint}", "{step}"]
+    for _ in range(3):  # three drainers in a row, as a dispatcher would start them
+        done = subprocess.run(_drain_cmd(traceml_cmd, run_dir, worker, "--retry-backoff", "600"), env=cli_env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    assert [f["attempt"] for f in backlog.list_failures(run_dir)[flaky]] == [1]  # one attempt, not three
+    assert backlog.read_receipt(run_dir, fine) is not None
+    from traceml_tui.hygiene.dispatch import has_unreceipted, next_retry_s
+
+    assert not has_unreceipted(run_dir, 3, 600.0)  # nothing for a dispatcher to start a drainer for …
+    assert next_retry_s(run_dir, 3, 600.0) > 0  # … until the backoff has passed
+    row = backlog.backlog_status(run_dir)["outstanding"][0]
+    assert row["state"] == "failed" and row["retry_at"] is not None  # the state word stays `failed`
+    text = subprocess.run([*traceml_cmd, "validate", "status", str(run_dir)], env=cli_env, capture_output=True,
+                          text=True, timeout=30).stdout
+    assert "retry in" in text
+
+
+def test_retry_backoff_doubles_per_failure_and_is_capped():
+    from traceml_tui.core.state import RETRY_BACKOFF_CAP_S, retry_ready_at
+
+    assert retry_ready_at(failures=0, last_failed=100.0, backoff_s=5) is None
+    assert [retry_ready_at(failures=n, last_failed=100.0, backoff_s=5) for n in (1, 2, 3)] == [105.0, 110.0, 120.0]
+    assert retry_ready_at(failures=40, last_failed=0.0, backoff_s=5) == RETRY_BACKOFF_CAP_S
+    assert retry_ready_at(failures=2, last_failed=100.0, backoff_s=0) is None
 
 
 @pytest.mark.parametrize(
@@ -297,10 +365,15 @@ def test_runtime_limit_leaves_unstarted_work_pending(tmp_path, traceml_cmd, cli_
     [
         (["drain", "{run}"], "needs a worker command"),
         (["drain", "{run}", "--", "python", "v.py"], "{checkpoint} placeholder"),
-        (["drain", "{run}/missing", "--", "x", "{checkpoint}"], "run directory not found"),
+        (["drain", "{run}/missing", "--", "x", "{checkpoint}"], "does not exist"),
         (["drain", "{run}", "--lease", "-1", "--", "x", "{checkpoint}"], "--lease"),
         (["drain", "{run}", "--lease", "inf", "--", "x", "{checkpoint}"], "--lease"),
-        (["status", "{run}/missing"], "run directory not found"),
+        (["status", "{run}/missing"], "does not exist"),
+        # a folder that is not a run (a mistyped logs dir): refused, like `traceml curve` does (QA #12a)
+        (["status", "{run}"], "is not a run directory"),
+        (["drain", "{run}", "--", "x", "{checkpoint}"], "is not a run directory"),
+        (["drain", "{run}", "--retry-backoff", "-1", "--", "x", "{checkpoint}"], "--retry-backoff"),
+        (["drain", "{run}", "--timeout", "0", "--", "x", "{checkpoint}"], "--timeout"),
         (["frobnicate"], "unknown subcommand"),
         ([], "give a subcommand"),
         (["status", "{run}", "--max-attempts", "0"], "--max-attempts"),

@@ -68,6 +68,7 @@ def test_documented_example_normalizes_with_defaults():
     cfg = parse_hygiene(EXAMPLE)
     assert cfg["validation"]["worker"] == ["python", "validate.py", "--checkpoint", "{checkpoint}"]
     assert cfg["validation"]["lease_s"] == 60.0 and cfg["validation"]["max_attempts"] == 3
+    assert cfg["validation"]["retry_backoff_s"] == 5.0 and cfg["validation"]["timeout_s"] == 3600.0
     assert cfg["early_stopping"] == {
         "enabled": True, "metric": "r2", "direction": "max", "min_delta": 0.001,
         "patience": 3, "warmup": 200, "max_budget": 5000,
@@ -101,6 +102,10 @@ def test_each_missing_required_item_is_refused_by_name(path):
         (("history", "schema"), 2, "hygiene.history.schema: unsupported history schema 2"),
         (("qc",), "often", "hygiene.qc: must be a mapping"),
         (("validation", "surprise"), 1, "hygiene.validation.surprise: unknown key"),
+        (("validation", "timeout_s"), 0, "hygiene.validation.timeout_s: must be a finite number >= 1"),
+        (("validation", "retry_backoff_s"), -1, "hygiene.validation.retry_backoff_s: must be a finite number >= 0"),
+        # no checkpoint before the budget would be eligible: early stopping could never act
+        (("early_stopping", "warmup"), 5000, "hygiene.early_stopping.warmup: must be below max_budget (5000)"),
     ],
 )
 def test_malformed_items_are_refused_by_name(path, value, expect):

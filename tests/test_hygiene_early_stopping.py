@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -162,22 +163,28 @@ def test_receipts_drained_after_a_patience_stop_do_not_change_the_decision(tmp_p
 
 
 def test_receipts_drained_after_a_budget_stop_count_up_to_the_budget(tmp_path):
-    """A budget stop is no verdict on evaluations: checkpoints up to the budget's update still count when
-    drained later (until patience would have run out); a checkpoint after it is recorded, not counted."""
+    """A budget stop is no verdict on evaluations: checkpoints up to the update it stopped at (its own update
+    included) still count when drained later; only a checkpoint after it is recorded, not counted. No
+    evaluation decided the stop, so it has no trigger checkpoint (QA #10: it named the last consumed one)."""
     run_dir = tmp_path / "run"
     es = EarlyStopping(run_dir, metric="val_loss", direction="min", min_delta=0.0, patience=1, max_budget=40)
     ckpts = {step: _request(run_dir, step) for step in (10, 20, 30, 40, 50)}
     _complete(run_dir, ckpts[10], 1.0)
     assert es.update(40) is True and es.state["reason"] == "max_budget" and es.state["trigger_step"] == 40
-    for step, value in [(20, 0.5), (30, 0.6), (40, 0.7), (50, 0.1)]:
+    assert es.state["trigger_checkpoint"] is None  # step-10 was consumed last, but it decided nothing
+    for step, value in [(20, 0.5), (30, 0.6), (40, 0.45), (50, 0.1)]:
         _complete(run_dir, ckpts[step], value)
     assert es.update() is True
     state = es.state
-    # 20 improves, 30 uses up patience 1; 40 (patience had run out) and 50 (after the budget) are after the stop
-    assert (state["best_checkpoint"], state["patience_counter"], state["evaluations"]) == (ckpts[20], 1, 3)
-    assert (state["reason"], state["trigger_step"]) == ("max_budget", 40)
-    assert state["after_stop"] == [{"checkpoint": ckpts[40], "step": 40, "value": 0.7},
-                                   {"checkpoint": ckpts[50], "step": 50, "value": 0.1}]
+    # 20 improves, 30 does not, 40 (the stop's own update) improves again; 50 is after the stop
+    assert (state["best_checkpoint"], state["patience_counter"], state["evaluations"]) == (ckpts[40], 0, 4)
+    assert (state["reason"], state["trigger_checkpoint"], state["trigger_step"]) == ("max_budget", None, 40)
+    assert state["after_stop"] == [{"checkpoint": ckpts[50], "step": 50, "value": 0.1}]
+
+    from traceml_tui.hygiene.report import report_lines, validation_report
+
+    assert "  early stopping: stopped, max_budget at update 40; 1 evaluation after the stop not counted" in \
+        report_lines(validation_report(run_dir))
 
 
 def test_summary_and_panel_agree_with_the_stop_and_name_what_came_after(tmp_path):
@@ -208,3 +215,96 @@ def test_summary_and_panel_agree_with_the_stop_and_name_what_came_after(tmp_path
         "stopped: patience exhausted at step-00000900 (step 900)",
         "after the stop: 4 evaluations (steps 1000–1300) recorded, not counted",
     ]
+
+
+def test_a_blocked_checkpoint_is_skipped_with_its_reason_and_later_receipts_count(tmp_path):
+    """QA #1: a blocked request (every allowed attempt failed; nobody retries it) froze early stopping for the
+    rest of the run. It is now recorded as skipped with its reason; later receipts are consumed in order.
+    The backlog comes from a real `traceml validate drain` whose worker fails on step 20."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    ckpts = {step: _request(run_dir, step) for step in (10, 20, 30, 40)}
+    worker = ["sh", "-c", 'if [ "$1" = 20 ]; then echo "disk full" >&2; exit 1; fi; '
+              'echo "{\\"val_loss\\": $(( 100 - $1 ))}"', "sh", "{step}", "{checkpoint}"]
+    done = subprocess.run([sys.executable, "-m", "traceml_tui", "validate", "drain", str(run_dir), "--no-curve",
+                           "--max-attempts", "1", "--", *worker], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "3 completed, 1 failed" in done.stdout, done.stderr
+    es = EarlyStopping(run_dir, metric="val_loss", direction="min", min_delta=0.0, patience=2, max_attempts=1)
+    assert es.update(40) is False
+    state = es.state
+    assert state["consumed"] == [ckpts[s] for s in (10, 20, 30, 40)]
+    assert state["skipped"] == [{"checkpoint": ckpts[20], "step": 20,
+                                 "reason": "blocked after 1 failed attempts (last: exit code 1: disk full)"}]
+    assert (state["best_checkpoint"], state["evaluations"], state["patience_counter"]) == (ckpts[40], 3, 0)
+
+    # with attempts left (the default 3) the failed request is waited for: never skipped, never counted
+    other = tmp_path / "other"
+    shutil.copytree(run_dir / "validation", other / "validation")
+    waiting = EarlyStopping(other, metric="val_loss", direction="min", min_delta=0.0, patience=2)
+    waiting.update(40)
+    assert waiting.state["consumed"] == [ckpts[10]] and waiting.state["skipped"] == []
+
+    from traceml_tui.hygiene.report import report_lines, validation_report
+
+    lines = report_lines(validation_report(run_dir))
+    assert ("  early stopping: skipped blocked step-00000020 (update 20): blocked after 1 failed attempts "
+            "(last: exit code 1: disk full)") in lines
+
+
+def test_a_metric_no_receipt_reports_is_flagged_in_the_summary_and_the_panel(tmp_path):
+    """QA #9: early_stopping.metric missing from every receipt (R2 vs r2) silently disabled early stopping."""
+    pytest.importorskip("textual")
+    from types import SimpleNamespace
+
+    from traceml_tui.core.state import BacklogState
+    from traceml_tui.hygiene.report import report_lines, validation_report
+    from traceml_tui.tui.source import _early_stopping
+    from traceml_tui.tui.widgets.early_stopping_panel import early_stopping_lines
+
+    run_dir = tmp_path / "run"
+    ckpts = [_request(run_dir, step) for step in (10, 20)]
+    for ckpt in ckpts:
+        backlog.write_receipt(run_dir, backlog.read_json(RunDir(run_dir).request(ckpt)), {"r2": 0.5, "mse": 1.0})
+    es = EarlyStopping(run_dir, metric="R2", direction="max", min_delta=0.0, patience=2)
+    assert es.update(20) is False
+    assert es.state["missing_metric"] == [{"checkpoint": c, "step": s, "metrics": ["mse", "r2"]}
+                                          for c, s in zip(ckpts, (10, 20))]
+    note = "2 completed evaluations without the monitored metric R2 (not counted; they report mse, r2)"
+    section = validation_report(run_dir)
+    assert f"  early stopping: {note}" in report_lines(section)
+
+    def texts(info):
+        return [line[0] if isinstance(line, tuple) else line for line in early_stopping_lines(info)]
+
+    # at the end: from the summary's section
+    info = _early_stopping(SimpleNamespace(early_stopping=section["early_stopping"], best=section["best"]), None, [])
+    assert texts(info)[-1] == note
+    # live: from the manifest's policy and the receipts so far (same words)
+    manifest = SimpleNamespace(hygiene_block={"early_stopping": {"metric": "R2", "direction": "max", "patience": 2}})
+    rows = [SimpleNamespace(state=BacklogState.COMPLETED, metrics=(("mse", 1.0), ("r2", 0.5)), checkpoint=c, step=s)
+            for c, s in zip(ckpts, (10, 20))]
+    assert texts(_early_stopping(None, manifest, rows))[-1] == note
+
+
+def test_the_curve_marks_a_budget_stop_at_its_update(tmp_path):
+    """QA #10: the legend named the last consumed checkpoint ("at step-00000200") for a stop at update 600."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from traceml_tui.hygiene.curve import CurveData, _mark_early_stopping
+
+    run_dir = tmp_path / "run"
+    es = EarlyStopping(run_dir, metric="val_loss", direction="min", min_delta=0.0, patience=5, max_budget=600)
+    _complete(run_dir, _request(run_dir, 200), 1.0)
+    assert es.update(600) is True
+    fig, ax = plt.subplots()
+    _mark_early_stopping(ax, CurveData(run="r", attempts=[], evals=[], unfinished=[], early_stopping=es.state))
+    stop = [line for line in ax.get_lines() if str(line.get_label()).startswith("early stop")]
+    assert [str(line.get_label()) for line in stop] == ["early stop (max_budget) at update 600"]
+    assert list(stop[0].get_xdata()) == [600, 600]
+    plt.close(fig)

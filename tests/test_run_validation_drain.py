@@ -20,7 +20,8 @@ import yaml
 
 
 def _launch(tmp_path: Path, *script_args: str, dispatcher: str | None = None,
-            early_stopping: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+            early_stopping: dict | None = None, validation: dict | None = None,
+            plan: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(realruns.VALIDATOR_SCRIPT, work / "validator.py")
@@ -30,11 +31,15 @@ def _launch(tmp_path: Path, *script_args: str, dispatcher: str | None = None,
         config["hygiene"]["validation"]["dispatcher"] = dispatcher
     if early_stopping is not None:
         config["hygiene"]["early_stopping"] = early_stopping
+    config["hygiene"]["validation"].update(validation or {})
     (work / "traceml.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    env = realruns.subprocess_env(work / "state")
+    if plan is not None:  # what tests/scripts/validator.py does per checkpoint
+        (work / "plan.json").write_text(json.dumps(plan))
+        env["REALRUNS_VALIDATION_PLAN"] = str(work / "plan.json")
     args = [sys.executable, "-m", "traceml_tui", "run", str(realruns.HYGIENE_SCRIPT), "--run-name", "drained",
             "--args", *script_args]
-    done = subprocess.run(args, cwd=work, env=realruns.subprocess_env(work / "state"), capture_output=True,
-                          text=True, timeout=180)
+    done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=180)
     return done, work / "logs" / "drained"
 
 
@@ -130,3 +135,45 @@ def test_an_external_drainer_after_the_run_brings_its_record_up_to_date(tmp_path
     again = subprocess.run([sys.executable, "-m", "traceml_tui", "validate", "drain", str(run_dir), "--", *worker],
                            cwd=run_dir.parents[1], env=env, capture_output=True, text=True, timeout=180)
     assert again.returncode == 0 and (run_dir / "final_summary.json").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.slow
+def test_a_worker_that_never_returns_is_timed_out_blocked_and_skipped_and_said_so(tmp_path: Path) -> None:
+    """QA #2, #1, #9, #11: a hung worker is killed after hygiene.validation.timeout_s and counts as a failed
+    attempt, so the run ends (a bounded final drain) and later checkpoints are validated; the blocked one is
+    skipped by early stopping instead of freezing it; a monitored metric no receipt reports is flagged; and a
+    manual drainer afterwards respects the run's declared max_attempts."""
+    policy = {"metric": "R2", "direction": "max", "min_delta": 0.0, "patience": 10, "warmup": 0, "max_budget": 100}
+    done, run_dir = _launch(tmp_path, "--steps", "6", "--early-stopping", early_stopping=policy,
+                            validation={"timeout_s": 2, "max_attempts": 1, "retry_backoff_s": 0},
+                            plan={"step-00000002": "hang"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    failures = sorted((run_dir / "validation" / "failures").glob("*.json"))
+    assert [p.name for p in failures] == ["step-00000002-1.json"]
+    assert json.loads(failures[0].read_text())["error"].startswith("timed out after 2 s")
+    receipts = sorted(p.stem for p in (run_dir / "validation" / "receipts").glob("*.json"))
+    assert receipts == ["step-00000000", "step-00000004", "step-00000006"]  # later work was not held up
+
+    state = json.loads((run_dir / "early_stopping.json").read_text())
+    assert state["consumed"] == ["step-00000000", "step-00000002", "step-00000004", "step-00000006"]
+    assert [(e["checkpoint"], e["reason"].split(" (")[0]) for e in state["skipped"]] == [
+        ("step-00000002", "blocked after 1 failed attempts")]
+    assert [e["checkpoint"] for e in state["missing_metric"]] == receipts
+    assert state["missing_metric"][0]["metrics"] == ["mse", "r2"]
+
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("traceml run: warning:")]
+    assert any(w.startswith("traceml run: warning: validation blocked: step-00000002 (update 2) failed 1 attempts "
+                            "(last: timed out after 2 s") for w in warnings), warnings
+    assert "traceml run: warning: early stopping: skipped blocked step-00000002 (update 2): blocked after 1 " \
+        "failed attempts (last: timed out after 2 s (hygiene.validation.timeout_s))" in warnings
+    note = "3 completed evaluations without the monitored metric R2 (not counted; they report mse, r2)"
+    assert f"traceml run: warning: early stopping: {note}" in warnings
+    text = (run_dir / "final_summary.txt").read_text()
+    assert f"  early stopping: {note}" in text and "  early stopping: skipped blocked step-00000002" in text
+
+    # A manual drainer reads the run's declared max_attempts (1): the blocked request is not retried.
+    worker = json.loads((run_dir / "manifest.json").read_text())["hygiene"]["validation"]["worker"]
+    again = subprocess.run([sys.executable, "-m", "traceml_tui", "validate", "drain", str(run_dir), "--no-curve",
+                            "--", *worker], cwd=tmp_path / "work", env=realruns.subprocess_env(tmp_path / "state"),
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "drained: 0 completed, 0 failed" in again.stdout, again.stderr

@@ -232,6 +232,23 @@ def is_run_dir(path: os.PathLike[str] | str) -> bool:
     return False
 
 
+def run_dir_problem(path: os.PathLike[str] | str, *, backlog: bool = False) -> Optional[str]:
+    """Why ``path`` cannot be used as a run directory, in one line; None when it can.
+
+    Commands that act on one run (``traceml curve``, ``traceml validate``) refuse
+    anything else: an empty or unrelated folder (a mistyped logs dir) would
+    otherwise get a curve of nothing or a backlog that reports success forever.
+    ``backlog``: a folder holding only a ``validation/`` backlog (the SDK's
+    ``publish_checkpoint`` without a run) counts too.
+    """
+    if not os.path.isdir(path):
+        return f"run directory {os.fspath(path)} {'is not a folder' if os.path.exists(path) else 'does not exist'}"
+    if is_run_dir(path) or (backlog and os.path.isdir(os.path.join(path, VALIDATION, "requests"))):
+        return None
+    markers = "manifest.json, ranks/ or nodes/" + (" or validation/requests/" if backlog else "")
+    return f"{os.fspath(path)} is not a run directory (no {markers})"
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Every path of one run, and the listings of its ranks, nodes and backlog."""

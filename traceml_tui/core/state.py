@@ -108,6 +108,15 @@ STALL_FLOOR_S = 30.0
 STALL_INTERVALS = 10.0
 #: Validation attempts per checkpoint before a request is blocked (``hygiene.validation.max_attempts``).
 DEFAULT_MAX_ATTEMPTS = 3
+#: Seconds a failed request waits before its first retry (``hygiene.validation.retry_backoff_s``);
+#: each further failure doubles the wait, up to :data:`RETRY_BACKOFF_CAP_S` (docs/hygiene.md).
+DEFAULT_RETRY_BACKOFF_S = 5.0
+RETRY_BACKOFF_CAP_S = 600.0
+#: Seconds one validation worker may run on one request before it counts as a failed attempt
+#: (``hygiene.validation.timeout_s``).
+DEFAULT_WORKER_TIMEOUT_S = 3600.0
+#: Claim lease of a validation drainer (``hygiene.validation.lease_s``).
+DEFAULT_LEASE_S = 60.0
 
 #: ``rank_end`` statuses the SDK writes after a normal end of the script.
 _CLEAN_ENDS = frozenset({"exited", "completed"})
@@ -427,6 +436,21 @@ def decide_backlog(*, has_receipt: bool, has_claim: bool, claim_stale: bool, fai
     if failures:
         return BacklogState.FAILED
     return BacklogState.PENDING
+
+
+def retry_ready_at(*, failures: int, last_failed: Optional[float],
+                   backoff_s: float = DEFAULT_RETRY_BACKOFF_S) -> Optional[float]:
+    """When a failed request may be tried again (unix seconds); None when nothing holds it back.
+
+    A failure is often transient (a busy GPU, a full disk): retrying at once
+    burns every allowed attempt in seconds. The n-th failure holds the request
+    back ``backoff_s × 2^(n-1)`` seconds after it (capped at
+    :data:`RETRY_BACKOFF_CAP_S`); drainers take other ready requests meanwhile.
+    Backoff changes when a request is retried, never its state word.
+    """
+    if failures <= 0 or last_failed is None or backoff_s <= 0:
+        return None
+    return last_failed + min(RETRY_BACKOFF_CAP_S, backoff_s * 2.0 ** min(failures - 1, 30))
 
 
 def count_states(states: Iterable[str], order: Sequence[str]) -> dict[str, int]:

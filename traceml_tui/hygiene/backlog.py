@@ -34,7 +34,13 @@ from traceml_tui.core import owner as core_owner
 from traceml_tui.core.atomic import atomic_write_json, dumps_json, fsync_dir
 from traceml_tui.core.jsonsafe import loads_bounded
 from traceml_tui.core.rundir import BACKLOG_KINDS, RunDir
-from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS, BacklogState
+from traceml_tui.core.state import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_RETRY_BACKOFF_S,
+    DEFAULT_WORKER_TIMEOUT_S,
+    BacklogState,
+)
 
 
 def ensure_dirs(run_dir: Path) -> None:
@@ -104,6 +110,24 @@ def list_failures(run_dir: Path) -> dict[str, list[dict]]:
     for records in grouped.values():
         records.sort(key=lambda r: r.get("attempt") if isinstance(r.get("attempt"), int) else 0)
     return grouped
+
+
+def failures_of(run_dir: Path, checkpoint: str) -> list[dict]:
+    """The failure records of one checkpoint, oldest attempt first."""
+    prefix = f"{checkpoint}-"
+    records = []
+    for path in RunDir(run_dir).backlog_files("failures"):
+        if path.stem.startswith(prefix) and path.stem[len(prefix):].isdigit():
+            record = read_json(path)
+            records.append(record if record is not None else {"checkpoint": checkpoint})
+    records.sort(key=lambda r: r.get("attempt") if isinstance(r.get("attempt"), int) else 0)
+    return records
+
+
+def last_failed(records: list[dict]) -> Optional[float]:
+    """When the newest of these failure records was written (None when none says)."""
+    times = [r["failed"] for r in records if isinstance(r.get("failed"), (int, float)) and not isinstance(r.get("failed"), bool)]
+    return max(times) if times else None
 
 
 def failure_count(run_dir: Path, checkpoint: str) -> int:
@@ -198,7 +222,7 @@ def try_claim(run_dir: Path, checkpoint: str, owner: dict, lease_s: float) -> Op
     return claim if _link_exclusive(path, claim) else None
 
 
-def _lock(lock_path: Path) -> int:
+def hold_lock(lock_path: Path) -> int:
     """Take the flock of ``lock_path`` (created if missing); returns the locked fd.
 
     The holder removes the lock file before releasing it, so a waiter that
@@ -221,7 +245,7 @@ def _lock(lock_path: Path) -> int:
         os.close(fd)
 
 
-def _unlock(lock_path: Path, fd: int) -> None:
+def release_lock(lock_path: Path, fd: int) -> None:
     """Remove the lock file while still holding it, then release it."""
     try:
         os.unlink(lock_path)
@@ -348,7 +372,7 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
     layout = RunDir(run_dir)
     path = layout.claim(checkpoint)
     lock_path = layout.claim_lock(checkpoint)
-    fd = _lock(lock_path)
+    fd = hold_lock(lock_path)
     try:
         try:
             with open(path, "rb") as handle:
@@ -374,7 +398,7 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
         fsync_dir(path.parent)
         return True
     finally:
-        _unlock(lock_path, fd)
+        release_lock(lock_path, fd)
 
 
 def heartbeat(run_dir: Path, claim: dict) -> bool:
@@ -436,23 +460,64 @@ def write_failure(run_dir: Path, checkpoint: str, error: str) -> dict:
 # --------------------------------------------------------------------------- status
 
 
-def claimable(run_dir: Path, checkpoint: str, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> bool:
-    """Whether a drainer may take this request: it has no receipt and is not blocked (claims aside)."""
+def retry_wait(run_dir: Path, checkpoint: str, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+               backoff_s: float = DEFAULT_RETRY_BACKOFF_S, now: Optional[float] = None) -> Optional[float]:
+    """Whether a drainer may take this request (claims aside), and when.
+
+    ``None``: never (it has a receipt or is blocked); ``0.0``: now; otherwise
+    the seconds until its retry backoff (:func:`traceml_tui.core.state.retry_ready_at`) has passed.
+    """
+    records = failures_of(run_dir, checkpoint)
     word = state.decide_backlog(
         has_receipt=RunDir(run_dir).receipt(checkpoint).exists(), has_claim=False, claim_stale=False,
-        failures=failure_count(run_dir, checkpoint), max_attempts=max_attempts,
+        failures=len(records), max_attempts=max_attempts,
     )
-    return word not in (BacklogState.COMPLETED, BacklogState.BLOCKED)
+    if word in (BacklogState.COMPLETED, BacklogState.BLOCKED):
+        return None
+    ready = state.retry_ready_at(failures=len(records), last_failed=last_failed(records), backoff_s=backoff_s)
+    now = time.time() if now is None else now
+    return 0.0 if ready is None or ready <= now else ready - now
 
 
-def declared_max_attempts(run_dir: Path) -> int:
-    """``hygiene.validation.max_attempts`` from the run's manifest, else :data:`DEFAULT_MAX_ATTEMPTS`."""
+def claimable(run_dir: Path, checkpoint: str, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+              backoff_s: float = DEFAULT_RETRY_BACKOFF_S, now: Optional[float] = None) -> bool:
+    """Whether a drainer may take this request now: no receipt, not blocked, not backing off (claims aside)."""
+    return retry_wait(run_dir, checkpoint, max_attempts=max_attempts, backoff_s=backoff_s, now=now) == 0.0
+
+
+def declared_validation(run_dir: Path) -> dict[str, float]:
+    """The run's validation settings as its manifest declares them, defaults filled in (docs/hygiene.md).
+
+    The one place that answers "the run's max_attempts" (and lease, retry
+    backoff, worker timeout) for drainers, ``validate status``, the summary,
+    early stopping and watch's source: ``max_attempts``, ``lease_s``,
+    ``retry_backoff_s``, ``timeout_s``. A run without a manifest (the SDK
+    without ``traceml run``) gets the defaults of :mod:`traceml_tui.core.state`.
+    """
     try:
         manifest = artifacts.decode_manifest(RunDir(run_dir).manifest.read_bytes())
     except OSError:
         manifest = None
-    declared = manifest.max_validation_attempts if manifest is not None else None
-    return declared if declared is not None else DEFAULT_MAX_ATTEMPTS
+    block = manifest.hygiene_block.get("validation") if manifest is not None else None
+    block = block if isinstance(block, dict) else {}
+
+    def number(key: str, default: float, *, zero_ok: bool = False) -> float:
+        value = block.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > 0 or (zero_ok and value == 0))
+        return float(value) if ok else default
+
+    attempts = manifest.max_validation_attempts if manifest is not None else None
+    return {
+        "max_attempts": attempts if attempts is not None else DEFAULT_MAX_ATTEMPTS,
+        "lease_s": number("lease_s", DEFAULT_LEASE_S),
+        "retry_backoff_s": number("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S, zero_ok=True),
+        "timeout_s": number("timeout_s", DEFAULT_WORKER_TIMEOUT_S),
+    }
+
+
+def declared_max_attempts(run_dir: Path) -> int:
+    """``hygiene.validation.max_attempts`` from the run's manifest, else :data:`DEFAULT_MAX_ATTEMPTS`."""
+    return int(declared_validation(run_dir)["max_attempts"])
 
 
 def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Optional[float] = None) -> dict:
@@ -468,8 +533,9 @@ def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Op
     ``max_attempts`` defaults to the run's declared value (:func:`declared_max_attempts`).
     """
     now = time.time() if now is None else now
+    declared = declared_validation(run_dir)
     if max_attempts is None:
-        max_attempts = declared_max_attempts(run_dir)
+        max_attempts = int(declared["max_attempts"])
     requests = list_requests(run_dir)
     receipts = list_receipts(run_dir)
     failures = list_failures(run_dir)
@@ -495,6 +561,10 @@ def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Op
             max_attempts=max_attempts,
         )
         row["state"] = word.value
+        # A failed request with a retry left waits out its backoff (core/state.py retry_ready_at).
+        ready = state.retry_ready_at(failures=len(fails), last_failed=last_failed(fails),
+                                     backoff_s=declared["retry_backoff_s"]) if word is BacklogState.FAILED else None
+        row["retry_at"] = ready if ready is not None and ready > now else None
         if receipt is not None:
             row["metrics"] = receipt.get("metrics", {})
             row["completed"] = receipt.get("completed")
@@ -510,5 +580,6 @@ def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Op
         "latest_requested": None if latest is None else {"checkpoint": latest["checkpoint"], "step": latest["step"]},
         "counts": counts,
         "outstanding": [{"checkpoint": r["checkpoint"], "step": r["step"], "state": r["state"],
-                         "failures": r["failures"], "last_error": r["last_error"]} for r in outstanding],
+                         "failures": r["failures"], "last_error": r["last_error"], "retry_at": r["retry_at"]}
+                        for r in outstanding],
     }

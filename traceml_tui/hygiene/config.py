@@ -44,7 +44,12 @@ from typing import Any
 
 from traceml_tui.core.records import RECORD_VERSION
 from traceml_tui.core.rundir import LEARNING_CURVE, RANKS
-from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
+from traceml_tui.core.state import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_RETRY_BACKOFF_S,
+    DEFAULT_WORKER_TIMEOUT_S,
+)
 from traceml_tui.guard.contract import show_key, show_value  # user values in messages: one line, <= 80 chars
 
 DIRECTIONS = ("min", "max")
@@ -173,14 +178,16 @@ def _curve(raw: Any) -> dict:
 def _validation(raw: Any) -> dict:
     path = "hygiene.validation"
     block = _mapping(raw, path)
-    _unknown_keys(block, ("recipe", "cadence", "first_evaluation", "worker", "lease_s", "max_attempts", "dispatcher"),
-                  path)
+    _unknown_keys(block, ("recipe", "cadence", "first_evaluation", "worker", "lease_s", "max_attempts", "dispatcher",
+                          "retry_backoff_s", "timeout_s"), path)
     recipe = _text(_required(block, "recipe", path), f"{path}.recipe")
     cadence = _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)
     first = _int(_required(block, "first_evaluation", path), f"{path}.first_evaluation", minimum=0)
     worker = _worker(_required(block, "worker", path), f"{path}.worker")
-    lease = _number(block.get("lease_s", 60), f"{path}.lease_s", minimum=1)
+    lease = _number(block.get("lease_s", DEFAULT_LEASE_S), f"{path}.lease_s", minimum=1)
     attempts = _int(block.get("max_attempts", DEFAULT_MAX_ATTEMPTS), f"{path}.max_attempts", minimum=1)
+    backoff = _number(block.get("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S), f"{path}.retry_backoff_s", minimum=0)
+    timeout = _number(block.get("timeout_s", DEFAULT_WORKER_TIMEOUT_S), f"{path}.timeout_s", minimum=1)
     dispatcher = block.get("dispatcher", DISPATCH_LAUNCHER)
     if dispatcher not in DISPATCHERS:
         raise HygieneConfigError(f"{path}.dispatcher", f"must be one of {', '.join(DISPATCHERS)}, got {show_value(dispatcher)}")
@@ -191,6 +198,8 @@ def _validation(raw: Any) -> dict:
         "worker": worker,
         "lease_s": lease,
         "max_attempts": attempts,
+        "retry_backoff_s": backoff,
+        "timeout_s": timeout,
         "dispatcher": dispatcher,
     }
 
@@ -218,6 +227,10 @@ def _early_stopping(raw: Any) -> dict:
     patience = _int(_required(block, "patience", path), f"{path}.patience", minimum=1)
     warmup = _int(block.get("warmup", 0) if block.get("warmup") is not None else 0, f"{path}.warmup", minimum=0)
     max_budget = _int(_required(block, "max_budget", path), f"{path}.max_budget", minimum=1)
+    if warmup >= max_budget:
+        # No checkpoint before the budget would be eligible: early stopping could never act.
+        raise HygieneConfigError(f"{path}.warmup", f"must be below max_budget ({max_budget}), got {warmup}; "
+                                 "a fixed-duration protocol declares enabled: false with its reason")
     return {
         "enabled": True,
         "metric": metric,

@@ -365,8 +365,11 @@ def _mark_early_stopping(ax, data: CurveData) -> None:
         ax.axvline(state["best_step"], color="tab:purple", linestyle=":", linewidth=1.2,
                    label=f"selected best: {state.get('best_checkpoint')}")
     if state.get("stopped") and isinstance(state.get("trigger_step"), int):
+        # Drawn at the stop's update and labelled with it; a budget stop has no trigger checkpoint.
+        ckpt = state.get("trigger_checkpoint")
         ax.axvline(state["trigger_step"], color="tab:red", linestyle=":", linewidth=1.2,
-                   label=f"early stop ({state.get('reason')}) at {state.get('trigger_checkpoint') or state['trigger_step']}")
+                   label=f"early stop ({state.get('reason')}) at update {state['trigger_step']}"
+                         + (f" ({ckpt})" if ckpt else ""))
 
 
 def _draw_task(ax, data: CurveData) -> None:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from traceml_tui.core.cliargs import OneLineParser
-from traceml_tui.core.rundir import is_run_dir
+from traceml_tui.core.rundir import run_dir_problem
 
 
 def main(argv: list[str]) -> int:
@@ -16,12 +16,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default=None, help="write here (a .png) instead of <run_dir>/learning_curve.png")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        what = "is not a folder" if run_dir.exists() else "does not exist"
-        print(f"traceml curve: run directory {run_dir} {what}", file=sys.stderr)
-        return 2
-    if not is_run_dir(run_dir):  # an empty or unrelated folder would get a curve of nothing
-        print(f"traceml curve: {run_dir} is not a run directory (no manifest.json, ranks/ or nodes/)", file=sys.stderr)
+    problem = run_dir_problem(run_dir)  # an empty or unrelated folder would get a curve of nothing
+    if problem is not None:
+        print(f"traceml curve: {problem}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else None
     if out is not None and (out.suffix.lower() != ".png" or out.is_dir()):

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 from traceml_tui.core import artifacts
 from traceml_tui.core.rundir import RunDir
-from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
+from traceml_tui.core.state import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_RETRY_BACKOFF_S,
+    DEFAULT_WORKER_TIMEOUT_S,
+)
 from traceml_tui.hygiene import backlog
 
 
@@ -34,10 +40,22 @@ def load_effective_hygiene(run_dir: Path) -> Optional[dict]:
     return manifest.hygiene
 
 
-def has_unreceipted(run_dir: Path, max_attempts: int) -> bool:
-    """Whether a request waits that a drainer may take (no receipt, not blocked)."""
-    return any(backlog.claimable(run_dir, request["checkpoint"], max_attempts=max_attempts)
+def has_unreceipted(run_dir: Path, max_attempts: int, backoff_s: float = DEFAULT_RETRY_BACKOFF_S) -> bool:
+    """Whether a request waits that a drainer may take now (no receipt, not blocked, not backing off)."""
+    return any(backlog.claimable(run_dir, request["checkpoint"], max_attempts=max_attempts, backoff_s=backoff_s)
                for request in backlog.list_requests(run_dir))
+
+
+def next_retry_s(run_dir: Path, max_attempts: int, backoff_s: float = DEFAULT_RETRY_BACKOFF_S) -> Optional[float]:
+    """Seconds until the soonest unclaimed request may be taken (0: now); None: nothing left for us.
+
+    Requests claimed by another drainer are that drainer's (its worker has its own timeout).
+    """
+    waits = [backlog.retry_wait(run_dir, request["checkpoint"], max_attempts=max_attempts, backoff_s=backoff_s)
+             for request in backlog.list_requests(run_dir)
+             if backlog.read_claim(run_dir, request["checkpoint"]) is None]
+    known = [w for w in waits if w is not None]
+    return min(known) if known else None
 
 
 class Dispatcher:
@@ -48,8 +66,10 @@ class Dispatcher:
         run_dir: Path,
         worker: Sequence[str],
         *,
-        lease_s: float = 60.0,
+        lease_s: float = DEFAULT_LEASE_S,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        retry_backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
+        worker_timeout_s: float = DEFAULT_WORKER_TIMEOUT_S,
         max_runtime: Optional[float] = None,
         cwd: Optional[Path] = None,
         log_path: Optional[Path] = None,
@@ -58,6 +78,8 @@ class Dispatcher:
         self.worker = list(worker)
         self.lease_s = lease_s
         self.max_attempts = max_attempts
+        self.retry_backoff_s = retry_backoff_s
+        self.worker_timeout_s = worker_timeout_s
         self.max_runtime = max_runtime
         self.cwd = cwd
         self.log_path = log_path or RunDir(self.run_dir).drainer_log
@@ -66,12 +88,15 @@ class Dispatcher:
     @classmethod
     def from_config(cls, run_dir: Path, hygiene_cfg: dict, **kwargs) -> "Dispatcher":
         validation = hygiene_cfg["validation"]
-        return cls(run_dir, validation["worker"], lease_s=validation.get("lease_s", 60.0),
-                   max_attempts=validation.get("max_attempts", DEFAULT_MAX_ATTEMPTS), **kwargs)
+        return cls(run_dir, validation["worker"], lease_s=validation.get("lease_s", DEFAULT_LEASE_S),
+                   max_attempts=validation.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+                   retry_backoff_s=validation.get("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S),
+                   worker_timeout_s=validation.get("timeout_s", DEFAULT_WORKER_TIMEOUT_S), **kwargs)
 
     def _command(self) -> list[str]:
         cmd = [sys.executable, "-m", "traceml_tui", "validate", "drain", str(self.run_dir),
-               "--lease", str(self.lease_s), "--max-attempts", str(self.max_attempts)]
+               "--lease", str(self.lease_s), "--max-attempts", str(self.max_attempts),
+               "--retry-backoff", str(self.retry_backoff_s), "--timeout", str(self.worker_timeout_s)]
         if self.max_runtime is not None:
             cmd += ["--max-runtime", str(self.max_runtime)]
         return cmd + ["--", *self.worker]
@@ -82,7 +107,9 @@ class Dispatcher:
 
     def poke(self) -> bool:
         """Start a drainer if work is waiting and ours is not running; returns whether one started."""
-        if self.running or not has_unreceipted(self.run_dir, self.max_attempts):
+        # A request backing off after a failure is not ready work: starting a drainer for it every
+        # second would only burn its attempts (docs/hygiene.md "Retries").
+        if self.running or not has_unreceipted(self.run_dir, self.max_attempts, self.retry_backoff_s):
             return False
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
@@ -90,11 +117,22 @@ class Dispatcher:
         return True
 
     def drain_final(self, timeout: Optional[float] = None) -> int:
-        """Wait for the running drainer, then drain whatever is left; returns the last exit code."""
+        """Wait for the running drainer, then drain whatever is left; returns the last exit code.
+
+        Bounded without ``timeout`` too: every worker attempt ends within its
+        ``timeout_s`` (killed and counted as failed), a request gets at most
+        ``max_attempts`` of them, and backoffs are capped (docs/hygiene.md).
+        """
         if self.proc is not None:
             self.proc.wait(timeout=timeout)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            done = subprocess.run(self._command(), cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                  timeout=timeout, check=False)
-        return done.returncode
+        while True:
+            with open(self.log_path, "ab") as log:
+                done = subprocess.run(self._command(), cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log,
+                                      stderr=log, timeout=timeout, check=False)
+            # A request that failed and has attempts left is retried once its backoff has passed, so a
+            # transient failure near the end is not left behind; a blocked one is not waited for.
+            wait = next_retry_s(self.run_dir, self.max_attempts, self.retry_backoff_s)
+            if done.returncode != 0 or wait is None:
+                return done.returncode
+            time.sleep(wait)

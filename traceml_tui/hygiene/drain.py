@@ -153,8 +153,10 @@ def drain(
     command: list[str],
     *,
     max_runtime: Optional[float] = None,
-    lease_s: float = 60.0,
+    lease_s: float = backlog.DEFAULT_LEASE_S,
     max_attempts: int = backlog.DEFAULT_MAX_ATTEMPTS,
+    retry_backoff_s: float = backlog.DEFAULT_RETRY_BACKOFF_S,
+    worker_timeout_s: float = backlog.DEFAULT_WORKER_TIMEOUT_S,
     on_receipt: Optional[Callable[[dict], None]] = None,
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
     config_digest: Optional[str] = None,
@@ -164,7 +166,16 @@ def drain(
 
     A request with ``max_attempts`` failures is blocked (reported, not retried
     automatically); one this worker already failed is not retried in the same
-    session. ``on_receipt`` runs after each receipt (e.g. to refresh the curve).
+    session, and a failed one is taken only once its retry backoff has passed
+    (``retry_backoff_s``, doubling per failure: :func:`traceml_tui.core.state.retry_ready_at`).
+    A request backing off is not ready work: other ready requests are taken
+    meanwhile, and the next drainer (the dispatcher starts one once the backoff
+    has passed) retries it. ``on_receipt`` runs after each receipt (e.g. to refresh the curve).
+
+    A worker still running after ``worker_timeout_s`` (or when the runtime
+    limit cuts it off) has its process group killed, and that counts as a
+    failed attempt: a worker that never returns cannot hold the backlog
+    (docs/hygiene.md). After a runtime-limit cut the drainer stops.
 
     Each worker runs in its own process group with a parent-death signal, and
     the claim records that group: a drainer recovering the claim after this
@@ -197,7 +208,8 @@ def drain(
         took = None
         for request in backlog.list_requests(run_dir):
             ckpt = request["checkpoint"]
-            if ckpt in tried or not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts):
+            if ckpt in tried or not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts,
+                                                      backoff_s=retry_backoff_s):
                 continue
             requested = request.get("config_digest")
             if config_digest is not None and requested and requested != config_digest and not override:
@@ -205,8 +217,8 @@ def drain(
             claim = backlog.try_claim(run_dir, ckpt, owner, lease_s)
             if claim is None:
                 continue
-            # Someone may have finished it between our scan and our claim.
-            if not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts):
+            # Someone may have finished (or failed) it between our scan and our claim.
+            if not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts, backoff_s=retry_backoff_s):
                 backlog.release_claim(run_dir, claim)
                 continue
             took = (request, claim)
@@ -239,12 +251,21 @@ def drain(
                 run_dir=run_dir.resolve(),
             )
             left = remaining()
-            code, out, err = _run_worker(argv, None if left is None else max(0.1, left), record_worker)
+            by_limit = left is not None and left < worker_timeout_s
+            code, out, err = _run_worker(argv, max(0.1, left) if by_limit else worker_timeout_s, record_worker)
             if code is None:
-                # Cut off by our own runtime limit: not the checkpoint's fault, so no
-                # failure record; releasing the claim leaves it pending for the next worker.
-                result.interrupted.append(ckpt)
-                log(f"traceml validate: {ckpt}: interrupted at the runtime limit; left pending")
+                # Its process group is killed. Either way it is a failed attempt (docs/hygiene.md):
+                # a request that never finishes must become failed, then blocked, so later ones
+                # proceed, instead of being taken first by every drainer forever.
+                took_s = time.monotonic() - t0
+                if by_limit:
+                    error = f"cut off by the drainer's runtime limit after {took_s:.0f} s"
+                    result.interrupted.append(ckpt)
+                else:
+                    error = f"timed out after {worker_timeout_s:g} s (hygiene.validation.timeout_s)"
+                    result.failed.append(ckpt)
+                backlog.write_failure(run_dir, ckpt, error)
+                log(f"traceml validate: {ckpt}: failed ({error})")
             elif code != 0:
                 backlog.write_failure(run_dir, ckpt, _error_line(code, err))
                 result.failed.append(ckpt)

@@ -5,7 +5,13 @@ Rules implemented here:
 * Evaluations are consumed strictly in checkpoint order (step, publication
   time, id). Consumption stops at the first request without a receipt: a
   pending or failed evaluation is never counted as a non-improvement and is
-  never skipped.
+  never skipped. A *blocked* request (every allowed attempt failed; no drainer
+  retries it) is the exception: it is recorded in ``skipped`` with its reason
+  and consumption goes on, so one broken checkpoint cannot freeze early
+  stopping for the rest of the run (docs/hygiene.md).
+* A receipt without the monitored metric is consumed but not counted, and
+  recorded in ``missing_metric`` (with the metric names it has) so a misnamed
+  metric is reported instead of silently disabling early stopping.
 * Patience counts completed *eligible* evaluations; a checkpoint before
   ``warmup`` optimizer updates is consumed but not eligible (it neither sets the
   best nor counts against patience).
@@ -13,14 +19,16 @@ Rules implemented here:
   stopping reason and triggering checkpoint) lives in
   ``<run_dir>/early_stopping.json``, written atomically after every change, so
   a resumed run neither resets patience nor consumes an evaluation twice.
-* ``max_budget`` stops the run once that many optimizer updates completed.
+* ``max_budget`` stops the run once that many optimizer updates completed;
+  its trigger is that update (``trigger_step``) and no checkpoint: no
+  evaluation decided it.
 * Once stopped, the decision is final and its state (best, patience counter,
   evaluations, reason, trigger) stays as it was at the stop. Receipts of
   checkpoints after the stop (published before training noticed, drained
   later) are consumed once and listed in ``after_stop`` without being counted.
   A budget stop is no verdict on evaluations: checkpoints at or before the
-  budget's update still count when drained later, until patience would have
-  run out.
+  update it stopped at still count when drained later (the run trained up to
+  them); only later ones are after the stop.
 
 Distributed runs: :meth:`EarlyStopping.should_stop` is a collective. Every rank
 calls it at the same step; rank 0 alone reads the backlog, updates and persists
@@ -69,6 +77,7 @@ class EarlyStopping:
         enabled: bool = True,
         reason: Optional[str] = None,
         config_digest: Optional[str] = None,
+        max_attempts: Optional[int] = None,
     ) -> None:
         if enabled:
             if direction not in ("min", "max"):
@@ -84,6 +93,9 @@ class EarlyStopping:
         self.run_dir = Path(run_dir)
         self.path = RunDir(self.run_dir).early_stopping
         self.config_digest = config_digest
+        # When a request without a receipt is blocked: the run's declared max_attempts (one home:
+        # backlog.declared_validation), unless the caller's config says.
+        self.max_attempts = max_attempts if max_attempts is not None else backlog.declared_max_attempts(self.run_dir)
         self.policy = {
             "enabled": enabled,
             "reason": reason,
@@ -103,9 +115,10 @@ class EarlyStopping:
 
         block = hygiene_cfg.get("early_stopping", hygiene_cfg)
         digest = validation_config_digest(hygiene_cfg) if "validation" in hygiene_cfg else None
+        attempts = (hygiene_cfg.get("validation") or {}).get("max_attempts") if "validation" in hygiene_cfg else None
         if not block.get("enabled", True):
             return cls(run_dir, enabled=False, reason=block.get("reason"), max_budget=block.get("max_budget"),
-                       config_digest=digest)
+                       config_digest=digest, max_attempts=attempts)
         return cls(
             run_dir,
             metric=block["metric"],
@@ -115,6 +128,7 @@ class EarlyStopping:
             warmup=block.get("warmup", 0),
             max_budget=block.get("max_budget"),
             config_digest=digest,
+            max_attempts=attempts,
         )
 
     # ------------------------------------------------------------------ state
@@ -131,6 +145,8 @@ class EarlyStopping:
             "last_consumed": None,
             "consumed": [],
             "after_stop": [],
+            "skipped": [],
+            "missing_metric": [],
             "stopped": False,
             "reason": None,
             "trigger_checkpoint": None,
@@ -189,26 +205,49 @@ class EarlyStopping:
                 if receipt is not None and receipt.get("config_digest") != request.get("config_digest"):
                     receipt = None  # a result of another validation config is not this request's result
                 if receipt is None:
-                    break  # pending or failed: wait for it, never count it, never skip it
+                    reason = self._blocked(ckpt)
+                    if reason is None:
+                        break  # pending or failed: wait for it, never count it, never skip it
+                    # Blocked: no drainer retries it, so waiting would freeze early stopping for good.
+                    # Recorded as skipped (never as a non-improvement) and the next ones are consumed.
+                    state.setdefault("skipped", []).append(
+                        {"checkpoint": ckpt, "step": request.get("step"), "reason": reason})
+                    state["consumed"].append(ckpt)
+                    consumed.add(ckpt)
+                    changed = True
+                    continue
                 changed = True
                 self._consume(request, receipt)
                 consumed.add(ckpt)
         budget = self.policy["max_budget"]
         if not state["stopped"] and budget is not None and step is not None and step >= budget:
-            state.update(stopped=True, reason="max_budget", trigger_checkpoint=state["last_consumed"], trigger_step=step)
+            # The budget's update triggered it, not an evaluation: no trigger checkpoint (docs/hygiene.md).
+            state.update(stopped=True, reason="max_budget", trigger_checkpoint=None, trigger_step=step)
             changed = True
         if changed or not self.path.exists():
             self._save()
         return state["stopped"]
+
+    def _blocked(self, checkpoint: str) -> Optional[str]:
+        """Why a request without a receipt will not get one from any drainer (blocked), else None."""
+        records = backlog.failures_of(self.run_dir, checkpoint)
+        if len(records) < max(1, self.max_attempts):
+            return None
+        error = records[-1].get("error") if records else None
+        return f"blocked after {len(records)} failed attempts" + (f" (last: {error})" if error else "")
 
     def _consume(self, request: dict, receipt: dict) -> None:
         state = self.state
         ckpt, step = request["checkpoint"], request.get("step")
         state["consumed"].append(ckpt)
         state["last_consumed"] = ckpt
-        value = receipt.get("metrics", {}).get(self.policy["metric"])
+        metrics = receipt.get("metrics") if isinstance(receipt.get("metrics"), dict) else {}
+        value = metrics.get(self.policy["metric"])
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             value = None  # a completed evaluation without the monitored metric is not evidence either way
+            # … but it is reported: a misnamed metric (R2 for r2) would otherwise disable early stopping silently.
+            state.setdefault("missing_metric", []).append(
+                {"checkpoint": ckpt, "step": step, "metrics": sorted(str(k) for k in metrics)})
         if self._after_stop(step):
             # The decision is final: a checkpoint after the stop is recorded, never counted.
             state.setdefault("after_stop", []).append({"checkpoint": ckpt, "step": step, "value": value})
@@ -229,8 +268,8 @@ class EarlyStopping:
 
         After a patience stop every later checkpoint does (the trigger was the
         last one counted). A budget stop is no verdict on evaluations: a
-        checkpoint at or before the budget's update still counts, until
-        patience would have run out as well.
+        checkpoint at or before the update it stopped at (its own update
+        included) took part in the training the budget allowed and still counts.
         """
         state = self.state
         if not state["stopped"]:
@@ -238,8 +277,7 @@ class EarlyStopping:
         if state["reason"] != "max_budget":
             return True
         trigger = state.get("trigger_step")
-        return (not isinstance(step, int) or not isinstance(trigger, int) or step > trigger
-                or state["patience_counter"] >= self.policy["patience"])
+        return not isinstance(step, int) or not isinstance(trigger, int) or step > trigger
 
     def should_stop(self, step: int) -> bool:
         """Collective decision: call on every rank at the same step; all ranks get rank 0's answer."""

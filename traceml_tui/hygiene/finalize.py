@@ -63,7 +63,7 @@ def refresh_ended_run(run_dir: Path, render_curve: Optional[Callable[[Path], Non
         return None
     warnings = []
     lock = layout.record_lock
-    fd = backlog._lock(lock)
+    fd = backlog.hold_lock(lock)
     try:
         hygiene = manifest.hygiene if isinstance(manifest.hygiene, dict) else {}
         problem = consume_final_receipts(run_dir, hygiene)
@@ -78,5 +78,5 @@ def refresh_ended_run(run_dir: Path, render_curve: Optional[Callable[[Path], Non
         except Exception as exc:  # noqa: BLE001 - the receipts are safe; the summary is derived from them
             warnings.append(f"final summary not refreshed: {type(exc).__name__}: {exc}")
     finally:
-        backlog._unlock(lock, fd)
+        backlog.release_lock(lock, fd)
     return warnings

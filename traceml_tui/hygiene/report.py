@@ -62,8 +62,44 @@ def _early_stopping(run_dir: Path, declared: dict) -> Optional[dict[str, Any]]:
         evaluations=state.get("evaluations"),
         last_consumed=state.get("last_consumed"),
         after_stop=[dict(e) for e in state.get("after_stop") or [] if isinstance(e, dict)],
+        skipped=[dict(e) for e in state.get("skipped") or [] if isinstance(e, dict)],
+        missing_metric=[dict(e) for e in state.get("missing_metric") or [] if isinstance(e, dict)],
     )
     return out
+
+
+# The wording of what early stopping could not use, said the same way by the summary, the
+# launcher's warnings and watch's early-stopping panel (one home: here).
+
+def missing_metric_note(metric: Optional[str], count: int, names: Any = ()) -> str:
+    """``count`` completed evaluations had no finite value of the monitored ``metric`` (``names``: what they had)."""
+    seen = sorted({str(n) for n in names or ()} - {str(metric)})
+    have = f"; they report {', '.join(seen)}" if seen else ""
+    return (f"{count} completed evaluation{'s' if count != 1 else ''} without the monitored metric "
+            f"{metric!s} (not counted{have})")
+
+
+def skipped_note(entries: list[dict]) -> str:
+    """Blocked checkpoints early stopping skipped (recorded, never counted as non-improvement)."""
+    first = entries[0] if entries else {}
+    more = f" and {len(entries) - 1} more" if len(entries) > 1 else ""
+    return (f"skipped blocked {first.get('checkpoint')} (update {first.get('step')}){more}: "
+            f"{first.get('reason') or 'every allowed attempt failed'}")
+
+
+def early_stopping_notes(early: Optional[dict[str, Any]]) -> list[str]:
+    """The notes on what early stopping could not use, from the summary's ``early_stopping`` section."""
+    if not early:
+        return []
+    notes = []
+    skipped = [e for e in early.get("skipped") or [] if isinstance(e, dict)]
+    if skipped:
+        notes.append(skipped_note(skipped))
+    missing = [e for e in early.get("missing_metric") or [] if isinstance(e, dict)]
+    if missing:
+        names = {n for e in missing for n in e.get("metrics") or []}
+        notes.append(missing_metric_note(early.get("metric"), len(missing), names))
+    return notes
 
 
 def validation_report(run_dir: Path, hygiene: Optional[dict] = None) -> Optional[dict[str, Any]]:
@@ -148,11 +184,14 @@ def report_lines(section: Optional[dict[str, Any]]) -> list[str]:
         elif early.get("state") == "stopped":
             after = len(early.get("after_stop") or [])
             later = f"; {after} evaluation{'s' if after != 1 else ''} after the stop not counted" if after else ""
-            lines.append(f"  early stopping: stopped, {early.get('reason')} at {early.get('trigger_checkpoint')} "
-                         f"(update {early.get('trigger_step')}){later}")
+            where = (f"{early.get('trigger_checkpoint')} (update {early.get('trigger_step')})"
+                     if early.get("trigger_checkpoint") else f"update {early.get('trigger_step')}")
+            lines.append(f"  early stopping: stopped, {early.get('reason')} at {where}{later}")
         else:
             lines.append(f"  early stopping: {early.get('state')}, patience {early.get('patience_counter') or 0}"
                          f"/{early.get('patience')} on {early.get('metric')}")
+    for note in early_stopping_notes(early):
+        lines.append(f"  early stopping: {note}")
     lines.append(f"  curve: {section.get('curve') or 'not rendered'}")
     return lines
 

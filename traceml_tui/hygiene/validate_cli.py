@@ -1,11 +1,12 @@
 """`traceml validate drain|status`: the validation backlog from the command line.
 
-    traceml validate drain RUN_DIR [--max-runtime S] [--lease S] [--max-attempts N] [--no-curve]
-                           [--recipe NAME] [--recipe-override] -- CMD ...{checkpoint}...
+    traceml validate drain RUN_DIR [--max-runtime S] [--lease S] [--max-attempts N] [--retry-backoff S]
+                           [--timeout S] [--no-curve] [--recipe NAME] [--recipe-override] -- CMD ...{checkpoint}...
     traceml validate status RUN_DIR [--json]
 
 `drain` exits 0 when no claimable work is left or its runtime limit nears
-(failures are recorded in the backlog, not in the exit code); 2 on bad usage,
+(failures are recorded in the backlog, not in the exit code); 2 on bad usage
+or a RUN_DIR that is not a run directory,
 and 2 when a request is bound to another validation config than the recipe and
 command it runs (nothing claimed, no receipt; ``--recipe-override`` runs it and
 records the override in the receipt).
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from traceml_tui.core.cliargs import EXIT_USAGE, RaisingParser, UsageError, positive_seconds, usage_line
+from traceml_tui.core.rundir import run_dir_problem
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
 
 USAGE = "usage: traceml validate drain RUN_DIR [options] -- CMD ... | traceml validate status RUN_DIR [--json]"
@@ -47,6 +49,17 @@ def _attempts(text: str) -> int:
     return value
 
 
+def _non_negative_seconds(text: str) -> float:
+    """``--retry-backoff``: finite seconds, 0 allowed (retry at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
+    return value
+
+
 def _drain(argv: list[str]) -> int:
     if "--" in argv:
         split = argv.index("--")
@@ -56,9 +69,18 @@ def _drain(argv: list[str]) -> int:
     parser = RaisingParser(prog="traceml validate drain", add_help=True)
     parser.add_argument("run_dir")
     parser.add_argument("--max-runtime", type=positive_seconds, default=None, help="seconds this worker may run")
-    parser.add_argument("--lease", type=positive_seconds, default=60.0, help="claim lease in seconds (heartbeat every lease/3)")
-    parser.add_argument("--max-attempts", type=_attempts, default=DEFAULT_MAX_ATTEMPTS,
-                        help="failures after which a request is blocked")
+    # Unset options take the run's declared hygiene.validation settings (backlog.declared_validation),
+    # so a manual drainer retries, leases and times out exactly as every other surface counts.
+    parser.add_argument("--lease", type=positive_seconds, default=None,
+                        help="claim lease in seconds, heartbeat every lease/3 (default: the run's declared lease_s)")
+    parser.add_argument("--max-attempts", type=_attempts, default=None,
+                        help="failures after which a request is blocked (default: the run's declared max_attempts)")
+    parser.add_argument("--retry-backoff", type=_non_negative_seconds, default=None,
+                        help="seconds before the first retry of a failed request, doubling per failure "
+                             "(default: the run's declared retry_backoff_s)")
+    parser.add_argument("--timeout", type=positive_seconds, default=None,
+                        help="seconds one worker may run before it is killed and counted as failed "
+                             "(default: the run's declared timeout_s)")
     parser.add_argument("--no-curve", action="store_true", help="do not refresh learning_curve.png after receipts")
     parser.add_argument("--recipe", default=None,
                         help="the validation recipe this command implements (default: the run's declared recipe)")
@@ -70,9 +92,11 @@ def _drain(argv: list[str]) -> int:
     if not any("{checkpoint}" in arg for arg in command):
         return _usage("the worker command must contain a {checkpoint} placeholder", "traceml validate drain")
     run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        return _fail(f"run directory not found: {run_dir}")
+    problem = run_dir_problem(run_dir, backlog=True)
+    if problem is not None:
+        return _fail(problem)
 
+    from traceml_tui.hygiene.backlog import declared_validation
     from traceml_tui.hygiene.config import validation_config_digest
     from traceml_tui.hygiene.dispatch import load_effective_hygiene
     from traceml_tui.hygiene.drain import DigestMismatch, drain
@@ -83,6 +107,7 @@ def _drain(argv: list[str]) -> int:
     recipe = args.recipe if args.recipe is not None else declared.get("recipe")
     digest = validation_config_digest({"validation": {"recipe": recipe, "worker": command}}) if recipe else None
 
+    settings = declared_validation(run_dir)
     state = {"last_render": 0.0, "dirty": False}
 
     def refresh(_receipt: dict) -> None:
@@ -97,8 +122,10 @@ def _drain(argv: list[str]) -> int:
             run_dir,
             command,
             max_runtime=args.max_runtime,
-            lease_s=args.lease,
-            max_attempts=args.max_attempts,
+            lease_s=args.lease if args.lease is not None else settings["lease_s"],
+            max_attempts=args.max_attempts if args.max_attempts is not None else int(settings["max_attempts"]),
+            retry_backoff_s=args.retry_backoff if args.retry_backoff is not None else settings["retry_backoff_s"],
+            worker_timeout_s=args.timeout if args.timeout is not None else settings["timeout_s"],
             on_receipt=None if args.no_curve else refresh,
             config_digest=digest,
             override=args.recipe_override,
@@ -143,8 +170,9 @@ def _status(argv: list[str]) -> int:
                              f"{DEFAULT_MAX_ATTEMPTS})")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        return _fail(f"run directory not found: {run_dir}")
+    problem = run_dir_problem(run_dir, backlog=True)
+    if problem is not None:
+        return _fail(problem)
     from traceml_tui.hygiene.backlog import backlog_status
 
     status = backlog_status(run_dir, max_attempts=args.max_attempts)
@@ -178,6 +206,8 @@ def format_status(status: dict) -> str:
     lines.append(f"outstanding: {len(outstanding)}")
     for row in outstanding:
         extra = f" ({row['failures']} failed: {row['last_error']})" if row["failures"] else ""
+        if row.get("retry_at"):
+            extra += f", retry in {max(1, round(row['retry_at'] - time.time()))} s"
         lines.append(f"  {row['checkpoint']:<20} step {row['step']!s:<8} {row['state']}{extra}")
     return "\n".join(lines)
 

@@ -76,6 +76,7 @@ class Launcher:
         self.options = options
         self.config = config
         self.hygiene = hygiene
+        self._blocked_warned: set[str] = set()  # blocked validation requests already warned about
         self.run_dir = options.run_dir
         self.layout = RunDir(self.run_dir)
         self.node_dir = self.layout.node_dir(options.node_rank)
@@ -529,6 +530,13 @@ class Launcher:
         validation = summary.get("validation") or {}
         if validation.get("status") == "missing":
             _warn(f"validation missing: {validation.get('missing')}")
+        if validation:
+            from traceml_tui.hygiene.report import early_stopping_notes
+
+            # What early stopping could not use (a blocked checkpoint, a metric no receipt reports)
+            # changes what the run selected: said out loud, in the summary's words.
+            for note in early_stopping_notes(validation.get("early_stopping")):
+                _warn(f"early stopping: {note}")
 
     def _failure_section(self) -> Optional[dict]:
         """Who failed first, where and why (run/failure.py); None for a clean run or when it cannot be told."""
@@ -602,16 +610,37 @@ class Launcher:
         dispatcher = Dispatcher.from_config(self.run_dir, self.hygiene, cwd=cwd)
         stop = threading.Event()
 
+        warned = self._blocked_warned
+
         def loop() -> None:
             while not stop.wait(1.0):
                 try:
                     dispatcher.poke()
                 except OSError as exc:  # a drainer that cannot start now is retried at the next poke
                     _warn(f"could not start a validation drainer: {exc}")
+                try:
+                    self._warn_blocked(dispatcher.max_attempts, warned)
+                except OSError:
+                    pass  # said at the next pass
 
         thread = threading.Thread(target=loop, name="traceml-validation-dispatch", daemon=True)
         thread.start()
         return dispatcher, stop, thread
+
+    def _warn_blocked(self, max_attempts: int, warned: set[str]) -> None:
+        """One line as soon as a request is blocked: no drainer retries it and early stopping skips it."""
+        from traceml_tui.hygiene import backlog
+
+        for request in backlog.list_requests(self.run_dir):
+            ckpt = request["checkpoint"]
+            if ckpt in warned or backlog.retry_wait(self.run_dir, ckpt, max_attempts=max_attempts) is not None:
+                continue
+            records = backlog.failures_of(self.run_dir, ckpt)
+            if not records or backlog.read_receipt(self.run_dir, ckpt) is not None:
+                continue  # completed
+            warned.add(ckpt)
+            _warn(f"validation blocked: {ckpt} (update {request.get('step')}) failed {len(records)} attempts "
+                  f"(last: {records[-1].get('error')}); no drainer retries it and early stopping skips it")
 
     def _drain_after_training(self, dispatcher: Any, stop: threading.Event, thread: threading.Thread) -> None:
         """Drain what training left in the backlog; Ctrl-C (or a user's interrupt of training) leaves it pending."""
@@ -636,6 +665,10 @@ class Launcher:
             _warn(f"final validation drain failed: {exc}")
         finally:
             signal.signal(signal.SIGINT, previous)
+        try:
+            self._warn_blocked(dispatcher.max_attempts, self._blocked_warned)
+        except OSError:
+            pass
         self._consume_final_receipts()
 
     def _consume_final_receipts(self) -> None:

@@ -237,6 +237,7 @@ class EarlyStoppingInfo:
     best_value: Optional[float] = None
     receipts: int = 0  # completed evaluations in the backlog now
     after_stop_steps: tuple[Optional[int], ...] = ()  # checkpoints consumed after the stop, not counted (summary only)
+    notes: tuple[str, ...] = ()  # what early stopping could not use (hygiene/report.py early_stopping_notes)
 
 
 @dataclass(frozen=True)

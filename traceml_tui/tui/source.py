@@ -769,6 +769,8 @@ def _int(value: Any) -> Optional[int]:
 def _early_stopping(validation: Any, manifest: Any, backlog: Any) -> Optional[EarlyStoppingInfo]:
     """The early-stopping panel's facts: the state the run recorded at its end (summary ``validation``),
     else the policy its manifest declares with the best receipt so far (a live run); None without either."""
+    from traceml_tui.hygiene.report import early_stopping_notes, missing_metric_note  # the wording's one home
+
     receipts = sum(1 for b in backlog if b.state is BacklogState.COMPLETED)
     early = validation.early_stopping if validation is not None else None
     if isinstance(early, dict):
@@ -783,7 +785,8 @@ def _early_stopping(validation: Any, manifest: Any, backlog: Any) -> Optional[Ea
             trigger_checkpoint=early.get("trigger_checkpoint"), trigger_step=_int(early.get("trigger_step")),
             best_checkpoint=best.get("checkpoint"), best_step=_int(best.get("step")), best_value=_num(best.get("value")),
             receipts=receipts,
-            after_stop_steps=tuple(_int(e.get("step")) for e in early.get("after_stop") or [] if isinstance(e, dict)))
+            after_stop_steps=tuple(_int(e.get("step")) for e in early.get("after_stop") or [] if isinstance(e, dict)),
+            notes=tuple(early_stopping_notes(early)))
     block = manifest.hygiene_block.get("early_stopping") if manifest is not None else None
     if not isinstance(block, dict):
         return None
@@ -791,17 +794,21 @@ def _early_stopping(validation: Any, manifest: Any, backlog: Any) -> Optional[Ea
     metric = block.get("metric") if enabled and isinstance(block.get("metric"), str) else None
     direction = block.get("direction") if block.get("direction") in ("min", "max") else "min"
     best = None
+    lacking: list[Any] = []  # completed receipts without the monitored metric
     if metric:
         for b in backlog:
             value = _num(dict(b.metrics).get(metric)) if b.state is BacklogState.COMPLETED else None
+            if b.state is BacklogState.COMPLETED and value is None:
+                lacking.append(b)
             if value is not None and (best is None or (value < best[2] if direction == "min" else value > best[2])):
                 best = (b.checkpoint, b.step, value)
+    notes = (missing_metric_note(metric, len(lacking), {k for b in lacking for k in dict(b.metrics)}),) if lacking else ()
     return EarlyStoppingInfo(
         enabled=enabled, source="declared", metric=metric, direction=direction if enabled else None,
         patience=_int(block.get("patience")) if enabled else None,
         reason=None if enabled else block.get("reason"),
         best_checkpoint=best[0] if best else None, best_step=best[1] if best else None,
-        best_value=best[2] if best else None, receipts=receipts)
+        best_value=best[2] if best else None, receipts=receipts, notes=notes)
 
 
 def _nodes(samples: Any) -> tuple[NodeMetrics, ...]:

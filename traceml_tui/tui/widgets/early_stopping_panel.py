@@ -38,7 +38,8 @@ def early_stopping_lines(info: EarlyStoppingInfo) -> list:
     if info.state == "stopped":
         where = f" at {info.trigger_checkpoint}" if info.trigger_checkpoint else ""
         if info.trigger_step is not None:
-            where += f" (step {info.trigger_step})"
+            # a budget stop has no trigger checkpoint: its update is the trigger
+            where += f" (step {info.trigger_step})" if info.trigger_checkpoint else f" at step {info.trigger_step}"
         lines.append((f"stopped: {REASON_TEXT.get(info.reason or '', info.reason or 'no reason recorded')}{where}",
                       "bold yellow"))
         if info.after_stop_steps:
@@ -49,6 +50,7 @@ def early_stopping_lines(info: EarlyStoppingInfo) -> list:
         lines.append(f"not stopped{evals}" if info.state != "not-recorded" else ("no state recorded", "dim"))
     else:
         lines.append(("patience used and the stop reason: recorded in the final summary (none with them yet)", "dim"))
+    lines.extend((note, "yellow") for note in info.notes)
     return lines
 
 
