@@ -218,6 +218,8 @@ def test_two_run_directories_of_one_name_never_merge_into_one_trackio_run(tmp_pa
                           text=True, timeout=120)
     assert both.returncode == 2 and str(a) in both.stderr and str(b) in both.stderr
     assert len(both.stderr.strip().splitlines()) == 1 and not Path(env["TRACKIO_DIR"]).exists()
+    for bad in ("x/y", " exp", ".."):  # the name also names the cursor file under --cursor-dir
+        assert _export(traceml_cmd, b, env, "--run-name", bad).returncode == 2
 
     for extra in ((), ("--cursor-dir", str(tmp_path / "cursors"))):
         project = ["--project", f"{PROJECT}{len(extra)}"]  # vanguard-hal0, vanguard-hal2

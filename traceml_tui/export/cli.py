@@ -69,8 +69,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not d.is_dir() or not RunDir(d).ranks.is_dir():
             _err(f"{d}: not a run directory (no ranks/ folder)")
             return 2
-    if args.run_name is not None and (len(run_dirs) > 1 or not args.run_name.strip()):
-        _err("--run-name names one RUN_DIR's Trackio run: give it a nonempty name and one RUN_DIR")
+    if args.run_name is not None and (len(run_dirs) > 1 or args.run_name.strip() in ("", ".", "..")
+                                      or "/" in args.run_name or args.run_name != args.run_name.strip()):
+        _err("--run-name names one RUN_DIR's Trackio run: one RUN_DIR, a name without '/' or surrounding spaces")
         return 2
     named: dict[str, Path] = {}
     for d in run_dirs:  # one Trackio run per run directory: two folders of one name would merge
