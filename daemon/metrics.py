@@ -39,6 +39,22 @@ def parse_host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def exported(run: RunSummary, now: float, retention_s: float) -> bool:
+    """Whether a scrape at ``now`` exports ``run``: the one retention rule (docs/cluster.md).
+
+    Live runs always; a run gone from disk never; an ended run until ``retention_s``
+    after its last record. The clock is the record's own ``ts``, not when this
+    daemon ingested it: a daemon started on a fresh index over old runs must not
+    export (and page for) every historical failure for another ``retention_s``.
+    A run without any record has no such time and stays exported.
+    """
+    if run.missing:
+        return False
+    if run.status in LIVE_RUN_STATES:
+        return True
+    return run.last_ts is None or now - run.last_ts <= retention_s
+
+
 def _age(now: float, ts: Optional[float]) -> Optional[float]:
     return None if ts is None else max(0.0, now - ts)
 
@@ -53,14 +69,6 @@ class IndexCollector(Collector):
         self.clock = clock
         self.stall_floor_s = stall_floor_s
 
-    def _exported(self, run: RunSummary, now: float) -> bool:
-        if run.missing:
-            return False
-        if run.status in LIVE_RUN_STATES:
-            return True
-        last = max((t for t in (run.last_seen, run.last_ts) if t is not None), default=None)
-        return last is None or now - last <= self.retention_s
-
     def collect(self) -> Iterator:
         now = self.clock()
         kw = {} if self.stall_floor_s is None else {"stall_floor_s": self.stall_floor_s}
@@ -73,7 +81,7 @@ class IndexCollector(Collector):
             return
         with reader:
             all_runs = reader.list_runs(now=now)
-            runs = [r for r in all_runs if self._exported(r, now)]
+            runs = [r for r in all_runs if exported(r, now, self.retention_s)]
             yield from self._run_families(runs, now)
             yield from self._rank_families(reader, runs, now)
             yield from self._backlog_families(reader, runs, now)

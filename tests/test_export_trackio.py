@@ -178,3 +178,143 @@ def test_an_unavailable_store_loses_nothing_and_the_next_export_delivers(tmp_pat
     up = _export(traceml_cmd, run_dir, env)
     assert up.returncode == 0, up.stderr
     assert {s for (k, s) in _scalars(_stored(env)[0]) if k == "loss/train"} == {1, 2, 3}
+
+
+def test_a_changed_description_and_group_are_published_and_read_back_with_nothing_new(tmp_path: Path, env: dict,
+                                                                                      traceml_cmd):
+    """Seed 004: update the description when the run's role changes, and verify what the server saved."""
+    logs = tmp_path / "logs"
+    _train(logs, 1, 3, env)
+    run_dir = logs / "exp"
+    assert _export(traceml_cmd, run_dir, env).returncode == 0
+    stored, config = _stored(env)
+    assert config["_Group"] == "ablations"
+
+    role = ["--project", PROJECT, "--group", "references", "--description", "Superseded by exp2; kept as reference"]
+    changed = subprocess.run([*traceml_cmd, "export", "trackio", str(run_dir), *role], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert changed.returncode == 0, changed.stderr
+    assert "nothing new" not in changed.stdout and "new description/group" in changed.stdout
+    grown, config = _stored(env)
+    assert config["description"] == "Superseded by exp2; kept as reference" and config["_Group"] == "references"
+    assert _scalars(grown) == _scalars(stored)  # no record was new: no point was sent again
+
+    again = subprocess.run([*traceml_cmd, "export", "trackio", str(run_dir), *role], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0 and "nothing new" in again.stdout
+
+
+def test_two_run_directories_of_one_name_never_merge_into_one_trackio_run(tmp_path: Path, env: dict, traceml_cmd):
+    """Trackio runs are named after the folder; a second folder of that name is refused, naming both, and
+    published with --run-name; nothing of it reaches the first one's run, with or without --cursor-dir."""
+    first, second = tmp_path / "expA" / "logs", tmp_path / "expB" / "logs"
+    first.parent.mkdir()
+    second.parent.mkdir()
+    _train(first, 1, 3, env)
+    _train(second, 1, 5, env)
+    a, b = first / "exp", second / "exp"
+
+    both = subprocess.run([*traceml_cmd, "export", "trackio", str(a), str(b), *REG], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert both.returncode == 2 and str(a) in both.stderr and str(b) in both.stderr
+    assert len(both.stderr.strip().splitlines()) == 1 and not Path(env["TRACKIO_DIR"]).exists()
+    for bad in ("x/y", " exp", ".."):  # the name also names the cursor file under --cursor-dir
+        assert _export(traceml_cmd, b, env, "--run-name", bad).returncode == 2
+
+    for extra in ((), ("--cursor-dir", str(tmp_path / "cursors"))):
+        project = ["--project", f"{PROJECT}{len(extra)}"]  # vanguard-hal0, vanguard-hal2
+        exported = _export(traceml_cmd, a, env, *extra, *project)
+        assert exported.returncode == 0, exported.stderr
+        refused = _export(traceml_cmd, b, env, *extra, *project)
+        assert refused.returncode == 2, refused.stdout
+        assert len(refused.stderr.strip().splitlines()) == 1
+        assert str(a) in refused.stderr and str(b) in refused.stderr and "--run-name" in refused.stderr
+        renamed = _export(traceml_cmd, b, env, *extra, *project, "--run-name", "exp-b")
+        assert renamed.returncode == 0, renamed.stderr
+        # a later export of b under the folder's name again is refused, not published twice
+        assert _export(traceml_cmd, b, env, *extra, *project).returncode == 2
+        data = {}
+        for run in ("exp", "exp-b"):
+            proc = subprocess.run([sys.executable, "-c", DUMP, project[1], run], env=env, capture_output=True,
+                                  text=True, timeout=120)
+            data[run] = json.loads(proc.stdout)
+        losses = {run: sorted(row["step"] for row in d["logs"] if "loss/train" in row) for run, d in data.items()}
+        assert losses == {"exp": [1, 2, 3], "exp-b": [1, 2, 3, 4, 5]}
+        assert {run: d["config"]["experiment_dir"] for run, d in data.items()} == {"exp": str(a), "exp-b": str(b)}
+
+
+def test_a_server_without_its_write_token_is_a_configuration_error(tmp_path: Path, env: dict, traceml_cmd):
+    logs = tmp_path / "logs"
+    _train(logs, 1, 2, env)
+    for extra in ((), ("--follow",)):  # --follow must not retry a configuration error forever
+        proc = _export(traceml_cmd, logs / "exp", env, "--server-url", "http://127.0.0.1:9", *extra)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines() == [
+            "traceml export: --server-url needs the server's write token: set TRACKIO_WRITE_TOKEN "
+            "(or add write_token to the URL)"]
+    assert not (logs / "exp" / "export").exists()
+
+
+def test_an_unreachable_server_is_one_line_and_trackio_adds_none(tmp_path: Path, env: dict, traceml_cmd):
+    logs = tmp_path / "logs"
+    _train(logs, 1, 2, env)
+    proc = _export(traceml_cmd, logs / "exp", dict(env, TRACKIO_WRITE_TOKEN="t"), "--server-url",
+                   "http://127.0.0.1:9")
+    assert proc.returncode == 75
+    assert len(proc.stderr.strip().splitlines()) == 1 and "will retry" in proc.stderr, proc.stderr
+
+
+def test_malformed_step_lines_are_counted_reported_and_everything_else_is_sent(tmp_path: Path, env: dict,
+                                                                              traceml_cmd):
+    logs = tmp_path / "logs"
+    _train(logs, 1, 3, env)
+    run_dir = logs / "exp"
+    steps = sorted((run_dir / "ranks").rglob("steps-*.jsonl"))[0]
+    with open(steps, "ab") as handle:  # hand-written on purpose: the SDK never writes these
+        handle.write(b'{"v":1,"kind":"step","step":"four"\n')
+        handle.write(b"not json\n")
+    proc = _export(traceml_cmd, run_dir, env)
+    assert proc.returncode == 65
+    assert proc.stderr.strip().splitlines() == [
+        "traceml export: exp: skipped 2 malformed step-file lines (not records; the run directory is unchanged, "
+        "everything else was sent)"]
+    stored, _ = _stored(env)
+    assert {s for (k, s) in _scalars(stored) if k == "loss/train"} == {1, 2, 3}
+    tables = [v for k, _, v in _points(stored) if k == "info/run"]
+    info = {row["quantity"]: row["value"] for row in tables[-1]["_value"]}
+    assert info["malformed step lines skipped"] == "2"
+    again = _export(traceml_cmd, run_dir, env)
+    assert again.returncode == 0 and "nothing new" in again.stdout
+
+
+class _RemoteSink:
+    """A destination whose store cannot be read back from here (a self-hosted server): only the cursor knows."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def open(self, **kwargs) -> None: ...
+    def log(self, points, step) -> None: self.sent.append(step)
+    def table(self, key, columns, rows, step) -> None: ...
+    def image(self, key, path, step, caption) -> None: ...
+    def close(self) -> None: ...
+
+
+def test_a_shared_cursor_dir_refuses_a_second_folder_of_one_name(tmp_path: Path, env: dict):
+    from traceml_tui.export import trackio_export as tx
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _train(tmp_path / "a" / "logs", 1, 3, env)
+    _train(tmp_path / "b" / "logs", 1, 5, env)
+    registration = tx.Registration(project=PROJECT, group="g", description="Does the loss fall? reference run")
+    cursors = tmp_path / "cursors"
+    tx.export_run(tmp_path / "a" / "logs" / "exp", registration, _RemoteSink(), cursor_dir=cursors)
+    sink = _RemoteSink()
+    with pytest.raises(tx.IdentityCollision, match="--run-name") as refused:
+        tx.export_run(tmp_path / "b" / "logs" / "exp", registration, sink, cursor_dir=cursors)
+    assert str(tmp_path / "a" / "logs" / "exp") in str(refused.value)
+    assert str(tmp_path / "b" / "logs" / "exp") in str(refused.value)
+    assert sink.sent == []
+    tx.export_run(tmp_path / "b" / "logs" / "exp", registration, sink, cursor_dir=cursors, run_name="exp-b")
+    assert sink.sent == [1, 2, 3, 4, 5]  # its own cursor: every step, none skipped as "already sent"

@@ -138,6 +138,9 @@ def test_a_description_trackio_did_not_store_fails_the_export(tmp_path: Path, en
     with pytest.raises(tx.DescriptionMismatch, match="'an older role'"):
         tx.export_run(run_dir, registration, _StaleDescriptionSink())
     assert cursor_mod.cursor_path(run_dir, PROJECT).is_file()  # what was delivered stays delivered
+    # ... and the description is not taken as delivered: the next export sends and checks it again
+    with pytest.raises(tx.DescriptionMismatch, match="'an older role'"):
+        tx.export_run(run_dir, registration, _StaleDescriptionSink())
 
 
 class _StaleDescriptionSink:
@@ -149,5 +152,5 @@ class _StaleDescriptionSink:
     def image(self, key, path, step, caption) -> None: ...
     def close(self) -> None: ...
 
-    def saved_description(self, project: str, run: str) -> str:
-        return "an older role"
+    def saved_config(self, project: str, run: str) -> dict:
+        return {"description": "an older role", "_Group": "g"}

@@ -4,6 +4,7 @@ exposition and unit-tests the shipped alert rules."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -15,11 +16,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from fixture_runs import FIXTURE_RUNS, name_of
+from fixture_runs import FIXTURE_RUNS, INGESTED_AT, name_of
 from prometheus_client.parser import text_string_to_metric_families
+from realruns import build_case, subprocess_env
 
 from daemon.metrics import HostPortError, parse_host_port
 from daemon.reader import Reader
+from traceml_tui.core.state import LIVE_RUN_STATES
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "examples" / "prometheus"
@@ -149,6 +152,26 @@ def test_promtool_accepts_the_exposition_and_the_rules(metrics_daemon):
 @pytest.mark.slow
 def test_real_prometheus_scrapes_the_daemon_and_answers_promql(metrics_daemon, tmp_path):
     url, index, _ = metrics_daemon
+    with _prometheus(url, tmp_path) as api:
+        failed = _wait(lambda: _query(api, 'traceml_run_status{status="failed"} == 1'), 90,
+                       "Prometheus never answered the failed runs")
+        with Reader(index) as reader:
+            want_failed = {r.name for r in reader.list_runs() if str(r.status) == "failed"}
+            completed = reader.find_run(name_of("completed"))
+            ranks = sorted(r.rank for r in reader.rank_rows(completed.run_id) if r.latest)
+        assert {s["metric"]["run"] for s in failed} == want_failed and want_failed
+        steps = _query(api, f'traceml_run_last_step{{run="{completed.name}"}}')
+        assert [float(s["value"][1]) for s in steps] == [float(completed.last_step)]
+        per_rank = _query(api, f'count by (run) (traceml_rank_step_time_median_seconds{{run="{completed.name}"}})')
+        assert [int(s["value"][1]) for s in per_rank] == [len(ranks)]
+        # The shipped rule fires for the failed runs (no `for:` delay).
+        alerts = _wait(lambda: _firing(api, "TracemlRunFailed"), 30, "TracemlRunFailed never fired")
+        assert {a["labels"]["run"] for a in alerts} == want_failed
+
+
+@contextlib.contextmanager
+def _prometheus(url: str, tmp_path: Path):
+    """A real Prometheus scraping ``url`` every second with the shipped rules; yields its API base URL."""
     target = urllib.parse.urlparse(url).netloc
     port = _free_port()
     config = tmp_path / "prometheus.yml"
@@ -159,30 +182,8 @@ def test_real_prometheus_scrapes_the_daemon_and_answers_promql(metrics_daemon, t
     prom = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    api = f"http://127.0.0.1:{port}/api/v1"
-
-    def query(q: str) -> list:
-        body = json.loads(_get(f"{api}/query?query={urllib.parse.quote(q)}"))
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
     try:
-        failed = _wait(lambda: query('traceml_run_status{status="failed"} == 1'), 90,
-                       "Prometheus never answered the failed runs")
-        with Reader(index) as reader:
-            want_failed = {r.name for r in reader.list_runs() if str(r.status) == "failed"}
-            completed = reader.find_run(name_of("completed"))
-            ranks = sorted(r.rank for r in reader.rank_rows(completed.run_id) if r.latest)
-        assert {s["metric"]["run"] for s in failed} == want_failed and want_failed
-        steps = query(f'traceml_run_last_step{{run="{completed.name}"}}')
-        assert [float(s["value"][1]) for s in steps] == [float(completed.last_step)]
-        per_rank = query(f'count by (run) (traceml_rank_step_time_median_seconds{{run="{completed.name}"}})')
-        assert [int(s["value"][1]) for s in per_rank] == [len(ranks)]
-        # The shipped rule fires for the failed runs (no `for:` delay).
-        alerts = _wait(lambda: [a for a in json.loads(_get(f"{api}/alerts"))["data"]["alerts"]
-                                if a["labels"]["alertname"] == "TracemlRunFailed" and a["state"] == "firing"], 30,
-                       "TracemlRunFailed never fired")
-        assert {a["labels"]["run"] for a in alerts} == want_failed
+        yield f"http://127.0.0.1:{port}/api/v1"
     finally:
         prom.terminate()
         try:
@@ -190,6 +191,87 @@ def test_real_prometheus_scrapes_the_daemon_and_answers_promql(metrics_daemon, t
         except subprocess.TimeoutExpired:
             prom.kill()
             prom.wait()
+
+
+def _query(api: str, q: str) -> list:
+    body = json.loads(_get(f"{api}/query?query={urllib.parse.quote(q)}"))
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _firing(api: str, alertname: str) -> list:
+    return [a for a in json.loads(_get(f"{api}/alerts"))["data"]["alerts"]
+            if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
+
+
+@pytest.fixture(scope="module")
+def retention_daemon(tmp_path_factory):
+    """A real daemon over the committed (old) runs plus one real run that failed just now, with a retention
+    shorter than the committed runs' age: yields (url, index, fresh run name, retention)."""
+    tmp = tmp_path_factory.mktemp("retention")
+    root = tmp / "logs"
+    shutil.copytree(FIXTURE_RUNS, root, ignore=shutil.ignore_patterns("*.md", "facts.json"))
+    fresh = build_case("single_exits", tmp / "work", logs_dir=root, run_name="fresh-failure").name
+    # Half the committed runs' age: they ended longer ago than that, the fresh run well within it.
+    retention = (time.time() - INGESTED_AT) / 2
+    if retention < 300:
+        pytest.skip("the committed runs are too recent to be older than a retention that outlasts this test")
+    index = tmp / "state" / "index.sqlite"
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "traceml_tui", "daemon", str(root), "--index", str(index),
+                             "--no-inotify", "--metrics", f"127.0.0.1:{port}", "--metrics-retention", str(retention)],
+                            env=subprocess_env(tmp / "state"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    want = {name_of(case) for case in ("completed", "rank_raises", "hung", "hygiene")} | {fresh}
+
+    def ingested() -> bool:
+        with Reader(index) as reader:
+            return want <= {r.name for r in reader.list_runs()} and f'run="{fresh}"' in _get(url)
+
+    try:
+        _wait(ingested, 90, "the daemon never ingested the runs")
+        yield url, index, fresh, retention
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_an_ended_run_drops_out_retention_after_its_last_record_not_after_ingest(retention_daemon):
+    """docs/cluster.md: an ended run is dropped S seconds after its last record. A daemon that has just
+    ingested old runs (a fresh index) must not export them — nor page for their failures — for another S."""
+    url, index, fresh, retention = retention_daemon
+    samples = _samples(_get(url))
+    exported = {dict(labels)["run"] for (name, labels) in samples if name == "traceml_run_status"}
+    with Reader(index) as reader:
+        runs = {r.name: r for r in reader.list_runs()}
+    assert str(runs[fresh].status) == "failed"
+    old = {name for name, r in runs.items() if name != fresh and r.status not in LIVE_RUN_STATES}
+    assert {name for name in old if str(runs[name].status) == "failed"}, "no old failed run: nothing tested"
+    assert all(runs[name].last_ts < time.time() - retention for name in old)
+    live = {name for name, r in runs.items() if r.status in LIVE_RUN_STATES}
+    assert exported == live | {fresh}
+    failed = {dict(labels)["run"] for (name, labels), v in samples.items()
+              if name == "traceml_run_status" and dict(labels)["status"] == "failed" and v == 1.0}
+    assert failed == {fresh}
+    # every run is still in the index and counted: retention bounds what is exported, not what is kept
+    assert samples[("traceml_ingest_records_total", ())] == sum(r.records for r in runs.values())
+
+
+@NEEDS_PROMETHEUS
+@pytest.mark.slow
+def test_real_prometheus_pages_for_the_fresh_failure_only(retention_daemon, tmp_path):
+    url, _, fresh, _ = retention_daemon
+    with _prometheus(url, tmp_path) as api:
+        # the rule has no `for:`: every run exported as failed fires at the same evaluation
+        alerts = _wait(lambda: _firing(api, "TracemlRunFailed"), 90, "TracemlRunFailed never fired")
+        assert {a["labels"]["run"] for a in alerts} == {fresh}
+        assert [s["value"][1] for s in _query(api, 'count(traceml_run_status{status="failed"} == 1)')] == ["1"]
 
 
 def test_metrics_module_does_not_import_textual_or_torch():

@@ -1,9 +1,10 @@
 """``traceml export trackio RUN_DIR… --project LANE-MANAGER --group G --description TEXT``.
 
-Exit codes: 0 delivered (or nothing new), 2 bad registration or arguments
-(checked before any artifact is read or any server contacted), 75 the
-destination was unavailable (nothing lost: the next export retries from the
-cursor).
+Exit codes: 0 delivered (or nothing new), 2 bad registration, arguments or
+destination configuration (checked before any artifact is read or any server
+contacted) or a Trackio run that belongs to another run directory, 65 malformed
+step lines were skipped (everything else was delivered), 75 the destination was
+unavailable (nothing lost: the next export retries from the cursor).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Optional
 
 from traceml_tui.core.cliargs import OneLineParser
 
+EXIT_MALFORMED = 65  # EX_DATAERR: the run holds lines that are not records
 EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL: try again later
 
 
@@ -34,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--follow", action="store_true", help="keep exporting as the runs grow")
     t.add_argument("--interval", type=float, default=30.0, help="seconds between --follow passes (default 30)")
     t.add_argument("--cursor-dir", help="keep export cursors here instead of <run_dir>/export/")
+    t.add_argument("--run-name", help="the Trackio run to publish one RUN_DIR as (default: its folder's name)")
     return p
 
 
@@ -66,6 +69,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not d.is_dir() or not RunDir(d).ranks.is_dir():
             _err(f"{d}: not a run directory (no ranks/ folder)")
             return 2
+    if args.run_name is not None and (len(run_dirs) > 1 or args.run_name.strip() in ("", ".", "..")
+                                      or "/" in args.run_name or args.run_name != args.run_name.strip()):
+        _err("--run-name names one RUN_DIR's Trackio run: one RUN_DIR, a name without '/' or surrounding spaces")
+        return 2
+    named: dict[str, Path] = {}
+    for d in run_dirs:  # one Trackio run per run directory: two folders of one name would merge
+        other = named.setdefault(d.resolve().name, d.resolve())
+        if other != d.resolve():
+            _err(f"{other} and {d.resolve()} are both named {d.resolve().name!r}: export each on its own, "
+                 "one of them with --run-name")
+            return 2
 
     from traceml_tui.export import trackio_export as tx
 
@@ -73,6 +87,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         import trackio  # noqa: F401
     except ImportError:
         _err("the trackio package is not installed (pip install 'traceml[trackio]')")
+        return 2
+    problem = tx.destination_problem(args.server_url)
+    if problem:  # a configuration error, not an outage: retrying (--follow) would never succeed
+        _err(problem)
         return 2
     registration = tx.Registration(args.project, args.group, args.description.strip(), args.server_url)
     cursor_dir = Path(args.cursor_dir) if args.cursor_dir else None
@@ -87,10 +105,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         signal.signal(signal.SIGINT, _stop)
 
     while True:
-        unavailable = False
+        unavailable = malformed = False
         for run_dir in run_dirs:
             try:
-                counts = tx.export_run(run_dir, registration, tx.TrackioSink(args.server_url), cursor_dir=cursor_dir)
+                counts = tx.export_run(run_dir, registration, tx.TrackioSink(args.server_url), cursor_dir=cursor_dir,
+                                       run_name=args.run_name)
             except tx.SinkUnavailable as exc:
                 _err(f"{run_dir.name}: Trackio unavailable ({exc}); local results untouched, will retry from the cursor")
                 unavailable = True
@@ -98,13 +117,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             except (OSError, ValueError) as exc:
                 _err(f"{run_dir.name}: {exc}")
                 return 2
-            if any(counts.values()):
+            if counts["malformed"]:
+                malformed = True
+                _err(f"{run_dir.name}: skipped {counts['malformed']} malformed step-file lines (not records; "
+                     "the run directory is unchanged, everything else was sent)")
+            if counts["points"] or counts["tables"] or counts["images"]:
+                updated = " (new description/group, read back)" if counts["registration"] else ""
                 print(f"{run_dir.name}: sent {counts['points']} points, {counts['tables']} tables, "
-                      f"{counts['images']} images to {args.project}", flush=True)
+                      f"{counts['images']} images to {args.project}{updated}", flush=True)
             elif not args.follow:
                 print(f"{run_dir.name}: nothing new", flush=True)
         if not args.follow:
-            return EXIT_UNAVAILABLE if unavailable else 0
+            return EXIT_UNAVAILABLE if unavailable else EXIT_MALFORMED if malformed else 0
         finished = all(RunDir(d).summary_json.is_file() for d in run_dirs)
         if finished and not unavailable:
             return 0  # a finished run has nothing more to grow

@@ -12,7 +12,11 @@ and the next export retries the same points:
   that arrives late for an earlier checkpoint is sent exactly once;
 * ``grids``, ``curve``, ``tables`` — images and tables already sent (by file or digest);
 * ``counters``, ``readouts`` — what the information tables were built from, so an
-  increment rebuilds them without rereading the whole history.
+  increment rebuilds them without rereading the whole history;
+* ``experiment_dir``, ``run_name`` — whose cursor this is: the run directory and
+  the Trackio run it was published as (docs/export.md, "One run, one Trackio run");
+* ``registration`` — the description and group last delivered and read back, so a
+  changed one is published even when no record is new.
 """
 
 from __future__ import annotations
@@ -39,22 +43,34 @@ class Cursor:
     tables: dict[str, str] = field(default_factory=dict)
     counters: dict = field(default_factory=dict)  # examples seen, batch sizes: table rows survive increments
     readouts: dict[str, list] = field(default_factory=dict)  # eval records seen so far, for the readouts table
+    experiment_dir: Optional[str] = None  # None: written by an exporter that did not record it
+    run_name: Optional[str] = None
+    registration: Optional[dict] = None  # {"description", "group"} as delivered and read back
 
     def copy(self) -> "Cursor":
         return Cursor(files=dict(self.files), train_step=self.train_step, delivered=set(self.delivered),
                       grids=set(self.grids), curve=self.curve, tables=dict(self.tables),
-                      counters=dict(self.counters), readouts=dict(self.readouts))
+                      counters=dict(self.counters), readouts=dict(self.readouts),
+                      experiment_dir=self.experiment_dir, run_name=self.run_name,
+                      registration=dict(self.registration) if self.registration is not None else None)
 
     def to_json(self) -> dict:
         return {"version": CURSOR_VERSION, "files": self.files, "train_step": self.train_step,
                 "delivered": sorted(self.delivered), "grids": sorted(self.grids), "curve": self.curve,
-                "tables": self.tables, "counters": self.counters, "readouts": self.readouts}
+                "tables": self.tables, "counters": self.counters, "readouts": self.readouts,
+                "experiment_dir": self.experiment_dir, "run_name": self.run_name, "registration": self.registration}
 
 
-def cursor_path(run_dir: Path, project: str, cursor_dir: Optional[Path] = None) -> Path:
-    """Where the cursor of (run, project) lives: ``<run_dir>/export/trackio-<project>.json`` by default."""
+def cursor_path(run_dir: Path, project: str, cursor_dir: Optional[Path] = None,
+                run_name: Optional[str] = None) -> Path:
+    """Where the cursor of (run, project) lives: ``<run_dir>/export/trackio-<project>.json`` by default.
+
+    Under ``cursor_dir`` it is named after the Trackio run (``run_name``, default the
+    folder's name): one cursor per Trackio run, and the cursor says which run
+    directory owns it.
+    """
     if cursor_dir is not None:
-        return Path(cursor_dir) / f"{Path(run_dir).resolve().name}-trackio-{project}.json"
+        return Path(cursor_dir) / f"{run_name or Path(run_dir).resolve().name}-trackio-{project}.json"
     return RunDir(run_dir).export_cursor("trackio", project)
 
 
@@ -71,7 +87,13 @@ def load(path: Path) -> Cursor:
     return Cursor(files=dict(raw.get("files") or {}), train_step=int(raw.get("train_step") or 0),
                   delivered=set(raw.get("delivered") or ()), grids=set(raw.get("grids") or ()),
                   curve=raw.get("curve"), tables=dict(raw.get("tables") or {}),
-                  counters=dict(raw.get("counters") or {}), readouts=dict(raw.get("readouts") or {}))
+                  counters=dict(raw.get("counters") or {}), readouts=dict(raw.get("readouts") or {}),
+                  experiment_dir=_text(raw.get("experiment_dir")), run_name=_text(raw.get("run_name")),
+                  registration=raw.get("registration") if isinstance(raw.get("registration"), dict) else None)
+
+
+def _text(value: object) -> Optional[str]:
+    return value if isinstance(value, str) and value else None
 
 
 def save(path: Path, cursor: Cursor) -> None:

@@ -66,12 +66,17 @@ class Registration:
             "exporter": "traceml export trackio",
         }
 
+    def registered(self) -> dict:
+        """What the cursor remembers of the registration: a change is published even with no new record."""
+        return {"description": self.description, "group": self.group}
+
 
 @dataclass
 class Delivery:
     points: dict[int, dict[str, float]] = field(default_factory=dict)
     tables: list[tuple[str, list[str], list[list[Any]], int]] = field(default_factory=list)
     images: list[tuple[str, Path, int, str]] = field(default_factory=list)
+    malformed: int = 0  # complete step-file lines that are not records: skipped, counted, never invented
 
     def add(self, step: int, values: dict[str, float]) -> None:
         if values:
@@ -83,7 +88,7 @@ class Delivery:
 
     def counts(self) -> dict[str, int]:
         return {"points": sum(len(v) for v in self.points.values()), "tables": len(self.tables),
-                "images": len(self.images)}
+                "images": len(self.images), "malformed": self.malformed}
 
 
 def _digest(obj: Any) -> str:
@@ -133,7 +138,8 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
             try:
                 rec = records.decode(line)
             except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
-                continue  # the daemon reports malformed lines; the exporter never invents values
+                out.malformed += 1  # an error to report (seed 004: malformed records remain errors), never a value
+                continue
             if rank != lead_rank:
                 continue
             if isinstance(rec, records.Step):
@@ -164,7 +170,9 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
                         new.delivered.add(f"{key}@{rec.step}")
         if state is not None:
             new.files[rel] = state
-    new.counters = {"updates": last_step, "examples": examples, "batch_sizes": sorted(batch_sizes)}
+    malformed = int(cur.counters.get("malformed") or 0) + out.malformed
+    new.counters = {"updates": last_step, "examples": examples, "batch_sizes": sorted(batch_sizes),
+                    "malformed": malformed}
     readouts: dict[str, list[Any]] = dict(new.readouts)
 
     # validation backlog: each request's state is core.state.decide_backlog's word (hygiene.backlog.backlog_status);
@@ -205,6 +213,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
         ["selected best checkpoint", stopping.get("best_checkpoint") or "none"],
         ["eval use", "validation drives checkpoint selection and early stopping: not an untouched test"],
         ["field QC failures", ", ".join(qc["failed_fields"]) or "none"],
+        ["malformed step lines skipped", malformed],
         ["step metric", mapping.STEP_METRIC],
     ]
     # rows from a cursor of an older exporter have no denominator column yet
@@ -236,22 +245,41 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
 
 
 def export_run(run_dir: Path, registration: Registration, sink: Sink, *,
-               cursor_dir: Optional[Path] = None) -> dict[str, int]:
+               cursor_dir: Optional[Path] = None, run_name: Optional[str] = None) -> dict[str, int]:
     """Deliver what is new in one run; return the counts sent (all zero when nothing was new).
 
-    Raises :class:`SinkUnavailable` when the destination fails; the cursor then
-    stays where it was, so nothing is lost and nothing is skipped.
+    ``run_name`` is the Trackio run (default: the folder's name). Raises
+    :class:`IdentityCollision` before sending anything when that Trackio run or
+    its cursor belongs to another run directory, :class:`SinkUnavailable` when
+    the destination fails (the cursor then stays where it was, so nothing is
+    lost and nothing is skipped), and :class:`DescriptionMismatch` when the
+    description or group read back is not the one given.
     """
     run_dir = Path(run_dir)
-    path = cursor_mod.cursor_path(run_dir, registration.project, cursor_dir)
+    here = str(run_dir.resolve())
+    name = run_name or run_dir.resolve().name
+    path = cursor_mod.cursor_path(run_dir, registration.project, cursor_dir, name)
+    fresh = not path.exists()
     cur = cursor_mod.load(path)
-    delivery, new = plan_export(run_dir, cur)
+    _check_cursor(cur, path, here, name, registration.project, shared=cursor_dir is not None)
+    registered = registration.registered()
+    base = cur
+    if cur.registration != registered:
+        # Trackio stores a run's config (description, group) with a logged entry, never alone: re-sending
+        # the information table carries the new one, so a changed role reaches the tooltip (docs/export.md).
+        base = cur.copy()
+        base.tables.pop("info/run", None)
+    delivery, new = plan_export(run_dir, base)
+    new.experiment_dir, new.run_name, new.registration = here, name, cur.registration
     if delivery.empty:
         if new.to_json() != cur.to_json():
             cursor_mod.save(path, new)  # e.g. offsets past lines that held nothing to publish
-        return delivery.counts()
+        return {**delivery.counts(), "registration": 0}
+    if fresh or (cursor_dir is not None and cur.experiment_dir is None):
+        # a cursor inside the run directory is that run's own; a new or shared one may meet another's Trackio run
+        _check_store(sink, registration.project, name, here)
     try:
-        sink.open(project=registration.project, run=run_dir.resolve().name, group=registration.group,
+        sink.open(project=registration.project, run=name, group=registration.group,
                   config=registration.config(run_dir))
         for step in sorted(delivery.points):
             sink.log(delivery.points[step], step)
@@ -264,13 +292,65 @@ def export_run(run_dir: Path, registration: Registration, sink: Sink, *,
         raise
     except Exception as exc:  # noqa: BLE001 - any failure of the destination is an outage to retry
         raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from None
+    cursor_mod.save(path, new)  # what was delivered stays delivered, whatever the read-back says
+    read_back = getattr(sink, "saved_config", None)
+    saved = read_back(registration.project, name) if read_back is not None else None
+    if saved is not None:
+        wrong = [f"{what} {str(saved.get(key))[:80]!r}" for what, key, want in
+                 (("description", "description", registration.description), ("group", GROUP_KEY, registration.group))
+                 if saved.get(key) != want]
+        if wrong:  # the cursor keeps the old registration: the next export sends it again
+            raise DescriptionMismatch(f"Trackio stored the {' and the '.join(wrong)}, not the one given; "
+                                      "the run's config was not updated")
+    new.registration = registered
     cursor_mod.save(path, new)
-    read_back = getattr(sink, "saved_description", None)
-    saved = read_back(registration.project, run_dir.resolve().name) if read_back is not None else None
-    if saved is not None and saved != registration.description:
-        raise DescriptionMismatch(f"Trackio stored the description {saved[:80]!r}, not the one given; "
-                                  "the run's config was not updated")
-    return delivery.counts()
+    counts = delivery.counts()
+    counts["registration"] = int(cur.registration is not None and cur.registration != registered)
+    return counts
+
+
+#: Where Trackio keeps a run's group inside its stored config (trackio 0.43 ``Run.__init__``).
+GROUP_KEY = "_Group"
+
+
+def _check_cursor(cur: cursor_mod.Cursor, path: Path, here: str, name: str, project: str, *, shared: bool) -> None:
+    """Refuse a cursor that belongs to another run directory, or a run published under another name."""
+    if shared and cur.experiment_dir is not None and cur.experiment_dir != here:
+        raise IdentityCollision(f"Trackio run {name!r} of {project} is already published from {cur.experiment_dir} "
+                                f"(cursor {path.name}), not from {here}: pass --run-name to publish this one "
+                                "under another name")
+    if cur.run_name is not None and cur.run_name != name:
+        raise IdentityCollision(f"{here} is published to {project} as Trackio run {cur.run_name!r}, not {name!r}: "
+                                f"pass --run-name {cur.run_name}")
+
+
+def _check_store(sink: Sink, project: str, name: str, here: str) -> None:
+    """Refuse to publish into a Trackio run that another run directory already fills (local store only)."""
+    read_back = getattr(sink, "saved_config", None)
+    saved = read_back(project, name) if read_back is not None else None
+    owner = saved.get("experiment_dir") if isinstance(saved, dict) else None
+    if isinstance(owner, str) and owner != here:
+        raise IdentityCollision(f"Trackio run {name!r} of {project} is already published from {owner}, not from "
+                                f"{here}: pass --run-name to publish this one under another name")
+
+
+def destination_problem(server_url: Optional[str]) -> Optional[str]:
+    """Why the destination cannot be written at all (a configuration error, not an outage); None when it can.
+
+    A self-hosted server takes writes only with its write token, in the URL or
+    ``TRACKIO_WRITE_TOKEN`` (Trackio's own rule, read by Trackio's own URL parser).
+    """
+    if server_url is None:
+        return None
+    if not server_url.startswith(("http://", "https://")):
+        return f"--server-url {server_url[:80]!r} is not an http:// or https:// URL"
+    from trackio import utils
+
+    _, token = utils.parse_trackio_server_url(server_url)
+    if not (token or os.environ.get("TRACKIO_WRITE_TOKEN")):
+        return ("--server-url needs the server's write token: set TRACKIO_WRITE_TOKEN "
+                "(or add write_token to the URL)")
+    return None
 
 
 class TrackioSink:
@@ -324,10 +404,11 @@ class TrackioSink:
         with self._quiet():
             self._run.log({key: linked_image(self._trackio, path, caption)}, step=int(step))
 
-    def saved_description(self, project: str, run: str) -> Optional[str]:
-        """The description Trackio stored for the run, read back through its own storage (local store only).
+    def saved_config(self, project: str, run: str) -> Optional[dict]:
+        """The config Trackio stored for the run, read back through its own storage (local store only).
 
-        None when it cannot be read from here (a remote server: its store is not this machine's).
+        ``{}`` when the store has no such run; None when it cannot be read from
+        here (a remote server: its store is not this machine's).
         """
         if self.server_url is not None:
             return None
@@ -335,14 +416,15 @@ class TrackioSink:
             from trackio.sqlite_storage import SQLiteStorage
 
             config = SQLiteStorage.get_run_config(project, run)
-        value = config.get("description") if isinstance(config, dict) else None
-        return value if isinstance(value, str) else ""
+        return config if isinstance(config, dict) else {}
 
     def close(self) -> None:
         try:
             if self._run is not None:
                 with self._quiet():
-                    self._run.finish()
+                    # trackio.finish() also forgets the current run: left set, Trackio finishes it again at
+                    # interpreter exit, outside this capture, and prints its own warning after our one line
+                    self._trackio.finish()
                 self._run = None
         finally:
             if self._warnings is not None:
@@ -377,7 +459,11 @@ def linked_image(trackio: Any, path: Path, caption: str) -> Any:
 
 
 class DescriptionMismatch(ValueError):
-    """The description Trackio stored differs from the one registered (the run's tooltip would mislead)."""
+    """The description or group Trackio stored differs from the one registered (the tooltip would mislead)."""
+
+
+class IdentityCollision(ValueError):
+    """The Trackio run (or its cursor) belongs to another run directory: publishing would merge two runs."""
 
 
 def _is_failure(message: str) -> bool:
