@@ -87,12 +87,17 @@ def metrics_daemon(tmp_path, cli_env, traceml_cmd):
               "the daemon's metrics never showed the runs")
         yield url, index, root
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a daemon started by a fixture: SIGTERM, then SIGKILL if it lingers."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -233,12 +238,7 @@ def retention_daemon(tmp_path_factory):
         _wait(ingested, 90, "the daemon never ingested the runs")
         yield url, index, fresh, retention
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
 
 
 @pytest.mark.slow

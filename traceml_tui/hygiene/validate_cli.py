@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from traceml_tui.core.cliargs import EXIT_USAGE, RaisingParser, UsageError, positive_seconds, usage_line
+from traceml_tui.core.cliargs import EXIT_USAGE, RaisingParser, UsageError, positive_seconds, seconds, usage_line
 from traceml_tui.core.rundir import run_dir_problem
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
 
@@ -49,17 +49,6 @@ def _attempts(text: str) -> int:
     return value
 
 
-def _non_negative_seconds(text: str) -> float:
-    """``--retry-backoff``: finite seconds, 0 allowed (retry at once)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value >= 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
-    return value
-
-
 def _drain(argv: list[str]) -> int:
     if "--" in argv:
         split = argv.index("--")
@@ -75,7 +64,7 @@ def _drain(argv: list[str]) -> int:
                         help="claim lease in seconds, heartbeat every lease/3 (default: the run's declared lease_s)")
     parser.add_argument("--max-attempts", type=_attempts, default=None,
                         help="failures after which a request is blocked (default: the run's declared max_attempts)")
-    parser.add_argument("--retry-backoff", type=_non_negative_seconds, default=None,
+    parser.add_argument("--retry-backoff", type=seconds, default=None,
                         help="seconds before the first retry of a failed request, doubling per failure "
                              "(default: the run's declared retry_backoff_s)")
     parser.add_argument("--timeout", type=positive_seconds, default=None,
