@@ -2,7 +2,9 @@
 
 Exit codes: 0 delivered (or nothing new), 2 bad registration, arguments or
 destination configuration (checked before any artifact is read or any server
-contacted) or a Trackio run that belongs to another run directory, 65 malformed
+contacted), a Trackio run that belongs to another run directory, two source keys
+of one record that would publish one key, or a description, group or first
+measurements that Trackio's API reads back differently, 65 malformed
 step lines were skipped (everything else was delivered), 75 the destination was
 unavailable (nothing lost: the next export retries from the cursor).
 """
@@ -105,7 +107,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         signal.signal(signal.SIGINT, _stop)
 
     while True:
-        unavailable = malformed = False
+        unavailable = malformed = refused = False
         for run_dir in run_dirs:
             try:
                 counts = tx.export_run(run_dir, registration, tx.TrackioSink(args.server_url), cursor_dir=cursor_dir,
@@ -114,19 +116,24 @@ def main(argv: Optional[list[str]] = None) -> int:
                 _err(f"{run_dir.name}: Trackio unavailable ({exc}); local results untouched, will retry from the cursor")
                 unavailable = True
                 continue
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError) as exc:  # this run's configuration or data: the other runs still go
                 _err(f"{run_dir.name}: {exc}")
-                return 2
+                refused = True
+                continue
             if counts["malformed"]:
                 malformed = True
                 _err(f"{run_dir.name}: skipped {counts['malformed']} malformed step-file lines (not records; "
                      "the run directory is unchanged, everything else was sent)")
             if counts["points"] or counts["tables"] or counts["images"]:
                 updated = " (new description/group, read back)" if counts["registration"] else ""
+                if counts.get("verified"):
+                    updated += f" (first measurements read back through Trackio: {counts['verified']} equal)"
                 print(f"{run_dir.name}: sent {counts['points']} points, {counts['tables']} tables, "
                       f"{counts['images']} images to {args.project}{updated}", flush=True)
             elif not args.follow:
                 print(f"{run_dir.name}: nothing new", flush=True)
+        if refused:
+            return 2  # a configuration or data error does not fix itself: --follow stops too
         if not args.follow:
             return EXIT_UNAVAILABLE if unavailable else EXIT_MALFORMED if malformed else 0
         finished = all(RunDir(d).summary_json.is_file() for d in run_dirs)
