@@ -28,13 +28,17 @@ def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="traceml export", description="Publish run directories to a tracking dashboard (a derived index).")
     sub = p.add_subparsers(dest="target", required=True, parser_class=OneLineParser)
     t = sub.add_parser("trackio", help="publish to Trackio")
-    t.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    t.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="run folders (with --check: a run folder holding manifest.json, or a traceml.yaml)")
     t.add_argument("--project", help="<lane>-<manager>, lowercase and stable (e.g. vanguard-hal)")
     t.add_argument("--group", help="group shared by related experiments")
     t.add_argument("--description", help="plain-language description: question, knob, the run's current role")
     t.add_argument("--server-url", help="a self-hosted Trackio server (default: the local Trackio store)")
     t.add_argument("--validate-only", action="store_true",
                    help="check the registration and metric mapping, read nothing, contact nothing")
+    t.add_argument("--check", action="store_true",
+                   help="before launch: check that the run's folder and its planned metrics (hygiene: block) are "
+                        "mapped; send nothing")
     t.add_argument("--follow", action="store_true", help="keep exporting as the runs grow")
     t.add_argument("--interval", type=float, default=30.0, help="seconds between --follow passes (default 30)")
     t.add_argument("--cursor-dir", help="keep export cursors here instead of <run_dir>/export/")
@@ -44,6 +48,48 @@ def _parser() -> argparse.ArgumentParser:
 
 def _err(message: str) -> None:
     print(f"traceml export: {message}", file=sys.stderr)
+
+
+def _check(args: argparse.Namespace) -> int:
+    """``--check``: each TARGET's folder and planned metrics mapped (0), one line naming what is not (2).
+
+    75 when the Trackio store or server cannot be asked whether the folder's
+    Trackio run belongs to another folder. Nothing is written, nothing is sent.
+    """
+    from traceml_tui.export import check, readback, trackio_export
+
+    if args.follow or (args.run_name is not None and len(args.run_dirs) > 1):
+        _err("--check takes no --follow, and --run-name with one TARGET only")
+        return 2
+    try:
+        import trackio  # noqa: F401
+    except ImportError:
+        _err("the trackio package is not installed (pip install 'traceml[trackio]')")
+        return 2
+    problem = trackio_export.destination_problem(args.server_url)
+    if problem:
+        _err(problem)
+        return 2
+    reader = readback.TrackioReader(args.server_url)
+    cursor_dir = Path(args.cursor_dir) if args.cursor_dir else None
+    failed = unavailable = False
+    for target in args.run_dirs:
+        try:
+            plan = check.load_plan(Path(target), args.run_name)
+            sources = check.planned_keys(plan.hygiene)
+            state = check.check_folder(plan, args.project, reader, cursor_dir)
+        except check.CheckFailed as exc:
+            _err(f"check failed: {exc}")
+            failed = True
+            continue
+        except readback.ReadBackUnavailable as exc:
+            _err(f"{target}: cannot ask Trackio whether run {plan.run_name!r} is taken ({exc})")
+            unavailable = True
+            continue
+        keys = sorted({key for _, key in sources})
+        print(f"check ok: {plan.run_dir} ({plan.origin}) -> Trackio run {plan.run_name!r} of {args.project} "
+              f"({state}); {len(keys)} planned keys mapped: {', '.join(keys)}", flush=True)
+    return 2 if failed else EXIT_UNAVAILABLE if unavailable else 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -64,6 +110,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.interval <= 0:
         _err("--interval must be positive")
         return 2
+    if args.check:
+        return _check(args)
     from traceml_tui.core.rundir import RunDir
 
     run_dirs = [Path(d) for d in args.run_dirs]

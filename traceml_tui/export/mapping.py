@@ -101,13 +101,12 @@ def _publish(entries: Iterable[tuple[str, str, Any]]) -> dict[str, float]:
     The refusal holds whether or not the values are present: the names collide,
     so a later record with both values would lose one of them.
     """
+    entries = list(entries)
+    clash = collision((source, key) for source, key, _ in entries)
+    if clash is not None:
+        raise KeyCollision(clash)
     points: dict[str, float] = {}
-    owner: dict[str, str] = {}
-    for source, key, value in entries:
-        first = owner.setdefault(key, source)
-        if first != source:
-            raise KeyCollision(f"{first} and {source} would both publish {key!r}: rename one of them where the "
-                               "run logs it (one key per quantity and role, docs/export.md)")
+    for _, key, value in entries:
         number = records.finite_or_none(value)
         if number is not None:  # a missing value stays missing: never a 0
             points[key] = number
@@ -151,6 +150,41 @@ def eval_points(metrics: dict[str, Any], role: str = "eval") -> dict[str, float]
     :class:`KeyCollision` when two of its metrics publish one key (``auc`` and ``auc/val``).
     """
     return _publish(eval_sources(metrics, role))
+
+
+def planned_sources(components: Iterable[str] = (), train_metrics: Iterable[str] = (),
+                    eval_metrics: Iterable[str] = ()) -> Iterator[tuple[str, str]]:
+    """``(source, key)`` of what a run plans to log, by the rules that publish its records (the ``--check``).
+
+    The fixed training keys (loss, lr, grad_norm) come first; a metric of a
+    refused role raises ``ValueError`` (one line naming it).
+    """
+    yield "step loss", "loss/train"
+    yield "step lr", "lr/train"
+    yield "step grad_norm", "grad_norm/train"
+    for name in components:
+        value_key, ratio_key = component_keys(name)
+        yield f"step component {name!r} (value)", value_key
+        yield f"step component {name!r} (ratio)", ratio_key
+    for role, names in (("train", train_metrics), ("eval", eval_metrics)):
+        for name in names:
+            source = f"{'step' if role == 'train' else 'eval'} metric {name!r}"
+            try:
+                key = metric_key(name, role)
+            except ValueError as exc:  # a refused role
+                raise ValueError(f"{source} is not mapped: {exc}") from None
+            yield source, key
+
+
+def collision(sources: Iterable[tuple[str, str]]) -> Optional[str]:
+    """The one line naming the first two sources that share a key, None when every key has one source."""
+    owner: dict[str, str] = {}
+    for source, key in sources:
+        first = owner.setdefault(key, source)
+        if first != source:
+            return (f"{first} and {source} would both publish {key!r}: rename one of them where the run logs it "
+                    "(one key per quantity and role, docs/export.md)")
+    return None
 
 
 def field_points(rec: records.FieldStats) -> dict[str, float]:

@@ -13,6 +13,8 @@ Shape (all cadences are in optimizer updates)::
       history:
         schema: 1                    # step record version (traceml_tui.core.records.RECORD_VERSION)
         output: ranks                # the append-only history's folder: always ranks (the run directory layout)
+        components: [mse]            # optional: the loss components the run logs (planned Trackio keys)
+        metrics: [r2]                # optional: the training task metrics it logs
       curve:
         cadence: 50                  # re-render learning_curve.png every N updates
       validation:
@@ -21,6 +23,7 @@ Shape (all cadences are in optimizer updates)::
         first_evaluation: 0          # first checkpoint step (0 = at initialization)
         worker: [python, validate.py, --checkpoint, "{checkpoint}"]
         dispatcher: launcher         # or external (optional; default launcher)
+        metrics: [r2, mse, mse_ratio]  # optional: the metrics the worker reports (planned Trackio keys)
       early_stopping:
         metric: r2
         direction: max               # min | max
@@ -146,10 +149,30 @@ def _worker(value: Any, path: str) -> list[str]:
     return argv
 
 
+def _names(value: Any, path: str) -> list[str]:
+    """A declared list of metric or component names: nonempty strings, each once."""
+    if not isinstance(value, list) or not value:
+        raise HygieneConfigError(path, "must be a nonempty list of names")
+    names = [_text(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise HygieneConfigError(f"{path}[{i}]", f"{show_value(name)} is listed twice")
+    return names
+
+
+def _planned(block: dict, keys: tuple[str, ...], path: str) -> dict:
+    """The optional planned names of a section (``history.components``, ``validation.metrics``...).
+
+    Only what is declared is recorded, so a block that declares none normalizes as before.
+    What they are for: docs/export.md, "Check before launch".
+    """
+    return {key: _names(block[key], f"{path}.{key}") for key in keys if block.get(key) is not None}
+
+
 def _history(raw: Any) -> dict:
     path = "hygiene.history"
     block = _mapping(raw, path)
-    _unknown_keys(block, ("schema", "output"), path)
+    _unknown_keys(block, ("schema", "output", "components", "metrics"), path)
     schema = _required(block, "schema", path)
     if isinstance(schema, str) and schema.lower().lstrip("v").isdigit():
         schema = int(schema.lower().lstrip("v"))
@@ -164,7 +187,7 @@ def _history(raw: Any) -> dict:
             f"{path}.output",
             f"must be {RANKS} (the history is always ranks/rank_<r>/steps-<attempt>.jsonl), got {show_value(output)}",
         )
-    return {"schema": schema, "output": output}
+    return {"schema": schema, "output": output, **_planned(block, ("components", "metrics"), path)}
 
 
 def _curve(raw: Any) -> dict:
@@ -179,7 +202,7 @@ def _validation(raw: Any) -> dict:
     path = "hygiene.validation"
     block = _mapping(raw, path)
     _unknown_keys(block, ("recipe", "cadence", "first_evaluation", "worker", "lease_s", "max_attempts", "dispatcher",
-                          "retry_backoff_s", "timeout_s"), path)
+                          "retry_backoff_s", "timeout_s", "metrics"), path)
     recipe = _text(_required(block, "recipe", path), f"{path}.recipe")
     cadence = _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)
     first = _int(_required(block, "first_evaluation", path), f"{path}.first_evaluation", minimum=0)
@@ -201,6 +224,7 @@ def _validation(raw: Any) -> dict:
         "retry_backoff_s": backoff,
         "timeout_s": timeout,
         "dispatcher": dispatcher,
+        **_planned(block, ("metrics",), path),
     }
 
 
