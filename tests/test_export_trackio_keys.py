@@ -7,12 +7,16 @@ dir), read back through Trackio's own storage in a separate process.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("trackio", reason="trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
 
@@ -171,3 +175,59 @@ def test_the_reader_sees_what_trackio_stored(tmp_path: Path, env: dict, monkeypa
     assert data["config"]["experiment_dir"] == "/elsewhere" and data["missing"] == {}
     assert data["same"] == []
     assert data["other"] == ["loss/train: sent 5.000001, stored 5.0", "r2/train: sent 1.0, stored nothing"]
+
+
+SERVE = textwrap.dedent(
+    """
+    import sys, trackio
+    trackio.show(open_browser=False, block_thread=True, server_port=int(sys.argv[1]), host="127.0.0.1")
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_server_is_read_back_through_its_http_api(tmp_path: Path, env: dict, traceml_cmd):
+    """A real self-hosted Trackio server: the first measurements and the folder's owner are read over its API."""
+    port = _free_port()
+    server_env = dict(env, TRACKIO_DIR=str(tmp_path / "server-store"), TRACKIO_WRITE_TOKEN="tok")
+    server = subprocess.Popen([sys.executable, "-c", SERVE, str(port)], env=server_env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120  # generous: the machine may be loaded
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=5).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "the Trackio server did not start"
+                time.sleep(0.3)
+        client = dict(env, TRACKIO_WRITE_TOKEN="tok")  # the exporter's own TRACKIO_DIR stays untouched
+        run_dir = _train(tmp_path, env, "exp", {"r2": 0.5, "mse_ratio": 0.2})
+        sent = subprocess.run([*traceml_cmd, "export", "trackio", str(run_dir), *REG, "--server-url", url],
+                              env=client, capture_output=True, text=True, timeout=180)
+        assert sent.returncode == 0, sent.stderr
+        assert "(first measurements read back through Trackio: 5 equal)" in sent.stdout
+        assert not Path(env["TRACKIO_DIR"]).exists()  # everything went to (and came back from) the server
+
+        sibling = tmp_path / "next"
+        sibling.mkdir()
+        example = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples/hygiene/traceml.yaml").read_text())
+        (sibling / "traceml.yaml").write_text(yaml.safe_dump(example))
+        check = subprocess.run([*traceml_cmd, "export", "trackio", "--check", str(sibling / "traceml.yaml"), *REG,
+                                "--run-name", "exp", "--server-url", url], env=client, capture_output=True,
+                               text=True, timeout=120)
+        assert check.returncode == 2, check.stdout
+        assert str(run_dir.resolve()) in check.stderr and len(check.stderr.strip().splitlines()) == 1
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
