@@ -140,7 +140,10 @@ def check_folder(plan: Plan, project: str, reader, cursor_dir: Optional[Path]) -
     here = str(plan.run_dir)
     path = cursor_mod.cursor_path(plan.run_dir, project, cursor_dir, plan.run_name)
     if path.is_file():
-        cur = cursor_mod.load(path)
+        try:
+            cur = cursor_mod.load(path)
+        except ValueError as exc:  # an unreadable cursor is named, never ignored (docs/export.md)
+            raise CheckFailed(f"{here}: {exc}") from None
         if cur.experiment_dir is not None and cur.experiment_dir != here:
             raise CheckFailed(f"{here} is not mapped: its Trackio run {plan.run_name!r} of {project} is published "
                               f"from {cur.experiment_dir} (cursor {path.name}); give this run its own --run-name")

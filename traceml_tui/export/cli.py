@@ -7,6 +7,10 @@ of one record that would publish one key, or a description, group or first
 measurements that Trackio's API reads back differently, 65 malformed
 step lines were skipped (everything else was delivered), 75 the destination was
 unavailable (nothing lost: the next export retries from the cursor).
+
+``--check TARGET`` (docs/export.md, "Check before launch"): 0 the folder and
+every planned metric are mapped, 2 one line naming the first that is not, 75
+Trackio could not be asked whether the folder's Trackio run is taken.
 """
 
 from __future__ import annotations
