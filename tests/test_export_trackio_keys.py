@@ -151,6 +151,39 @@ def test_first_measurements_read_back_name_what_trackio_holds_otherwise(tmp_path
     assert "nothing new" in _export(traceml_cmd, [run_dir], env).stdout
 
 
+STEPS = textwrap.dedent(
+    """
+    import sys
+    import traceml_tui as traceml
+
+    traceml.init("exp", logs_dir=sys.argv[1])
+    for step in range(int(sys.argv[2]), int(sys.argv[3]) + 1):
+        with traceml.trace_step():
+            traceml.log(loss=1.0 / step, components={"mse": (0.5 / step, 2.0)})
+    traceml.finish()
+    """
+)
+
+
+def test_the_first_measurements_are_read_back_when_they_come_after_a_pass_without_steps(tmp_path: Path, env: dict,
+                                                                                         traceml_cmd):
+    """An exporter started with the run (--follow) first sends only tables; the first steps are still verified."""
+    (tmp_path / "steps.py").write_text(STEPS)
+    run_dir = tmp_path / "logs" / "exp"
+    for first, last, expect in ((1, 0, None), (1, 2, "(first measurements read back through Trackio: 3 equal)"),
+                                (3, 4, None)):
+        wrote = subprocess.run([sys.executable, "steps.py", "logs", str(first), str(last)], env=env, cwd=tmp_path,
+                               capture_output=True, text=True, timeout=120)
+        assert wrote.returncode == 0, wrote.stderr
+        proc = _export(traceml_cmd, [run_dir], env)
+        assert proc.returncode == 0, proc.stderr
+        assert "exp: sent" in proc.stdout
+        assert ("read back through Trackio" in proc.stdout) == (expect is not None), proc.stdout
+        if expect is not None:
+            assert expect in proc.stdout
+    assert sorted(step for key, step in _stored(env, "exp") if key == "mse_ratio/train") == [1, 2, 3, 4]
+
+
 def test_the_reader_sees_what_trackio_stored(tmp_path: Path, env: dict, monkeypatch):
     """TrackioReader asks Trackio's API (in process for the local store) and differences() compares exactly."""
     proc = subprocess.run([sys.executable, "-c", TRACKIO_WRITE, PROJECT, "/elsewhere"], env=env,

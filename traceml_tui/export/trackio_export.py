@@ -304,7 +304,10 @@ def export_run(run_dir: Path, registration: Registration, sink: Sink, *,
     except Exception as exc:  # noqa: BLE001 - any failure of the destination is an outage to retry
         raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from None
     cursor_mod.save(path, new)  # what was delivered stays delivered, whatever the read-back says
-    verified, differ = _read_back(sink, registration, name, delivery, first=cur.registration is None)
+    # the first measurements: the first delivery that holds points (a --follow pass before the first step
+    # sends only tables, and the steps come later)
+    first = cur.train_step == 0 and not cur.delivered
+    verified, differ = _read_back(sink, registration, name, delivery, first=first)
     new.registration = registered  # read back: a later export need not send the registration again
     cursor_mod.save(path, new)
     if differ:  # said once, after the first publish; what was delivered stays delivered
