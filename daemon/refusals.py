@@ -22,6 +22,8 @@ import sqlite3
 import time
 from typing import Iterator
 
+from traceml_tui.core import rundir
+
 log = logging.getLogger("traceml.daemon")
 
 
@@ -84,7 +86,19 @@ def name_error(conn: sqlite3.Connection, run_id: int, rel: str, problem: str) ->
 
     A name does not change: a file renamed is another name, so one row per name is one row per version.
     """
-    return _error_row(conn, run_id, rel, _identity("name", run_id, rel), 0, 0, f"{rel}: {problem}")
+    shown = rundir.shown_name(rel)  # a name that is not UTF-8 is stored with its bytes escaped
+    return _error_row(conn, run_id, shown, _identity("name", run_id, shown), 0, 0, f"{shown}: {problem}")
+
+
+def run_dir_refused(refused: Refused, run_dir: str) -> bool:
+    """True (and said once) when a run folder's path cannot be kept as text: the run is not read."""
+    problem = rundir.name_not_utf8(run_dir)
+    if problem is None:
+        return False
+    if run_dir not in refused.names:
+        refused.names[run_dir] = problem
+        log.warning("traceml daemon: %s: %s", rundir.shown_name(run_dir), problem)
+    return True
 
 
 def unreadable_error(conn: sqlite3.Connection, run_id: int, rel: str, path: str, exc: OSError) -> bool:

@@ -641,6 +641,8 @@ class Ingester:
         for root in self.roots:
             for run_dir in rundir.discover_runs(root, self.max_depth):
                 seen.add(run_dir)
+                if refusals.run_dir_refused(self.refused, run_dir):
+                    continue
                 run = self._runs.get(run_dir)
                 if run is None:
                     batch = self._begin()

@@ -231,3 +231,29 @@ def test_status_json_has_no_infinity(env):
     (run,) = doc["runs"]
     assert run["ranks"][0]["median_step_ms"] is None  # inf (1e308 + 1e308) is unknown, not Infinity
     assert run["ranks"][0]["last_step"] == 2
+
+
+# --- names that are not UTF-8 (found while fuzzing the names: they stopped the root as R1a did)
+
+
+def test_names_not_utf8_are_refused_and_the_root_is_ingested(env):
+    """A run folder or a backlog file whose name's bytes are not UTF-8 cannot be stored as text: the file
+    (one error row) or the run (one log line: there is no run row to hold an error) is refused; the rest
+    is read."""
+    import os
+
+    _two_runs(env.root)
+    os.rename(env.root / "bad", os.path.join(os.fsencode(env.root), b"bad\xff"))
+    requests = env.root / "good" / "validation" / "requests"
+    requests.mkdir(parents=True)
+    (requests / "ck-1.json").write_text('{"checkpoint":"ck-1","step":1}')
+    with open(os.path.join(os.fsencode(requests), b"ck\xfe.json"), "wb") as f:
+        f.write(b'{"checkpoint":"ck-2","step":2}')
+    done = _once(env)
+    assert done.returncode == 0, done.stderr
+    assert "ingested 5 record(s)" in done.stdout and "refused 2 file(s)" in done.stdout
+    assert "bad\\xff: the name is not valid UTF-8" in done.stderr
+    assert _steps(env.index, "good") == [1, 2, 3, 4, 5]
+    assert [e.path for e in _errors(env.index, "good")] == ["validation/requests/ck\\xfe.json"]
+    assert index_rows(env.index, "SELECT path FROM side_files") == [("validation/requests/ck-1.json",)]
+    assert index_rows(env.index, "SELECT count(*) FROM runs") == [(1,)]

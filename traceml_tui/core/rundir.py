@@ -175,6 +175,21 @@ class StreamFile(NamedTuple):
     node: Optional[int]
 
 
+def name_not_utf8(name: str) -> Optional[str]:
+    """Why a file or folder name cannot be kept as text (its bytes are not UTF-8: ``os`` hands them over as
+    lone surrogates, which no index, JSON or terminal takes); None for a name that is fine."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the name is not valid UTF-8; not read"
+    return None
+
+
+def shown_name(name: str) -> str:
+    """``name`` as text that can always be stored and printed: bytes that are not UTF-8 as ``\\xNN``."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 class RefusedName(NamedTuple):
     """A stream file or a rank/node folder whose name traceml cannot use (:func:`name_problem`)."""
 
@@ -535,7 +550,12 @@ class RunDir:
             real = _real_dir(self.path, VALIDATION, folder)
             for f in _scandir(real) if real is not None else ():
                 if f.name.endswith(".json") and not f.name.startswith("."):
-                    side(f, f"{VALIDATION}/{folder}/{f.name}", kind, f.name[: -len(".json")])
+                    rel = f"{VALIDATION}/{folder}/{f.name}"
+                    problem = name_not_utf8(f.name)
+                    if problem is None:
+                        side(f, rel, kind, f.name[: -len(".json")])
+                    else:
+                        refused.append(RefusedName(rel, problem))
         return Listing(streams, sides, refused)
 
 
