@@ -90,6 +90,22 @@ def name_error(conn: sqlite3.Connection, run_id: int, rel: str, problem: str) ->
     return _error_row(conn, run_id, shown, _identity("name", run_id, shown), 0, 0, f"{shown}: {problem}")
 
 
+def new_names(refused: Refused, run_dir: str, names: list[rundir.RefusedName]) -> bool:
+    """Record a run's refused names; True when one of them is new since this process started."""
+    new = False
+    for name in names:
+        path = os.path.join(run_dir, name.rel)
+        new = new or path not in refused.names
+        refused.names[path] = name.problem
+    return new
+
+
+def name_errors(conn: sqlite3.Connection, run_id: int, names: list[rundir.RefusedName]) -> None:
+    """:func:`name_error` of each refused name (rows already stored are not stored or said again)."""
+    for name in names:
+        name_error(conn, run_id, name.rel, name.problem)
+
+
 def run_dir_refused(refused: Refused, run_dir: str) -> bool:
     """True (and said once) when a run folder's path cannot be kept as text: the run is not read."""
     problem = rundir.name_not_utf8(run_dir)

@@ -403,19 +403,12 @@ class Ingester:
                 backoff = 0.0
             except Exception as exc:  # keep serving other files; a broken batch is retried from the index
                 self._rollback()
-                if _index_failure(exc):
-                    # A full disk or a failing index: nothing was committed. Wait (doubling, up to a minute)
-                    # rather than retry every poll, and say so once per wait.
-                    backoff = min(BACKOFF_MAX_S, max(1.0, backoff * 2))
-                    log.error("traceml daemon: cannot write the index %s: %s; retrying in %.0f s",
-                              self.index_path, exc, backoff)
-                    stop.wait(backoff)
-                    next_scan = next_poll = 0.0
-                    continue
-                # Anything else (a bug on one file; damaged input is refused file by file before this): the
-                # same pause, so that a failure that repeats is one line a while, never a busy loop of them.
+                # A full disk or a failing index (nothing was committed), or anything else (damaged input is
+                # refused file by file before this): wait, doubling up to a minute, rather than retry every
+                # poll, and say so once per wait — never a busy loop of log lines (docs/daemon.md).
                 backoff = min(BACKOFF_MAX_S, max(1.0, backoff * 2))
-                log.error("traceml daemon: ingest cycle failed: %s; retrying in %.0f s", exc, backoff)
+                what = f"cannot write the index {self.index_path}" if _index_failure(exc) else "ingest cycle failed"
+                log.error("traceml daemon: %s: %s; retrying in %.0f s", what, exc, backoff)
                 stop.wait(backoff)
                 next_scan = next_poll = 0.0
                 continue
@@ -669,12 +662,9 @@ class Ingester:
 
     def _scan_run(self, run: _Run) -> None:
         streams, sides, refused = rundir.RunDir(run.dir).scan()
-        for name in refused:  # a name beyond 64 bits: one error row, never a failed scan
-            path = os.path.join(run.dir, name.rel)
-            if path not in self.refused.names:
-                self.refused.names[path] = name.problem
-                self._begin().runs.add(run.run_id)
-                refusals.name_error(self.conn, run.run_id, name.rel, name.problem)
+        if refusals.new_names(self.refused, run.dir, refused):  # a name beyond 64 bits: an error row, no failure
+            self._begin().runs.add(run.run_id)
+            refusals.name_errors(self.conn, run.run_id, refused)
         for s in streams:
             if s.rel in run.files:
                 continue

@@ -257,3 +257,48 @@ def test_names_not_utf8_are_refused_and_the_root_is_ingested(env):
     assert [e.path for e in _errors(env.index, "good")] == ["validation/requests/ck\\xfe.json"]
     assert index_rows(env.index, "SELECT path FROM side_files") == [("validation/requests/ck-1.json",)]
     assert index_rows(env.index, "SELECT count(*) FROM runs") == [(1,)]
+
+
+# --- a side file whose ingestion raises anyway (a bug no bound caught): undone on its own, never a failed scan
+
+
+def test_side_file_whose_ingestion_raises_is_refused_alone(env, monkeypatch, caplog):
+    """Fault injection: storing the facts of one manifest raises (as a bug would). That file's writes are
+    undone (savepoint), it is one error row and one log line, it is not read again until it changes, and
+    every other file and run is ingested."""
+    import logging
+
+    from daemon import aggregates
+
+    _two_runs(env.root)
+    for run in ("good", "bad"):
+        (env.root / run / "manifest.json").write_text(json.dumps({"run_name": run, "status": "completed"}))
+    real = aggregates.write_manifest_facts
+    calls = []
+
+    def write(conn, run_id, facts, folder):
+        calls.append(folder)
+        real(conn, run_id, facts, folder)  # the row is written, then the "bug" strikes: it must be undone
+        if folder == "bad":
+            raise RuntimeError("injected")
+
+    monkeypatch.setattr(aggregates, "write_manifest_facts", write)
+    caplog.set_level(logging.WARNING, logger="traceml.daemon")
+    assert env.ingest() == 10
+    with Reader(env.index) as r:
+        assert r.find_run("good").manifest_status == "completed"
+        assert r.find_run("bad").manifest_status is None  # undone with the file, not half applied
+    errors = _errors(env.index, "bad")
+    assert len(errors) == 1 and errors[0].path == "manifest.json" and "RuntimeError: injected" in errors[0].message
+    assert index_rows(env.index, "SELECT content, error IS NOT NULL FROM side_files WHERE path = 'manifest.json'"
+                      " AND run_id = (SELECT run_id FROM runs WHERE name = 'bad')") == [(None, 1)]
+    assert sum("injected" in r.getMessage() for r in caplog.records) == 1
+    assert not [r for r in caplog.records if "pass failed" in r.getMessage()]
+    calls.clear()
+    assert env.ingest() == 0 and "bad" not in calls  # a restart does not read the unchanged file again
+    time.sleep(0.01)
+    (env.root / "bad" / "manifest.json").write_text(json.dumps({"run_name": "bad", "status": "failed"}))
+    monkeypatch.setattr(aggregates, "write_manifest_facts", real)  # "fixed": the new version is read
+    env.ingest()
+    with Reader(env.index) as r:
+        assert r.find_run("bad").manifest_status == "failed"
