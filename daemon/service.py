@@ -703,6 +703,7 @@ class Ingester:
                                         (run.run_id, rel)).fetchone()
                 self.conn.execute("DELETE FROM side_files WHERE run_id = ? AND path = ?", (run.run_id, rel))
                 del run.sides[rel]
+                self.refused.side(os.path.join(run.dir, rel), None)  # gone: no longer refused
                 batch.runs.add(run.run_id)
                 if row is not None:
                     self._apply_side_facts(run, row[0], None)  # its facts go with it
