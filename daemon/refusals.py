@@ -50,8 +50,10 @@ class Refused:
             self.sides[path] = message
 
     def load(self, conn: sqlite3.Connection, run_dirs: dict[int, str]) -> None:
-        """The side files the index holds as refused (read again only once they change)."""
+        """The side files the index holds as refused (read again only once they change); the names are
+        found again by the next scan (their rows too, if a rolled-back batch held them)."""
         self.sides = {}
+        self.names = {}
         for run_id, rel, message in conn.execute("SELECT run_id, path, error FROM side_files WHERE error IS NOT NULL"):
             run_dir = run_dirs.get(run_id)
             if run_dir is not None:
