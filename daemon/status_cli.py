@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import sys
 import time
 from dataclasses import asdict
 
-from traceml_tui.core import artifacts
+from traceml_tui.core import artifacts, jsonsafe
 from traceml_tui.core.cliargs import OneLineParser, seconds
 from traceml_tui.core.rundir import middle_cut
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RunStatus, count_states
@@ -119,7 +118,7 @@ def main(argv: list[str]) -> int:
                 failure = reader.failure(r.run_id) if r.status in (RunStatus.FAILED, RunStatus.LOST) else None
                 d["failure"] = artifacts.to_builtins(failure) if failure is not None else None
                 out["runs"].append(d)
-            print(json.dumps(out, indent=2))
+            print(jsonsafe.dumps_finite(out, indent=2))  # valid JSON always: an overflowed figure is null
             return 0
         if not runs:
             print(f"no runs in {index_path}")
