@@ -177,9 +177,13 @@ def test_backlog_status_skips_a_deep_side_file(tmp_path, traceml_cmd, cli_env):
     assert backlog.read_json(layout.request("step-00000020")) is None
     status = backlog.backlog_status(run_dir)
     assert [row["checkpoint"] for row in status["requests"]] == [ckpt]
+    assert len(status["errors"]) == 3 and all("nested deeper than 64 levels" in e for e in status["errors"])
     proc = subprocess.run([*traceml_cmd, "validate", "status", str(run_dir), "--json"], env=cli_env,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    # each deep file is one line and a non-zero exit; the good request is still reported (docs/hygiene.md)
+    assert proc.returncode == 1, proc.stderr
+    assert [row["checkpoint"] for row in json.loads(proc.stdout)["requests"]] == [ckpt]
+    assert len(proc.stderr.strip().splitlines()) == 3 and "Traceback" not in proc.stderr
 
 
 def test_a_drainer_survives_a_worker_printing_deep_json(tmp_path):

@@ -10,20 +10,25 @@ or a RUN_DIR that is not a run directory,
 and 2 when a request is bound to another validation config than the recipe and
 command it runs (nothing claimed, no receipt; ``--recipe-override`` runs it and
 records the override in the receipt).
+`status` prints the backlog (text or ``--json``) and exits 0; 1 when a backlog
+file is damaged (one line each on stderr, every other file still reported).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 from traceml_tui.core.cliargs import EXIT_USAGE, RaisingParser, UsageError, positive_seconds, seconds, usage_line
+from traceml_tui.core.jsonsafe import dumps_valid
 from traceml_tui.core.rundir import run_dir_problem
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
+
+#: ``validate status`` found a damaged backlog file (reported on stderr, the other files on stdout).
+EXIT_DAMAGED = 1
 
 USAGE = "usage: traceml validate drain RUN_DIR [options] -- CMD ... | traceml validate status RUN_DIR [--json]"
 
@@ -166,11 +171,14 @@ def _status(argv: list[str]) -> int:
 
     status = backlog_status(run_dir, max_attempts=args.max_attempts)
     if args.json:
-        keys = ("requests", "newest_completed", "latest_requested", "counts", "outstanding")
-        print(json.dumps({k: status[k] for k in keys}, indent=2))
-        return 0
-    print(format_status(status))
-    return 0
+        keys = ("requests", "newest_completed", "latest_requested", "counts", "outstanding", "errors")
+        print(dumps_valid({k: status[k] for k in keys}, indent=2))
+    else:
+        print(format_status(status))
+    # A damaged backlog file: one line each, the rest still reported above, and a non-zero exit (docs/hygiene.md).
+    for line in status["errors"]:
+        _fail(f"damaged backlog file {line}")
+    return EXIT_DAMAGED if status["errors"] else 0
 
 
 def format_status(status: dict) -> str:
