@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from traceml_tui.core import hygiene_files, jsonsafe
 from traceml_tui.core.atomic import atomic_write_json
 from traceml_tui.core.rundir import EARLY_STOPPING, RunDir
 from traceml_tui.hygiene import backlog
@@ -51,6 +52,30 @@ STATE_FILE = EARLY_STOPPING  # relative to the run directory
 STATE_VERSION = 1
 #: Fields of the policy frozen into the state on first use; a resume must match them.
 _POLICY = ("metric", "direction", "min_delta", "patience", "warmup", "max_budget")
+
+
+def read_state(path: Path, errors: Optional[list[str]] = None) -> Optional[dict]:
+    """``early_stopping.json`` as written, once :func:`traceml_tui.core.hygiene_files.decode_early_stopping`
+    accepted it (finite numbers, bounded integers, expected shapes); the one reader of that file.
+
+    None when it is missing or damaged; a damaged one adds one line to ``errors``.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if errors is not None:
+            errors.append(f"{STATE_FILE}: cannot read: {exc.strerror or exc}")
+        return None
+    try:
+        hygiene_files.decode_early_stopping(data)
+    except hygiene_files.DamagedFile as exc:
+        if errors is not None:
+            errors.append(f"{STATE_FILE}: {exc}")
+        return None
+    # Checked above: the same bytes as plain values, exactly as written (what the summary shows).
+    return jsonsafe.decode_bounded(data)
 
 
 class EarlyStopping:
@@ -155,7 +180,12 @@ class EarlyStopping:
         }
 
     def _load(self) -> dict:
-        state = backlog.read_json(self.path)
+        errors: list[str] = []
+        state = read_state(self.path, errors)
+        if errors:
+            # Never start afresh over a damaged state: patience already spent would be forgotten and
+            # the file overwritten (docs/hygiene.md).
+            raise ValueError(f"{errors[0]}; move it aside to start early stopping afresh")
         if state is None:
             return self._fresh_state()
         frozen = state.get("policy", {})
