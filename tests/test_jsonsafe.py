@@ -204,13 +204,15 @@ def test_outcome_reader_bounds_nesting(tmp_path):
 
 def test_export_readers_refuse_deep_files(tmp_path):
     from traceml_tui.export import cursor
-    from traceml_tui.export.trackio_export import _read_json
+    from traceml_tui.hygiene.early_stopping import read_state
 
     path = tmp_path / "cursor.json"
     path.write_bytes(deep_object(100_000))
     with pytest.raises(ValueError, match="nested deeper than 64 levels"):
         cursor.load(path)
-    assert _read_json(path) is None
+    errors: list[str] = []
+    assert read_state(path, errors) is None  # early_stopping.json, which the export also reads
+    assert len(errors) == 1 and "nested deeper than 64 levels" in errors[0]
 
 
 def test_summary_loader_skips_a_deep_line(tmp_path):
