@@ -292,9 +292,9 @@ def test_traceml_run_exits_like_other_config_errors_on_a_yaml_tag(tmp_path, trac
 
 
 def test_an_unquoted_date_stays_text():
-    from traceml_tui.guard.config import _Loader
-
     import yaml
+
+    from traceml_tui.guard.config import _Loader
 
     assert yaml.load("when: 2024-01-01\n", Loader=_Loader) == {"when": "2024-01-01"}  # noqa: S506
 
