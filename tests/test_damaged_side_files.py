@@ -153,7 +153,8 @@ def test_the_index_reader_shows_the_other_backlog_files(tmp_path, traceml_cmd, c
 
 
 def test_a_damaged_early_stopping_state_is_refused_never_reset(tmp_path):
-    from traceml_tui.hygiene.early_stopping import EarlyStopping, read_state
+    from traceml_tui.hygiene.backlog import read_early_stopping as read_state
+    from traceml_tui.hygiene.early_stopping import EarlyStopping
 
     run = hygiene_copy(tmp_path)
     stopper = EarlyStopping(run, metric="mse", direction="min", patience=5)

@@ -204,7 +204,7 @@ def test_outcome_reader_bounds_nesting(tmp_path):
 
 def test_export_readers_refuse_deep_files(tmp_path):
     from traceml_tui.export import cursor
-    from traceml_tui.hygiene.early_stopping import read_state
+    from traceml_tui.hygiene.backlog import read_early_stopping as read_state
 
     path = tmp_path / "cursor.json"
     path.write_bytes(deep_object(100_000))

@@ -189,9 +189,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
     # counters and readouts: information tables, re-sent only when their content changes
     pending = sum(1 for row in readouts.values() if row[4] in _PENDING)
     failed = sum(1 for row in readouts.values() if row[4] in _FAILED)
-    from traceml_tui.hygiene.early_stopping import read_state
-
-    stopping = read_state(layout.early_stopping) or {}
+    stopping = backlog.read_early_stopping(layout.early_stopping) or {}
     qc = field_qc.summarize_records(field_qc.load_field_records(run_dir)) if any(
         k.startswith("qc/field/") for k in new.delivered) else {"failed_fields": []}
     info_rows = [

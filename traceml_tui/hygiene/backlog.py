@@ -33,8 +33,8 @@ from typing import Any, Optional
 from traceml_tui.core import artifacts, hygiene_files, state
 from traceml_tui.core import owner as core_owner
 from traceml_tui.core.atomic import atomic_write_json, dumps_json, fsync_dir
-from traceml_tui.core.jsonsafe import loads_bounded
-from traceml_tui.core.rundir import BACKLOG_KINDS, VALIDATION, RunDir
+from traceml_tui.core.jsonsafe import decode_bounded, loads_bounded
+from traceml_tui.core.rundir import BACKLOG_KINDS, EARLY_STOPPING, VALIDATION, RunDir
 from traceml_tui.core.state import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -88,6 +88,30 @@ def read_backlog_file(path: Path, folder: str, errors: Optional[list[str]] = Non
 def _damaged(errors: Optional[list[str]], folder: str, path: Path, why: str) -> None:
     if errors is not None:
         errors.append(f"{VALIDATION}/{folder}/{path.name}: {why}")
+
+
+def read_early_stopping(path: Path, errors: Optional[list[str]] = None) -> Optional[dict]:
+    """``early_stopping.json`` (:mod:`traceml_tui.hygiene.early_stopping`) as written, once :func:`traceml_tui.core.hygiene_files.decode_early_stopping`
+    accepted it (finite numbers, bounded integers, expected shapes); the one reader of that file.
+
+    None when it is missing or damaged; a damaged one adds one line to ``errors``.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if errors is not None:
+            errors.append(f"{EARLY_STOPPING}: cannot read: {exc.strerror or exc}")
+        return None
+    try:
+        hygiene_files.decode_early_stopping(data)
+    except hygiene_files.DamagedFile as exc:
+        if errors is not None:
+            errors.append(f"{EARLY_STOPPING}: {exc}")
+        return None
+    # Checked above: the same bytes as plain values, exactly as written (what the summary shows).
+    return decode_bounded(data)
 
 
 def order_key(request: dict) -> tuple:

@@ -34,7 +34,6 @@ from traceml_tui.core.atomic import atomic_write_bytes
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import BacklogState
 from traceml_tui.hygiene import backlog
-from traceml_tui.hygiene.early_stopping import read_state
 
 #: Points drawn per series at most; longer series are averaged per bucket.
 MAX_POINTS = 1500
@@ -119,7 +118,7 @@ def load_curve_data(run_dir: Path) -> CurveData:
     key = lambda item: (item["step"] if isinstance(item["step"], int) else -1, item["checkpoint"])  # noqa: E731
     return CurveData(run=run_name, attempts=attempts, evals=sorted(evals.values(), key=key),
                      unfinished=sorted(unfinished.values(), key=key),
-                     early_stopping=read_state(layout.early_stopping))
+                     early_stopping=backlog.read_early_stopping(layout.early_stopping))
 
 
 def _add_step(series: AttemptSeries, rec: records.Step) -> None:

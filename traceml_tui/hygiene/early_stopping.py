@@ -43,7 +43,6 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.core import hygiene_files, jsonsafe
 from traceml_tui.core.atomic import atomic_write_json
 from traceml_tui.core.rundir import EARLY_STOPPING, RunDir
 from traceml_tui.hygiene import backlog
@@ -52,30 +51,6 @@ STATE_FILE = EARLY_STOPPING  # relative to the run directory
 STATE_VERSION = 1
 #: Fields of the policy frozen into the state on first use; a resume must match them.
 _POLICY = ("metric", "direction", "min_delta", "patience", "warmup", "max_budget")
-
-
-def read_state(path: Path, errors: Optional[list[str]] = None) -> Optional[dict]:
-    """``early_stopping.json`` as written, once :func:`traceml_tui.core.hygiene_files.decode_early_stopping`
-    accepted it (finite numbers, bounded integers, expected shapes); the one reader of that file.
-
-    None when it is missing or damaged; a damaged one adds one line to ``errors``.
-    """
-    try:
-        data = Path(path).read_bytes()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if errors is not None:
-            errors.append(f"{STATE_FILE}: cannot read: {exc.strerror or exc}")
-        return None
-    try:
-        hygiene_files.decode_early_stopping(data)
-    except hygiene_files.DamagedFile as exc:
-        if errors is not None:
-            errors.append(f"{STATE_FILE}: {exc}")
-        return None
-    # Checked above: the same bytes as plain values, exactly as written (what the summary shows).
-    return jsonsafe.decode_bounded(data)
 
 
 class EarlyStopping:
@@ -181,7 +156,7 @@ class EarlyStopping:
 
     def _load(self) -> dict:
         errors: list[str] = []
-        state = read_state(self.path, errors)
+        state = backlog.read_early_stopping(self.path, errors)
         if errors:
             # Never start afresh over a damaged state: patience already spent would be forgotten and
             # the file overwritten (docs/hygiene.md).
