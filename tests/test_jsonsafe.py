@@ -174,7 +174,7 @@ def test_backlog_status_skips_a_deep_side_file(tmp_path, traceml_cmd, cli_env):
     layout.claim(ckpt).write_bytes(deep_object(100_000))
     layout.receipt("step-00000030").parent.mkdir(parents=True, exist_ok=True)
     layout.receipt("step-00000030").write_bytes(deep_object(100_000))
-    assert backlog.read_json(layout.request("step-00000020")) is None
+    assert backlog.read_backlog_file(layout.request("step-00000020"), "requests") is None
     status = backlog.backlog_status(run_dir)
     assert [row["checkpoint"] for row in status["requests"]] == [ckpt]
     assert len(status["errors"]) == 3 and all("nested deeper than 64 levels" in e for e in status["errors"])
