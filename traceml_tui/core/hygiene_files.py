@@ -229,6 +229,13 @@ def checkpoint_of(folder: str, name: str) -> Optional[str]:
 
 def _decode(data: Union[bytes, str], kind: type) -> Any:
     """``data`` as a ``kind``, or :class:`DamagedFile` with one line saying why."""
+    if not isinstance(data, str):
+        try:
+            # msgspec skips unknown keys without checking their bytes: the whole file must be UTF-8 text,
+            # or the index (which keeps files as text) and the files would disagree about it.
+            bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DamagedFile(f"not UTF-8 text (byte {exc.start})") from None
     try:
         return jsonsafe.decode_bounded(data, type=kind)
     except (msgspec.ValidationError, msgspec.DecodeError, jsonsafe.NestingError) as exc:
