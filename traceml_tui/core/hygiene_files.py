@@ -13,7 +13,8 @@ Bounds (what any writer of ours can produce; anything else is a damaged file):
 * timestamps are unix seconds within ``[0, 9999-12-31]``;
 * integers fit SQLite's signed 64-bit range (counts are also ``>= 0``);
 * ``metrics`` is an object of finite numbers or null;
-* text is valid Unicode (an unpaired UTF-16 surrogate escape is refused).
+* text is valid Unicode (an unpaired UTF-16 surrogate escape is refused);
+* the whole file is such JSON, unknown keys included (they are otherwise ignored).
 
 A file that does not decode raises :class:`DamagedFile`, a ``ValueError``
 whose text is one line saying what is wrong and where (``- at `$.metrics```).
@@ -237,6 +238,10 @@ def _decode(data: Union[bytes, str], kind: type) -> Any:
         except UnicodeDecodeError as exc:
             raise DamagedFile(f"not UTF-8 text (byte {exc.start})") from None
     try:
+        # First as plain JSON: an unknown key is skipped by the typed decode below, but its value must still be
+        # JSON this reader accepts (a number in range, valid text) — as the index, which keeps the whole
+        # file, requires — so both sides agree on every file.
+        jsonsafe.decode_bounded(data)
         return jsonsafe.decode_bounded(data, type=kind)
     except (msgspec.ValidationError, msgspec.DecodeError, jsonsafe.NestingError) as exc:
         raise DamagedFile(" ".join(str(exc).split())) from None
