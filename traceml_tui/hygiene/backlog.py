@@ -79,8 +79,10 @@ def _damaged(errors: Optional[list[str]], folder: str, path: Path, why: str) -> 
 
 
 def read_early_stopping(path: Path, errors: Optional[list[str]] = None) -> Optional[dict]:
-    """``early_stopping.json`` (:mod:`traceml_tui.hygiene.early_stopping`) as written, once :func:`traceml_tui.core.hygiene_files.decode_early_stopping`
-    accepted it (finite numbers, bounded integers, expected shapes); the one reader of that file.
+    """``early_stopping.json`` (:mod:`traceml_tui.hygiene.early_stopping`) as written, once
+    :func:`traceml_tui.core.hygiene_files.decode_early_stopping` accepted it (finite numbers, bounded
+    integers, expected shapes): the one reader of that file, for early stopping, the summary, the curve
+    and the export (here, not in ``early_stopping``, which imports torch when it broadcasts).
 
     None when it is missing or damaged; a damaged one adds one line to ``errors``.
     """
