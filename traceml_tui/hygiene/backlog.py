@@ -33,7 +33,7 @@ from typing import Any, Optional
 from traceml_tui.core import artifacts, hygiene_files, state
 from traceml_tui.core import owner as core_owner
 from traceml_tui.core.atomic import atomic_write_json, dumps_json, fsync_dir
-from traceml_tui.core.jsonsafe import decode_bounded
+from traceml_tui.core.jsonsafe import decode_bounded, loads_bounded
 from traceml_tui.core.rundir import BACKLOG_KINDS, EARLY_STOPPING, VALIDATION, RunDir
 from traceml_tui.core.state import (
     DEFAULT_LEASE_S,
@@ -48,6 +48,18 @@ def ensure_dirs(run_dir: Path) -> None:
     layout = RunDir(run_dir)
     for folder in BACKLOG_KINDS:
         layout.backlog_dir(folder).mkdir(parents=True, exist_ok=True)
+
+
+def read_json(path: Path) -> Optional[dict]:
+    """Any JSON object file, untyped; ``None`` when missing or unreadable (backlog files: :func:`read_backlog_file`)."""
+    try:
+        with open(path, "rb") as handle:
+            value = loads_bounded(handle.read())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError):  # includes JSON nested deeper than jsonsafe.MAX_DEPTH
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def read_backlog_file(path: Path, folder: str, errors: Optional[list[str]] = None) -> Optional[dict]:
