@@ -4,7 +4,8 @@ Start: a real cursor, written by exporting the committed completed run (tests/fi
 destination that accepts everything (trackio itself is optional). Each example damages the cursor. Contract:
 :func:`export_run` either refuses the cursor with one ``ValueError`` line naming it — leaving its bytes as
 they were — or reads it and exports without raising, never moving an offset backwards past zero nor beyond
-the file (a damaged offset must never stop the export of a file for good).
+the file (a damaged offset must never stop the export of a file for good). A readable cursor that names another
+run directory or Trackio run is refused as such (``IdentityCollision``, docs/export.md), also in one line.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def _check(exported, data: bytes) -> None:
             tx.export_run(run, REGISTRATION, Sink())
         except ValueError as exc:
             message = str(exc)
-            assert "\n" not in message and path.name in message, message
+            # a damaged cursor is named; a readable one of another run or Trackio name is refused as such
+            assert "\n" not in message and (path.name in message or isinstance(exc, tx.IdentityCollision)), message
             assert path.read_bytes() == data  # refused: nothing overwritten
             return
         after = cm.load(path)  # what it wrote back is a cursor it can read
