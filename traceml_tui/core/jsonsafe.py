@@ -25,6 +25,13 @@ API (stdlib only at import time; msgspec is imported on first use of
   ``msgspec.json.decode`` (or ``decoder.decode``) after the check; msgspec's
   own ``DecodeError``/``ValidationError`` pass through.
 
+* :func:`unpaired_surrogate` ``(data) -> (escape, byte) | None`` — the first ``\\uD800``–``\\uDFFF``
+  escape that is not half of a pair (JSON text that names no character): ``loads_bounded`` refuses it
+  (and bytes that are not strict UTF-8), ``decode_bounded`` names it where msgspec would say
+  "Input data was truncated"; :func:`surrogate_message` is the wording.
+* :func:`dumps_valid` ``(value, **json_dumps_kwargs) -> str`` — JSON for ``--json`` outputs: a
+  non-finite float becomes ``null`` (:func:`finite`), never ``Infinity``/``NaN``.
+
 ``data`` may be ``bytes``, ``bytearray``, ``memoryview`` or ``str``.
 
 Cost of the check: a C-level ``translate`` keeping only brackets and quotes,
