@@ -349,3 +349,29 @@ def test_loads_bounded_refuses_utf8_encoded_surrogates():
     with pytest.raises(UnicodeDecodeError):
         jsonsafe.loads_bounded(b'{"a": "\xed\xa0\x80"}')
     assert sys.getdefaultencoding() == "utf-8"
+
+
+# --------------------------------------------------------------------------- leases a claim may record
+
+
+def test_a_manifest_lease_beyond_bounds_falls_back_on_the_default(tmp_path, traceml_cmd, cli_env):
+    """An edited manifest's 400-digit lease is no lease: the default applies (a claim must stay decodable)."""
+    from traceml_tui.core.state import DEFAULT_LEASE_S
+    from traceml_tui.hygiene.backlog import declared_validation
+
+    run = hygiene_copy(tmp_path)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["hygiene"]["validation"]["lease_s"] = int(BIG)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert declared_validation(run)["lease_s"] == DEFAULT_LEASE_S
+    proc = validate_status(traceml_cmd, cli_env, run, "--json")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_drain_refuses_a_lease_no_claim_may_record(tmp_path, traceml_cmd, cli_env):
+    run = hygiene_copy(tmp_path)
+    before = sorted(p.name for p in (run / "validation" / "claims").iterdir())
+    proc = subprocess.run([*traceml_cmd, "validate", "drain", str(run), "--lease", "1e12", "--", "true", "{checkpoint}"],
+                          env=cli_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--lease" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in (run / "validation" / "claims").iterdir()) == before  # nothing claimed

@@ -572,9 +572,11 @@ def declared_validation(run_dir: Path) -> dict[str, float]:
     block = block if isinstance(block, dict) else {}
 
     def number(key: str, default: float, *, zero_ok: bool = False) -> float:
-        value = block.get(key)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > 0 or (zero_ok and value == 0))
-        return float(value) if ok else default
+        # Within the bounds traceml.yaml allows (hygiene/config.py), so a lease written into a claim is one the
+        # claim's decoder accepts; anything else (an edited manifest) falls back on the default.
+        value = _seconds(block.get(key))
+        ok = value is not None and (value > 0 or (zero_ok and value == 0)) and value <= hygiene_files.MAX_SECONDS
+        return value if ok else default
 
     attempts = manifest.max_validation_attempts if manifest is not None else None
     return {

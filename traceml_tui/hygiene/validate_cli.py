@@ -54,6 +54,16 @@ def _attempts(text: str) -> int:
     return value
 
 
+def _lease(text: str) -> float:
+    """``--lease``: seconds above zero, at most what a claim may record (core/hygiene_files.py ``MAX_SECONDS``)."""
+    from traceml_tui.core.hygiene_files import MAX_SECONDS
+
+    value = positive_seconds(text)
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_SECONDS:g} seconds")
+    return value
+
+
 def _drain(argv: list[str]) -> int:
     if "--" in argv:
         split = argv.index("--")
@@ -65,7 +75,7 @@ def _drain(argv: list[str]) -> int:
     parser.add_argument("--max-runtime", type=positive_seconds, default=None, help="seconds this worker may run")
     # Unset options take the run's declared hygiene.validation settings (backlog.declared_validation),
     # so a manual drainer retries, leases and times out exactly as every other surface counts.
-    parser.add_argument("--lease", type=positive_seconds, default=None,
+    parser.add_argument("--lease", type=_lease, default=None,
                         help="claim lease in seconds, heartbeat every lease/3 (default: the run's declared lease_s)")
     parser.add_argument("--max-attempts", type=_attempts, default=None,
                         help="failures after which a request is blocked (default: the run's declared max_attempts)")
