@@ -118,7 +118,7 @@ def main(argv: list[str]) -> int:
                 failure = reader.failure(r.run_id) if r.status in (RunStatus.FAILED, RunStatus.LOST) else None
                 d["failure"] = artifacts.to_builtins(failure) if failure is not None else None
                 out["runs"].append(d)
-            print(jsonsafe.dumps_finite(out, indent=2))  # valid JSON always: an overflowed figure is null
+            print(jsonsafe.dumps_valid(out, indent=2))  # valid JSON always: an overflowed figure is null
             return 0
         if not runs:
             print(f"no runs in {index_path}")

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from traceml_tui.core import records
-from traceml_tui.core.jsonsafe import loads_bounded
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import BacklogState
 from traceml_tui.export import cursor as cursor_mod
@@ -93,14 +92,6 @@ class Delivery:
 
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        value = loads_bounded(path.read_bytes())
-    except (OSError, ValueError):  # ValueError includes JSON nested deeper than jsonsafe.MAX_DEPTH
-        return None
-    return value if isinstance(value, dict) else None
 
 
 #: Columns of the readouts table; "examples evaluated" is the readout's denominator (seed 004).
@@ -206,7 +197,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
     # counters and readouts: information tables, re-sent only when their content changes
     pending = sum(1 for row in readouts.values() if row[4] in _PENDING)
     failed = sum(1 for row in readouts.values() if row[4] in _FAILED)
-    stopping = _read_json(layout.early_stopping) or {}
+    stopping = backlog.read_early_stopping(layout.early_stopping) or {}
     qc = field_qc.summarize_records(field_qc.load_field_records(run_dir)) if any(
         k.startswith("qc/field/") for k in new.delivered) else {"failed_fields": []}
     info_rows = [

@@ -45,6 +45,7 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
+from traceml_tui.core.hygiene_files import INT64_MAX, MAX_SECONDS
 from traceml_tui.core.records import RECORD_VERSION
 from traceml_tui.core.rundir import LEARNING_CURVE, RANKS
 from traceml_tui.core.state import (
@@ -98,15 +99,21 @@ def _int(value: Any, path: str, *, minimum: int) -> int:
         raise HygieneConfigError(path, f"must be an integer, got {show_value(value)}")
     if value < minimum:
         raise HygieneConfigError(path, f"must be >= {minimum}, got {show_value(value)}")
+    if value > INT64_MAX:  # it is written into manifests, claims and the index: SQLite's integer range
+        raise HygieneConfigError(path, f"must fit in a signed 64-bit integer, got {show_value(value)}")
     return int(value)
 
 
-def _number(value: Any, path: str, *, minimum: float) -> float:
+def _number(value: Any, path: str, *, minimum: float, maximum: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HygieneConfigError(path, f"must be a number, got {show_value(value)}")
-    number = float(value)
-    if not math.isfinite(number) or number < minimum:
-        raise HygieneConfigError(path, f"must be a finite number >= {minimum:g}, got {show_value(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond a double
+        number = math.inf
+    if not math.isfinite(number) or number < minimum or number > maximum:
+        bound = f" and <= {maximum:g}" if math.isfinite(maximum) else ""
+        raise HygieneConfigError(path, f"must be a finite number >= {minimum:g}{bound}, got {show_value(value)}")
     return number
 
 
@@ -207,10 +214,12 @@ def _validation(raw: Any) -> dict:
     cadence = _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)
     first = _int(_required(block, "first_evaluation", path), f"{path}.first_evaluation", minimum=0)
     worker = _worker(_required(block, "worker", path), f"{path}.worker")
-    lease = _number(block.get("lease_s", DEFAULT_LEASE_S), f"{path}.lease_s", minimum=1)
+    lease = _number(block.get("lease_s", DEFAULT_LEASE_S), f"{path}.lease_s", minimum=1, maximum=MAX_SECONDS)
     attempts = _int(block.get("max_attempts", DEFAULT_MAX_ATTEMPTS), f"{path}.max_attempts", minimum=1)
-    backoff = _number(block.get("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S), f"{path}.retry_backoff_s", minimum=0)
-    timeout = _number(block.get("timeout_s", DEFAULT_WORKER_TIMEOUT_S), f"{path}.timeout_s", minimum=1)
+    backoff = _number(block.get("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S), f"{path}.retry_backoff_s", minimum=0,
+                      maximum=MAX_SECONDS)
+    timeout = _number(block.get("timeout_s", DEFAULT_WORKER_TIMEOUT_S), f"{path}.timeout_s", minimum=1,
+                      maximum=MAX_SECONDS)
     dispatcher = block.get("dispatcher", DISPATCH_LAUNCHER)
     if dispatcher not in DISPATCHERS:
         raise HygieneConfigError(f"{path}.dispatcher", f"must be one of {', '.join(DISPATCHERS)}, got {show_value(dispatcher)}")
