@@ -454,7 +454,7 @@ class IndexSource:
             step = run.last_step
             rows.append(RunRow(
                 run_id=rid, name=run.name, status=str(run.status), silent_ranks=run.silent_ranks,
-                explaining_ranks=run.explaining_ranks,
+                explaining_ranks=run.explaining_ranks, lost_nodes=run.lost_nodes,
                 first_failed=_first_failed(run),
                 workload=parts["workload"], nodes=run.nnodes,
                 procs_per_node=run.nproc_per_node or (run.ranks or None),
