@@ -4,7 +4,10 @@ Order of events (seed 000 "Saved artifacts and completion checks"):
 
 1. node 0 writes ``manifest.json`` (exclusively: an existing run is never
    touched) and prints the "Measurement contract captured" confirmation; a
-   fresh run also gets its reproduction bundle (``run/provenance.py``);
+   fresh run also gets its reproduction bundle (``run/provenance.py``); every
+   node's launcher beats its lease ``nodes/node_<k>/launcher.lease``
+   (``run/lease.py``) from then until its final word (node 0: right after the
+   manifest), so that a dead launcher or node is seen (docs/run.md);
 2. the training command starts — the script itself for one process, else
    ``torch.distributed.run`` — with the run directory in its environment and
    a parent-death signal (``run/lifeline.py``: SIGTERM when the launcher dies);
