@@ -115,10 +115,10 @@ def daemon(tmp_path_factory):
     env = subprocess_env(work / "state")
     index = work / "index.sqlite"
     port = _free_port()
-    proc = subprocess.Popen([*TRACEML, "daemon", str(root), "--index", str(index), "--rescan-interval", "0.3",
-                             "--poll-interval", "0.3", "--metrics", f"127.0.0.1:{port}"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=open(work / "daemon.err", "wb"),
-                            start_new_session=True)
+    with open(work / "daemon.err", "wb") as err:
+        proc = subprocess.Popen([*TRACEML, "daemon", str(root), "--index", str(index), "--rescan-interval", "0.3",
+                                 "--poll-interval", "0.3", "--metrics", f"127.0.0.1:{port}"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     d = Daemon(root, index, f"http://127.0.0.1:{port}/metrics", env, work)
 
     def up() -> bool:
