@@ -5,6 +5,8 @@ to change for L" is exact here; tests/test_run_lease.py proves the same on real 
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -140,7 +142,7 @@ def test_the_keeper_beats_on_its_own_and_its_last_beat_is_done(tmp_path: Path) -
     deadline = 200
     while core_lease.decode(path.read_bytes()).beat == first.beat and deadline:
         deadline -= 1
-        __import__("time").sleep(0.05)
+        time.sleep(0.05)
     assert deadline, "the keeper never beat again"
     keeper.finish()
     last = core_lease.decode(path.read_bytes())
@@ -148,3 +150,14 @@ def test_the_keeper_beats_on_its_own_and_its_last_beat_is_done(tmp_path: Path) -
     keeper.finish()  # idempotent
     assert path.read_bytes() == core_lease.encode(node=3, launch=last.launch, beat=last.beat, lease_s=1.2, done=True)
     assert [p.name for p in tmp_path.iterdir()] == ["launcher.lease"]  # no temp file left behind
+
+
+def test_traceml_run_refuses_a_bad_lease_length_in_one_line_and_writes_nothing(tmp_path: Path, cli_env,
+                                                                               traceml_cmd) -> None:
+    (tmp_path / "train.py").write_text("pass\n")
+    env = dict(cli_env, **{core_lease.LEASE_ENV: "0.1"})
+    proc = subprocess.run([*traceml_cmd, "run", "train.py", "--run-name", "r"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and core_lease.LEASE_ENV in proc.stderr, proc.stderr
+    assert not (tmp_path / "logs").exists()
