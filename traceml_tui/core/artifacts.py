@@ -259,6 +259,15 @@ class FailureSection(msgspec.Struct):
     # rank -> the exit code its launcher reported, for every rank whose state that code decided (its end
     # record had none: core.state.with_exit_codes); readers apply the same codes to get the same rank words
     exit_codes: dict[str, int] = msgspec.field(default_factory=dict)  # JSON keys: the rank as text
+    # the hang that failed the run (core.hang.HangReport.to_dict(): culprits, waiting, collective, seq,
+    # frame, text), when its cause is ``hang``
+    hang: Optional[dict[str, Any]] = None
+
+    @property
+    def hang_text(self) -> Optional[str]:
+        """The hang's one line (``r1 in train.py:42 `time.sleep`, not in all_reduce #57; r0 waiting …``)."""
+        text = self.hang.get("text") if isinstance(self.hang, dict) else None
+        return text if isinstance(text, str) else None
 
     def launcher_exit_codes(self) -> dict[int, int]:
         """:attr:`exit_codes` by rank; for a summary written before that field, the first failure's own code."""

@@ -50,7 +50,7 @@ def rank_trail(path: Path, rank: int) -> forensics.RankTrail:
     except (records.RecordError, RecursionError):
         pass
     data = _tail(path, _RANK_TAIL)
-    last_step = last_ts = end = None
+    last_step = last_ts = end = hang = None
     for line in data[: data.rfind(b"\n") + 1].split(b"\n"):
         if not line.strip():
             continue
@@ -67,11 +67,13 @@ def rank_trail(path: Path, rank: int) -> forensics.RankTrail:
             last_step = record.step if last_step is None else max(last_step, record.step)
         elif isinstance(record, records.RankEnd):
             end = record
+        elif isinstance(record, records.Hang):
+            hang = record  # the newest: the watchdog writes one per overrun (sdk/watchdog.py)
     if end is not None:
         last_step = end.step if last_step is None else max(last_step, end.step)
     return forensics.RankTrail(rank=rank, node=node, last_step=last_step, last_ts=last_ts,
                                end_status=end.status if end else None, end_exit_code=end.exit_code if end else None,
-                               end_ts=end.ts if end else None)
+                               end_ts=end.ts if end else None, hang=hang)
 
 
 def failure_section(run_dir: Path, exit_code: Optional[int]) -> Optional[dict]:
