@@ -22,6 +22,12 @@ The rules (docs/contracts.md, "state rules"):
   e.g. in their next collective), and so are ranks stopped from outside after
   it (torchrun tearing them down). A rank SIGKILLed without an end record is so
   the culprit and not its peers that failed in the all-reduce after it.
+* Hang forensics (:func:`hang_roles`): among the ranks that stopped, those whose
+  watchdog's ``hang`` record puts them inside a collective (or ahead by
+  collective count) and behind none wait for the others, the culprits; while
+  silent they are **waiting** (the culprit ``stalled``), once ended
+  ``aborted``, and the culprit is the first failure (``failed`` even when
+  torchrun stopped it after their collective timed out).
 * A run with no final word whose ranks all ended, one of them by SIGTERM, and
   stayed so for the stall limit has lost its launcher: it is ``lost``.
 * A rank that has not ended is **stalled** when it has been silent for the
