@@ -282,6 +282,20 @@ def test_while_it_hangs_every_surface_names_the_rank_that_never_arrived(real_run
     roles = {(s.labels["rank"], s.labels["role"], s.labels["where"]) for s in families["traceml_rank_hang"].samples}
     assert roles == {("1", "culprit", f"ddp_train.py:{SLEEP_LINE}"), ("0", "waiting", "")}
 
+    from traceml_tui.tui.source import IndexSource
+    from traceml_tui.tui.widgets.failure_panel import failure_text
+    from traceml_tui.tui.widgets.rank_table import rank_cells
+
+    source = IndexSource(index, stall_floor_s=STALL_AFTER)  # the Run screen's data: rank words and failure panel
+    try:
+        detail = source.run_detail(source.runs().rows[0].run_id)
+    finally:
+        source.close()
+    assert [(r.rank, r.state) for r in detail.ranks] == [(0, "waiting"), (1, "stalled")]
+    assert "waiting" in rank_cells(detail.ranks[0])[2].plain
+    assert detail.failure.rank == 1 and detail.failure.cause == "hang" and detail.failure.state == "stalled"
+    assert want_text in failure_text(detail.failure).plain
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
