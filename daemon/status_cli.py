@@ -141,7 +141,7 @@ def main(argv: list[str]) -> int:
                   f"{r.ranks:>5} {_fmt(r.last_step):>8} {_fmt(r.steps_per_s, '.2f'):>8} {r.errors:>6}  {r.dir}")
         for r in runs:  # a hang's one line under the table: who never arrived, where, who waits (core/hang.py)
             if r.hang is not None:
-                print(f"hang {middle_cut(r.name, NAME_WIDTH_MAX)}: {r.hang.text}")
+                print(f"  hang {middle_cut(r.name, NAME_WIDTH_MAX)}: {r.hang.text}")
         return 0
     except sqlite3.DatabaseError as exc:
         print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)
