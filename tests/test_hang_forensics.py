@@ -10,6 +10,8 @@ step 3 — once as copied while it hung, once after rank 0's gloo timeout.
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import subprocess
 import sys
 import time
@@ -344,3 +346,88 @@ def test_a_thousand_steps_without_a_hang_write_no_hang_record(tmp_path, cli_env)
     for path in streams:
         kinds = [json.loads(line)["kind"] for line in path.read_bytes().splitlines()]
         assert kinds.count("step") == 1000 and "hang" not in kinds
+
+
+# --------------------------------------------------------------------------- torch's flight recorder
+
+
+@pytest.fixture
+def fr_dumps(tmp_path_factory, cli_env) -> Path:
+    """Real flight-recorder dumps of a 2-rank gloo run: r0 inside all_reduce #4, r1 never issued it."""
+    folder = tmp_path_factory.mktemp("fr")
+    env = dict(cli_env, TORCH_FR_BUFFER_SIZE="100")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           str(realruns.SCRIPTS / "fr_dump.py"), str(folder / "fr_")], capture_output=True, text=True,
+                          env=env, cwd=folder, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_flight_recorder_dumps_name_the_rank_that_never_issued_the_collective(fr_dumps, tmp_path):
+    from traceml_tui.core import flight_recorder
+    from traceml_tui.run.failure import rank_trail, with_flight_recorder
+    from traceml_tui.sdk.session import Session
+
+    hangs = {}
+    for rank in (0, 1):
+        dump = flight_recorder.read_dump_file(str(fr_dumps / f"fr_{rank}"))
+        assert dump is not None and dump["entries"]
+        hangs[rank] = flight_recorder.hang_from_dump(dump, run="r", rank=rank, attempt=0, step=3, ts=1.0)
+    assert (hangs[0].collective, hangs[0].seq) == ("all_reduce", 4)
+    assert (hangs[1].collective, hangs[1].seq, hangs[1].stack) == (None, 3, [])
+    assert ("fr_dump.py", "main") in [(f.file, f.func) for f in hangs[0].stack]
+    assert not any(f.file.startswith("/") for f in hangs[0].stack)
+    ranks = tuple(_rank(r, hang=HangFact(h.collective, h.seq)) for r, h in sorted(hangs.items()))
+    report = hang_report(ranks, [RankState.STALLED] * 2, hangs)
+    assert report is not None and report.text == "r1, not in all_reduce #4 (at #3); r0 waiting in all_reduce #4"
+
+    # the launcher's side: a rank without a hang record of its own gets its dump's, when the recorder is on
+    # and the dump is newer than the attempt (an older one in a shared temp folder is another run's)
+    env = {"TORCH_FR_BUFFER_SIZE": "100", "TORCH_FR_DUMP_TEMP_FILE": str(fr_dumps / "fr_")}
+    for rank in (0, 1):
+        os.utime(fr_dumps / f"fr_{rank}", (time.time() + 5, time.time() + 5))
+        session = Session(tmp_path / "run", "r", rank=rank, world_size=2)
+        session.close("failed", 1)
+        trail = with_flight_recorder(rank_trail(session.path, rank), session.path, 0, env)
+        assert trail.hang is not None and trail.hang.seq == hangs[rank].seq
+        assert with_flight_recorder(rank_trail(session.path, rank), session.path, 0, {}).hang is None  # off
+        os.utime(fr_dumps / f"fr_{rank}", (1.0, 1.0))
+        assert with_flight_recorder(rank_trail(session.path, rank), session.path, 0, env).hang is None  # stale
+
+
+class _Foreign:
+    pass
+
+
+@given(st.binary(max_size=400))
+def test_a_dump_is_any_bytes_and_loads_as_a_plain_dict_or_nothing(data):
+    from traceml_tui.core import flight_recorder
+
+    dump = flight_recorder.load_dump(data)
+    assert dump is None or (isinstance(dump, dict) and isinstance(dump["entries"], list))
+    if dump is not None:
+        flight_recorder.hang_from_dump(dump, run="r", rank=0, attempt=0, step=0, ts=0.0)
+
+
+@given(st.lists(st.dictionaries(st.sampled_from(["record_id", "collective_seq_id", "profiling_name", "state",
+                                                 "retired", "frames", "process_group", "is_p2p"]),
+                                st.one_of(st.none(), st.integers(-5, 2**70), st.text(max_size=12), st.booleans(),
+                                          st.lists(st.dictionaries(st.text(max_size=8), st.integers()), max_size=2))),
+                max_size=6))
+def test_any_entries_give_a_hang_record_or_none_and_never_raise(entries):
+    from traceml_tui.core import flight_recorder
+
+    data = pickle.dumps({"version": "2.10", "entries": entries})
+    hang = flight_recorder.hang_from_dump(flight_recorder.load_dump(data), run="r", rank=0, attempt=0, step=0,
+                                          ts=0.0)
+    assert hang is None or isinstance(hang, records.Hang)
+
+
+def test_a_dump_that_names_a_class_or_a_function_is_refused():
+    from traceml_tui.core import flight_recorder
+
+    assert flight_recorder.load_dump(pickle.dumps({"entries": [_Foreign()]})) is None
+    assert flight_recorder.load_dump(pickle.dumps({"entries": [os.getcwd]})) is None
+    assert flight_recorder.load_dump(pickle.dumps({"entries": []})) == {"entries": []}
