@@ -431,3 +431,29 @@ def test_a_dump_that_names_a_class_or_a_function_is_refused():
     assert flight_recorder.load_dump(pickle.dumps({"entries": [_Foreign()]})) is None
     assert flight_recorder.load_dump(pickle.dumps({"entries": [os.getcwd]})) is None
     assert flight_recorder.load_dump(pickle.dumps({"entries": []})) == {"entries": []}
+
+
+def _trail(rank: int, end: str | None, code: int | None, end_ts: float | None, hang: records.Hang | None):
+    from traceml_tui.core.forensics import RankTrail
+
+    return RankTrail(rank=rank, node=0, last_step=2, last_ts=100.0, end_status=end, end_exit_code=code,
+                     end_ts=end_ts, hang=hang)
+
+
+def test_the_failure_section_blames_the_culprit_and_keeps_a_cause_of_its_own():
+    from traceml_tui.core.forensics import NodeLog, diagnose
+
+    waiting = _hang_record(0, 2, collective="all_reduce", seq=11)
+    timeout = NodeLog(0, "nodes/node_0/training.stderr.log",
+                      "[rank0]: Traceback (most recent call last):\n[rank0]: RuntimeError: gloo Timed out waiting\n")
+    # torchrun stopped the sleeping rank after its peer's timeout: the cause is the hang
+    stopped = diagnose([_trail(0, "failed", 1, 110.0, waiting), _trail(1, "terminated", 143, 111.0,
+                                                                       _hang_record(1, 2, seq=10))], [timeout],
+                       exit_code=1)
+    assert (stopped.rank, stopped.cause, stopped.victims) == (1, "hang", (0,))
+    assert stopped.hang["text"].startswith("r1, not in all_reduce #11 (at #10); r0 waiting")
+    # a rank SIGKILLed (no end record, no hang record) while its peer waited: blamed, and its cause stays
+    killed = diagnose([_trail(0, "failed", 1, 110.0, waiting), _trail(1, None, None, None, None)], [timeout],
+                      exit_code=1)
+    assert (killed.rank, killed.cause, killed.victims) == (1, "killed", (0,))
+    assert killed.hang["text"] == "r1 silent, no hang record, not in all_reduce #11; r0 waiting in all_reduce #11"

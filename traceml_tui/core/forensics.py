@@ -64,6 +64,8 @@ CAUSE_TEXT: dict[str, str] = {
     "hang": "it never reached the collective its peers waited in",
     "unknown": "no exception or signal found",
 }
+#: Causes that say only how a hang's culprit was stopped, not why the run failed (then the cause is ``hang``).
+_WEAK_CAUSES = frozenset({"signal", "unknown", "comm-timeout", "peer-lost", "launcher-lost"})
 #: The longest exception line kept (characters, after scrubbing).
 MAX_LINE = 200
 #: The most stderr a caller needs to hand in per node (bytes from the end of the log).
@@ -344,8 +346,11 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
         log = logs[0]
     failure = _failure(trail.rank, trail, states[first], report, log, victims, hosts, exit_code, launcher_lost)
     hung = hang_report(ranks, states, hangs)
-    if hung is not None and trail.rank in hung.culprits:  # its peers' timeout was the symptom, not the cause
-        failure = replace(failure, cause="hang", hang=hung.to_dict())
+    if hung is not None and trail.rank in hung.culprits:  # its peers waited for it: their timeout was a symptom
+        # A culprit that crashed, raised or was killed keeps that cause (the hang line still says who waited);
+        # one stopped from outside after its peers' timeout, or with no evidence of its own, hung.
+        cause = "hang" if failure.cause in _WEAK_CAUSES else failure.cause
+        failure = replace(failure, cause=cause, hang=hung.to_dict())
     return replace(failure, exit_codes=stood_in)
 
 
