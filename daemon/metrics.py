@@ -84,6 +84,7 @@ class IndexCollector(Collector):
             runs = [r for r in all_runs if exported(r, now, self.retention_s)]
             yield from self._run_families(runs, now)
             yield from self._rank_families(reader, runs, now)
+            yield from self._hang_families(runs)
             yield from self._backlog_families(reader, runs, now)
             yield from self._ingest_families(all_runs, now)
         up = GaugeMetricFamily("traceml_index_up", "1 when the index could be read at this scrape")
@@ -153,6 +154,23 @@ class IndexCollector(Collector):
                 if row.state is not None:
                     state.add_metric([*lab, str(row.state)], 1.0)
         yield from (median, wait, silence, state)
+
+    def _hang_families(self, runs: list[RunSummary]) -> Iterator:
+        """The ranks of a hang (core/hang.py): ``role="culprit"`` never reached the collective its peers wait
+        in (``role="waiting"``); the culprit's innermost frame of the training code is a label (a file name
+        relative to the script's folder and a line number: bounded, one series per hang)."""
+        hang = GaugeMetricFamily("traceml_rank_hang", "1 for each rank of a hang: the culprit and the ranks waiting",
+                                 labels=["run", "run_id", "rank", "role", "where"])
+        for run in runs:
+            if run.hang is None:
+                continue
+            frame = run.hang.frame or {}
+            where = f"{frame.get('file')}:{frame.get('line')}" if frame else ""
+            for rank in run.hang.culprits:
+                hang.add_metric([*self._labels(run), str(rank), "culprit", where], 1.0)
+            for rank in run.hang.waiting:
+                hang.add_metric([*self._labels(run), str(rank), "waiting", ""], 1.0)
+        yield hang
 
     def _backlog_families(self, reader: Reader, runs: list[RunSummary], now: float) -> Iterator:
         backlog = GaugeMetricFamily("traceml_backlog_requests", "Validation requests by state",

@@ -17,16 +17,18 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from traceml_tui.core import artifacts, hygiene_files
+from traceml_tui.core import hang as hangs_mod
 from traceml_tui.core.owner import probe_owner
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import (
     DEFAULT_MAX_ATTEMPTS,
     STALL_FLOOR_S,
+    STOPPED_RANK_STATES,
     BacklogState,
     LeaseFacts,
     RankFacts,
@@ -85,6 +87,8 @@ class RunSummary:
     rank_states: tuple[tuple[int, RankState], ...] = ()  # (rank, state) of each rank's newest attempt
     # Nodes whose launcher lease expired while another node's did not (core.state.lost_nodes): `lost node 1`.
     lost_nodes: tuple[int, ...] = ()
+    # The hang its ranks' watchdogs recorded, when core.state.hang_roles names a culprit (core/hang.py)
+    hang: Optional[hangs_mod.HangReport] = None
 
     @property
     def status_text(self) -> str:
@@ -429,8 +433,20 @@ class Reader:
             rows.setdefault(row[0], []).append(row[1:])
         return {rid: lease_facts(r) for rid, r in rows.items()}
 
+    def _current_hangs(self, run_id: int, latest: list[dict]) -> dict:
+        """Each rank's newest hang record that still speaks for its silence (core.hang.current_hang)."""
+        newest = {r["rank"]: r for r in latest}
+        found: dict = {}
+        for body, in self._rows("SELECT body FROM events WHERE run_id = ? AND kind = 'hang' ORDER BY step, ts",
+                                (run_id,)):
+            rec = hangs_mod.decode_hang(_loads(body) or {})
+            row = newest.get(rec.rank) if rec is not None else None
+            if row is not None and hangs_mod.current_hang(rec, row["attempt"], row["last_step"]):
+                found[rec.rank] = rec
+        return found
+
     def _decide(self, d: dict, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()
-                ) -> tuple[RunStatus, tuple[tuple[int, RankState], ...]]:
+                ) -> tuple[RunStatus, tuple[tuple[int, RankState], ...], Optional[hangs_mod.HangReport]]:
         outcome_nodes = _nodes_of(d.get("outcome_nodes"))
         ranks = tuple(
             RankFacts(rank=r["rank"], last_ts=r["last_ts"], end_status=r["ended"], end_exit_code=r["exit_code"],
@@ -439,16 +455,27 @@ class Reader:
             for r in latest)
         if d["launcher_exit_codes"] and summary_is_current(d["manifest_status"]):  # codes end records lacked
             ranks = with_exit_codes(ranks, _exit_codes_of(d["launcher_exit_codes"]))
-        verdict = decide_run(RunFacts(
-            ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],
-            manifest_status=d["manifest_status"], summary_status=d["summary_status"],
-            guard_training_status=d["training_status"], outcome_failed=d["outcomes_failed"] or 0,
-            missing=bool(d["missing"]), stall_floor_s=self.stall_floor_s, leases=leases))
-        return verdict.status, tuple((f.rank, s) for f, s in zip(ranks, verdict.ranks))
+        def decide(ranks: tuple[RankFacts, ...]):
+            return decide_run(RunFacts(
+                ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],
+                manifest_status=d["manifest_status"], summary_status=d["summary_status"],
+                guard_training_status=d["training_status"], outcome_failed=d["outcomes_failed"] or 0,
+                missing=bool(d["missing"]), stall_floor_s=self.stall_floor_s, leases=leases))
+
+        verdict, report = decide(ranks), None
+        # Hang forensics only where it can matter: several ranks, one of them stopped (a query per such run).
+        if len(ranks) > 1 and any(s in STOPPED_RANK_STATES for s in verdict.ranks):
+            hangs = self._current_hangs(d["run_id"], latest)
+            if hangs:
+                ranks = tuple(replace(f, hang=hangs_mod.fact_of(hangs[f.rank])) if f.rank in hangs else f
+                              for f in ranks)
+                verdict = decide(ranks)
+                report = hangs_mod.hang_report(ranks, verdict.ranks, hangs)
+        return verdict.status, tuple((f.rank, s) for f, s in zip(ranks, verdict.ranks)), report
 
     def _summary(self, row: tuple, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()) -> RunSummary:
         d = dict(zip(_RUN_COLS, row))
-        status, rank_states = self._decide(d, latest, now, leases)
+        status, rank_states, hang = self._decide(d, latest, now, leases)
         return RunSummary(
             run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"], status=status,
             missing=bool(d["missing"]), ranks=d["ranks_total"], ranks_ended=d["ranks_ended"],
@@ -459,7 +486,7 @@ class Reader:
             outcomes_total=d["outcomes_total"], outcomes_failed=d["outcomes_failed"], nnodes=d["nnodes"],
             nproc_per_node=d["nproc_per_node"], world_size=d["world_size"], started_at=d["started_at"],
             ended_at=d["ended_at"], version=d["updated_version"], median_interval_s=d["median_interval_s"],
-            rank_states=rank_states, lost_nodes=lost_nodes(leases),
+            rank_states=rank_states, lost_nodes=lost_nodes(leases), hang=hang,
         )
 
     def list_runs(self, roots: Optional[list[str]] = None, now: Optional[float] = None) -> tuple[RunSummary, ...]:

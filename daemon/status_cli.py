@@ -62,6 +62,11 @@ def _oneline(runs) -> str:
     nodes = sorted({n for r in runs for n in r.lost_nodes})
     if nodes:  # a node whose launcher lease expired while another lives (core.state.lost_nodes)
         active.append(lost_nodes_text(nodes))
+    hung = [r.hang for r in runs if r.hang is not None and r.status in _ONELINE_ACTIVE]
+    if hung:  # the rank the others wait for, where it is (core/hang.py): `hang r1 train.py:42`
+        first = hung[0]
+        where = f" {first.frame['file']}:{first.frame['line']}" if first.frame else ""
+        active.append("hang " + ",".join(f"r{c}" for c in first.culprits) + where)
     if active:
         return "traceml: " + " · ".join(active)
     done = [f"{n} {s}" for s, n in counts.items()]
@@ -135,6 +140,9 @@ def main(argv: list[str]) -> int:
         for r, cell in zip(runs, cells):
             print(f"{middle_cut(r.name, width):<{width}} {middle_cut(cell, status_width):<{status_width}} "
                   f"{r.ranks:>5} {_fmt(r.last_step):>8} {_fmt(r.steps_per_s, '.2f'):>8} {r.errors:>6}  {r.dir}")
+        for r in runs:  # a hang's one line under the table: who never arrived, where, who waits (core/hang.py)
+            if r.hang is not None:
+                print(f"  hang {middle_cut(r.name, NAME_WIDTH_MAX)}: {r.hang.text}")
         return 0
     except sqlite3.DatabaseError as exc:
         print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)

@@ -20,6 +20,10 @@ through ``torch.distributed.run``, or one process) with the scripts in
 ``hung``              2-rank DDP, slow steps; rank 1 SIGSTOPs itself after step 5, rank 0 blocks
                       in its next all-reduce; the run directory is *copied* 1.5 s later (the
                       fixture), then every process is killed
+``hang``              2-rank DDP; every rank all-reduces its loss each step, and inside step 3 rank 1 sleeps
+                      before it (it never arrives); both watchdogs write a ``hang`` record after
+                      :data:`HANG_FLOOR_S`; the run directory is copied then (``live_copy``: it hangs), and
+                      the launch runs on until rank 0's gloo timeout (:data:`HANG_TIMEOUT_S`) fails it
 ``hygiene``           one process with a ``hygiene:`` block publishing 6 checkpoints, then real
                       ``traceml validate drain`` processes leave a backlog in every state
 ====================  ==========================================================================
@@ -67,6 +71,7 @@ CASES: tuple[str, ...] = (
     "single_exits",
     "interrupted",
     "hung",
+    "hang",
     "hygiene",
 )
 
@@ -74,6 +79,9 @@ CASES: tuple[str, ...] = (
 LAUNCH_TIMEOUT_S = 90.0
 #: How long the hung case waits after rank 1 stopped before copying the run directory.
 HUNG_SETTLE_S = 1.5
+#: The hang case: the watchdogs' overrun floor (TRACEML_HANG_FLOOR_S) and the gloo collective timeout.
+HANG_FLOOR_S = 1.0
+HANG_TIMEOUT_S = 20.0
 
 
 class CaseBuildError(RuntimeError):
@@ -105,6 +113,7 @@ class RealRun:
     captured_at: Optional[float] = None
     expected_backlog: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     build_s: float = 0.0
+    live_copy: Optional[Path] = None  # ``hang``: a logs folder holding the run as it was while it hung
 
     def to_json(self) -> dict:
         return {
@@ -118,6 +127,7 @@ class RealRun:
             "captured_at": self.captured_at,
             "expected_backlog": dict(self.expected_backlog),
             "build_s": round(self.build_s, 2),
+            "live_copy": None if self.live_copy is None else str(self.live_copy),
         }
 
 
@@ -405,6 +415,43 @@ def _hung(ctx: _Ctx) -> RealRun:
     return ctx.result(None, now_hint=captured_at, captured_at=captured_at)
 
 
+def _hang_records(run_dir: Path) -> set[int]:
+    """Ranks whose stream holds a ``hang`` record (complete lines only)."""
+    found = set()
+    for path in run_dir.glob("ranks/rank_*/steps-*.jsonl"):
+        data = path.read_bytes()
+        if b'"kind":"hang"' in data[: data.rfind(b"\n") + 1]:
+            found.add(int(path.parent.name.split("_")[1]))
+    return found
+
+
+def _hang(ctx: _Ctx) -> RealRun:
+    args = ctx.run_args(DDP_SCRIPT, script_args=("--steps", 6, "--hang-at", 3, "--hang-s", 300, "--timeout",
+                                                 HANG_TIMEOUT_S, "--pid-dir", ctx.pid_dir))
+    live = ctx.work_dir / "live-copy"
+    with ctx.launch(args, TRACEML_HANG_FLOOR_S=str(HANG_FLOOR_S), PET_MONITOR_INTERVAL=FAILURE_MONITOR_INTERVAL_S
+                    ) as launch:
+        _wait_for(lambda: _hang_records(ctx.run_dir) == {0, 1}, LAUNCH_TIMEOUT_S, "a hang record of each rank", launch)
+        _expect(launch.proc.poll() is None, ctx, "the launcher exited before the collective timed out")
+        for _ in range(5):  # a copy racing the sampler's append could end in half a line: take it again
+            if live.exists():
+                shutil.rmtree(live)
+            shutil.copytree(ctx.run_dir, live / ctx.name)
+            captured_at = time.time()
+            if all(p.read_bytes().endswith(b"\n") for p in live.rglob("*.jsonl") if p.stat().st_size):
+                break
+        else:
+            raise CaseBuildError(f"{ctx.case}: every copy of the live run ended in a partial line")
+        _expect(not (live / ctx.name / "final_summary.json").exists(), ctx, "the run ended before its copy")
+        code = launch.wait()
+        stderr = launch.stderr_tail()
+    run = ctx.result(code, captured_at=captured_at, live_copy=live)
+    _expect(code != 0, ctx, "the launcher exited 0 although rank 0's all_reduce timed out")
+    if not (run.run_dir / "final_summary.json").is_file():
+        raise CaseBuildError(f"{ctx.case}: the launcher wrote no final_summary.json\n{stderr}")
+    return run
+
+
 # -- hygiene ------------------------------------------------------------------------------------
 
 HYGIENE_STEPS = 10
@@ -562,6 +609,7 @@ BUILDERS: dict[str, Callable[[_Ctx], RealRun]] = {
     "single_exits": _single_exits,
     "interrupted": _interrupted,
     "hung": _hung,
+    "hang": _hang,
     "hygiene": _hygiene,
 }
 assert tuple(BUILDERS) == CASES

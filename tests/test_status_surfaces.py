@@ -54,6 +54,8 @@ EXPECTED: dict[str, tuple[str, dict[int, set[str]]]] = {
     "single_exits": ("failed", {0: {"failed"}}),
     "interrupted": ("interrupted", {0: {"interrupted"}}),
     "hung": ("stalled", {0: {"stalled"}, 1: {"stalled"}}),
+    # rank 1 never reached the all_reduce rank 0 timed out in: the hang's culprit failed, its peer aborted
+    "hang": ("failed", {0: {"aborted"}, 1: {"failed"}}),
     "hygiene": ("completed", {0: {"completed"}}),
 }
 ALERTING = {"failed", "lost", "stalled"}

@@ -11,6 +11,9 @@ measured in the same run. Its overhead (trace_step + log + the loader timing)
 is held to the same ≤ 10 µs budget; the loader timing's own cost is reported
 apart (the same traced loop with the DataLoader untimed).
 
+The hang watchdog's cost is the last line: the same traced no-op step with a
+watchdog thread waking every 50 ms (a worst case) against none, interleaved.
+
     python tests/benchmarks/bench_sdk_overhead.py
 """
 
@@ -170,6 +173,24 @@ def main() -> None:
         t2 = pc()
         diffs.append((t2 - t1) - (t1 - t0))
     hooks_overhead = statistics.median(diffs) * 1e6
+
+    # The hang watchdog (sdk/watchdog.py) adds nothing to the step path; the thread only wakes once per
+    # overrun limit. Worst case here: a watchdog waking every 50 ms (the default wakes every ~15 s), against
+    # none at all, in interleaved rounds of the same traced no-op step.
+    from traceml_tui.sdk.watchdog import Watchdog
+
+    session = traceml.current_run()
+    if session.watchdog is not None:
+        session.watchdog.stop()
+    dog_rounds: dict[str, list[float]] = {"none": [], "awake": []}
+    for _ in range(15):
+        dog_rounds["none"].append(measure(traced_noop, 1))
+        dog = Watchdog(session, floor_s=0.05, factor=1.0).start()
+        time.sleep(0.01)  # the thread's start is not a step's cost
+        dog_rounds["awake"].append(measure(traced_noop, 1))
+        dog.stop()
+        dog._thread.join()
+    no_dog, awake_dog = min(dog_rounds["none"]), min(dog_rounds["awake"])
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {N} steps")
     print(f"floor (2 clock reads + encode + write): {floor_us:6.2f} µs/step")
     print(f"no-op step, bare loop:                  {bare:6.2f} µs/step")
@@ -185,6 +206,13 @@ def main() -> None:
           f"(+{dl_traced - dl_bare:.2f}), {dl_untimed:.2f} traced with the DataLoader untimed "
           f"(timing alone +{dl_traced - dl_untimed:.2f}); loop figures are cache- and noise-dominated")
     print(f"  the DataLoader timing alone:          {timing_paired:6.2f} µs/next() (paired: plain vs timed next())")
+    # What a wake costs the training thread (its GIL handoff), and that cost at the default wake rate.
+    per_wake_us = max(0.0, awake_dog - no_dog) * (50_000.0 / awake_dog)
+    default_s = Watchdog(session).floor_s
+    print(f"hang watchdog: traced no-op step {awake_dog:6.2f} µs/step with it waking every 50 ms vs {no_dog:6.2f} "
+          f"without (ratio {awake_dog / no_dog:.2f}; interleaved rounds, best of 15 each)")
+    print(f"  ≈ {per_wake_us:.0f} µs of the training thread per wake; at the default (one wake per "
+          f"{default_s:g} s or more) {100 * per_wake_us / (default_s * 1e6):.4f} % of its time; nothing per step")
 
 
 if __name__ == "__main__":

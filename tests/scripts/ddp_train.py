@@ -11,6 +11,9 @@ rank misbehave the way real jobs do (each counts completed steps from 1):
     --sigkill-after K   the --bad-rank SIGKILLs itself after step K
     --sigstop-after K   the --bad-rank SIGSTOPs itself after step K (a hung rank)
     --exit-after K      the --bad-rank calls sys.exit(3) after step K (no exception: only its exit code says so)
+    --hang-at K         every rank all-reduces its loss at the end of each step; inside step K the --bad-rank
+                        first sleeps --hang-s seconds (default 120): its peers wait in that all_reduce
+    --timeout S         the process group's collective timeout in seconds (default 30)
     --bad-rank R        which rank misbehaves (default 1; `all`: every rank)
     --pid-dir DIR       write rank_<r>.pid there at start (so a harness can find and reap the ranks)
 """
@@ -44,6 +47,9 @@ def main() -> None:
     parser.add_argument("--sigkill-after", type=int)
     parser.add_argument("--sigstop-after", type=int)
     parser.add_argument("--exit-after", type=int)
+    parser.add_argument("--hang-at", type=int)
+    parser.add_argument("--hang-s", type=float, default=120.0)
+    parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--bad-rank", default="1")
     parser.add_argument("--pid-dir")
     args = parser.parse_args()
@@ -52,7 +58,7 @@ def main() -> None:
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
         # A short timeout: a rank whose peer vanished must not wait the default 30 minutes.
-        dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
     rank = dist.get_rank() if distributed else 0
     if args.pid_dir:
         Path(args.pid_dir).mkdir(parents=True, exist_ok=True)
@@ -78,6 +84,10 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             traceml.log(loss=loss, lr=0.05, batch_size=args.batch_size, components={"mse": (loss, y)})
+            if args.hang_at and distributed:
+                if bad and step == args.hang_at:
+                    time.sleep(args.hang_s)  # the rank that never arrives (tests name this line)
+                dist.all_reduce(loss.detach().clone())  # the collective its peers wait in
         if bad and step == args.sigkill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         if bad and step == args.sigstop_after:

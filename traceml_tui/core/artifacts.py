@@ -265,6 +265,15 @@ class FailureSection(msgspec.Struct):
     # record had none: core.state.with_exit_codes); readers apply the same codes to get the same rank words
     # (JSON keys: the rank as text, ASCII digits; anything else makes the summary unreadable, bounds.IntKey)
     exit_codes: dict[IntKey, Int64] = msgspec.field(default_factory=dict)
+    # the hang that failed the run (core.hang.HangReport.to_dict(): culprits, waiting, collective, seq,
+    # frame, text), when its cause is ``hang``
+    hang: Optional[dict[str, Any]] = None
+
+    @property
+    def hang_text(self) -> Optional[str]:
+        """The hang's one line (``r1 in train.py:42 `time.sleep`, not in all_reduce #57; r0 waiting …``)."""
+        text = self.hang.get("text") if isinstance(self.hang, dict) else None
+        return text if isinstance(text, str) else None
 
     def launcher_exit_codes(self) -> dict[int, int]:
         """:attr:`exit_codes` by rank; for a summary written before that field, the first failure's own code."""

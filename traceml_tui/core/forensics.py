@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Optional, Sequence
 
+from traceml_tui.core import records
+from traceml_tui.core.hang import current_hang, fact_of, hang_report
 from traceml_tui.core.state import (
     CRASH_SIGNALS,
     RankFacts,
@@ -47,7 +49,7 @@ from traceml_tui.core.state import (
 #: with a non-zero code and no exception (``sys.exit(3)``); ``launcher-lost``: the launcher died before it
 #: finalized the run; ``unknown``: no evidence.
 CAUSES: tuple[str, ...] = ("cuda-oom", "comm-timeout", "peer-lost", "exception", "killed", "crash", "signal",
-                           "exit-code", "launcher-lost", "unknown")
+                           "exit-code", "launcher-lost", "hang", "unknown")
 #: One-phrase meaning of each cause word (the summary card and the Run screen show it beside the word).
 CAUSE_TEXT: dict[str, str] = {
     "cuda-oom": "CUDA out of memory",
@@ -59,8 +61,11 @@ CAUSE_TEXT: dict[str, str] = {
     "signal": "stopped by a signal from outside",
     "exit-code": "the script exited with a non-zero code, no exception (sys.exit)",
     "launcher-lost": "the launcher died before finalizing the run",
+    "hang": "it never reached the collective its peers waited in",
     "unknown": "no exception or signal found",
 }
+#: Causes that say only how a hang's culprit was stopped, not why the run failed (then the cause is ``hang``).
+_WEAK_CAUSES = frozenset({"signal", "unknown", "comm-timeout", "peer-lost", "launcher-lost"})
 #: The longest exception line kept (characters, after scrubbing).
 MAX_LINE = 200
 #: The most stderr a caller needs to hand in per node (bytes from the end of the log).
@@ -107,6 +112,7 @@ class RankTrail:
     end_status: Optional[str] = None  # the rank_end record's status; None: no end record
     end_exit_code: Optional[int] = None
     end_ts: Optional[float] = None
+    hang: Optional[records.Hang] = None  # its watchdog's newest hang record in that attempt (core/hang.py)
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,7 @@ class Failure:
     detail: tuple[str, ...] = field(default=())  # the rank's other exception lines (scrubbed), oldest first
     # (rank, code) of every rank whose state its launcher's exit code decided (core.state.with_exit_codes)
     exit_codes: tuple[tuple[int, int], ...] = ()
+    hang: Optional[dict] = None  # core.hang.HangReport.to_dict() when the run failed because a rank hung
 
     def to_dict(self) -> dict:
         """The JSON section (plain values)."""
@@ -152,7 +159,7 @@ class Failure:
                 "state": self.state, "cause": self.cause, "cause_text": CAUSE_TEXT.get(self.cause, ""),
                 "exit_code": self.exit_code, "signal": self.signal, "exception": self.exception,
                 "victims": list(self.victims), "log": self.log,
-                "exit_codes": {str(rank): code for rank, code in self.exit_codes}}
+                "exit_codes": {str(rank): code for rank, code in self.exit_codes}, "hang": self.hang}
 
 
 def scrub(line: str, hosts: Iterable[str] = (), limit: int = MAX_LINE) -> str:
@@ -308,8 +315,12 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
     codes = {rank: report.exit_code for rank, (report, _) in reports.items()} if exit_code else {}
     if single and exit_code and codes.get(trails[0].rank) is None:  # its stderr may hold warnings, no report
         codes[trails[0].rank] = exit_code
+    hangs = {t.rank: t.hang for t in trails
+             if t.hang is not None and current_hang(t.hang, t.hang.attempt, t.last_step)}
     ranks = with_exit_codes(tuple(RankFacts(rank=t.rank, last_ts=t.last_ts, end_status=t.end_status,
-                                            end_exit_code=t.end_exit_code, end_ts=t.end_ts) for t in trails), codes)
+                                            end_exit_code=t.end_exit_code, end_ts=t.end_ts,
+                                            hang=fact_of(hangs[t.rank]) if t.rank in hangs else None)
+                                  for t in trails), codes)
     stood_in = tuple((t.rank, r.end_exit_code) for t, r in zip(trails, ranks) if t.end_exit_code != r.end_exit_code)
     trails = [replace(t, end_exit_code=r.end_exit_code) for t, r in zip(trails, ranks)]
     facts = RunFacts(ranks=ranks, now=0.0, manifest_status="failed")
@@ -334,6 +345,12 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
     if log is None and len(logs) == 1:
         log = logs[0]
     failure = _failure(trail.rank, trail, states[first], report, log, victims, hosts, exit_code, launcher_lost)
+    hung = hang_report(ranks, states, hangs)
+    if hung is not None and trail.rank in hung.culprits:  # its peers waited for it: their timeout was a symptom
+        # A culprit that crashed, raised or was killed keeps that cause (the hang line still says who waited);
+        # one stopped from outside after its peers' timeout, or with no evidence of its own, hung.
+        cause = "hang" if failure.cause in _WEAK_CAUSES else failure.cause
+        failure = replace(failure, cause=cause, hang=hung.to_dict())
     return replace(failure, exit_codes=stood_in)
 
 
@@ -386,6 +403,10 @@ def section_lines(section: Mapping) -> list[str]:
     if section.get("state") == "lost":
         how.append("no end record")
     lines = [f"{where} — {cause} ({section.get('cause_text') or CAUSE_TEXT.get(cause, '')})"]
+    hang = section.get("hang")  # the summary's dict, or its text alone (the Run screen's snapshot)
+    hang = hang.get("text") if isinstance(hang, Mapping) else hang
+    if isinstance(hang, str) and hang:  # r1 in train.py:42 `time.sleep`, not in all_reduce #57; r0 waiting …
+        lines.append(hang)
     second = ", ".join(how)
     if section.get("exception"):
         second = f"{second}: {section['exception']}" if second else str(section["exception"])

@@ -15,6 +15,8 @@ file unique, followed by one JSON object per line:
   ``failed`` (an uncaught exception) or ``interrupted`` (Ctrl-C); the word each stands for is
   decided by :func:`traceml_tui.core.state.rank_end_state`
 * ``system``      — one node sample in ``system.jsonl`` (see :class:`SystemSample`)
+* ``hang``        — written once per hang by the rank's watchdog thread when a step overran (see :class:`Hang`):
+  where the main thread is (innermost frames first) and whether it waits in a ``torch.distributed`` collective
 
 Conventions: ``step`` counts completed steps from 1; ``ts`` is wall-clock
 seconds at step end; timings are milliseconds; a phase that was not measured is
@@ -169,6 +171,46 @@ class RankEnd(msgspec.Struct, tag="rank_end", tag_field="kind"):
     exit_code: Optional[int] = None
 
 
+class Frame(msgspec.Struct, gc=False):
+    """One frame of a stack: ``file`` relative to the script's folder or to the import root that holds it
+    (``torch/distributed/distributed_c10d.py``), else a bare file name — never absolute; ``func`` the
+    function the frame runs; ``call`` the dotted name of the call it is in (``time.sleep``) when the source
+    shows it; ``user``: the file is under the script's folder (the training code, not a library)."""
+
+    file: str
+    line: int
+    func: str
+    call: Optional[str] = None
+    user: bool = False
+
+
+class Hang(msgspec.Struct, tag="hang", tag_field="kind"):
+    """Where a rank's main thread was when its step overran (``sdk/watchdog.py``; docs/run.md "Hang forensics").
+
+    ``step`` is the rank's newest completed step (it hangs in the next one);
+    ``waited_s`` how long since that step ended, ``limit_s`` the overrun that
+    fired the record and ``median_s`` the rank's typical step interval.
+    ``collective`` names the ``torch.distributed`` function the main thread is
+    inside (``all_reduce``, ``barrier``, …), or is null; ``seq`` is the default
+    process group's collective sequence number (collectives issued so far,
+    DDP's own included) when torch exposes it, else null. ``stack`` holds the
+    innermost frames first.
+    """
+
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    step: int
+    ts: float
+    waited_s: Optional[float] = None
+    limit_s: Optional[float] = None
+    median_s: Optional[float] = None
+    collective: Optional[str] = None
+    seq: Optional[int] = None
+    stack: list[Frame] = msgspec.field(default_factory=list)
+
+
 class GpuSample(msgspec.Struct):
     index: int
     util_pct: Optional[float] = None
@@ -189,7 +231,7 @@ class SystemSample(msgspec.Struct, tag="system", tag_field="kind"):
     gpus: list[GpuSample] = msgspec.field(default_factory=list)
 
 
-Record = Union[Header, Step, Eval, Checkpoint, FieldStats, RankEnd, SystemSample]
+Record = Union[Header, Step, Eval, Checkpoint, FieldStats, RankEnd, SystemSample, Hang]
 
 
 # Step records and their parts are ``gc=False``: they never form reference cycles, and a

@@ -22,6 +22,12 @@ The rules (docs/contracts.md, "state rules"):
   e.g. in their next collective), and so are ranks stopped from outside after
   it (torchrun tearing them down). A rank SIGKILLed without an end record is so
   the culprit and not its peers that failed in the all-reduce after it.
+* Hang forensics (:func:`hang_roles`): among the ranks that stopped, those whose
+  watchdog's ``hang`` record puts them inside a collective (or ahead by
+  collective count) and behind none wait for the others, the culprits; while
+  silent they are **waiting** (the culprit ``stalled``), once ended
+  ``aborted``, and the culprit is the first failure (``failed`` even when
+  torchrun stopped it after their collective timed out).
 * A run with no final word whose ranks all ended, one of them by SIGTERM, and
   stayed so for the stall limit has lost its launcher: it is ``lost``.
 * Runs whose launchers keep a lease (``nodes/node_<k>/launcher.lease``,
@@ -87,6 +93,7 @@ class RankState(StrEnum):
     INTERRUPTED = "interrupted"
     LOST = "lost"
     ABORTED = "aborted"  # ended in failure after another rank failed first: a victim, not the cause
+    WAITING = "waiting"  # silent inside a collective a hung peer never reached (hang forensics): not the cause
 
 
 class BacklogState(StrEnum):
@@ -298,6 +305,7 @@ class RankFacts:
     node_outcome_written: bool = False  # its node's guard outcome exists (the launcher of that node is done)
     last_seen: Optional[float] = None  # when the ingester stored its newest record (it had read the file to its end)
     node: Optional[int] = None  # the node it ran on (its stream header's node_rank), when known
+    hang: Optional["HangFact"] = None  # its watchdog's record of the step it is silent in (core.hang.current_hang)
 
 
 @dataclass(frozen=True)
@@ -366,7 +374,78 @@ def decide_ranks(facts: RunFacts) -> tuple[RankState, ...]:
             read_late = r.last_seen is not None and r.last_seen - r.last_ts > limit
             silent = newest - r.last_ts > limit or (facts.now - r.last_ts > limit and (ingest_idle or read_late))
         out.append(RankState.STALLED if silent else RankState.RUNNING)
-    return tuple(_mark_aborted(facts.ranks, out))
+    return tuple(_mark_aborted(facts.ranks, _hang_states(facts.ranks, out)))
+
+
+# --------------------------------------------------------------------------- hang forensics
+
+
+@dataclass(frozen=True)
+class HangFact:
+    """What a rank's hang watchdog recorded about the step it went silent in (records.Hang, reduced).
+
+    ``collective``: the ``torch.distributed`` function its main thread was inside (None: not in one);
+    ``seq``: the process group's count of collectives it had issued (None: not known).
+    """
+
+    collective: Optional[str] = None
+    seq: Optional[int] = None
+
+
+#: Rank states of a rank that stopped making progress (hang forensics looks only at these).
+STOPPED_RANK_STATES = frozenset({RankState.STALLED, RankState.WAITING, RankState.FAILED, RankState.LOST,
+                                    RankState.ABORTED, RankState.INTERRUPTED})
+
+
+def hang_roles(ranks: Sequence[RankFacts], states: Sequence[RankState]) -> tuple[frozenset[int], frozenset[int]]:
+    """(culprits, waiting): indexes into ``ranks`` of a hang's culprit(s) and of the ranks waiting for them.
+
+    Among the ranks that stopped (stalled, or ended in failure or by a stop
+    signal), a rank *waits* when its watchdog found it inside a collective, or
+    ahead of a peer by collective count, and not behind any; every other
+    stopped rank — outside the collective, behind in count, or with no hang
+    record at all (a process that cannot run its watchdog, e.g. SIGSTOPped) —
+    is a *culprit*. Both sets are empty unless at least one rank waits and at
+    least one is a culprit (peers that all wait in the same collective name no
+    one: the cause is elsewhere).
+    """
+    stopped = [i for i, s in enumerate(states) if s in STOPPED_RANK_STATES]
+    facts = {i: ranks[i].hang for i in stopped if ranks[i].hang is not None}
+    if not facts:
+        return frozenset(), frozenset()
+    seqs = [h.seq for h in facts.values() if h.seq is not None]
+    top = max(seqs) if seqs else None
+    apart = bool(seqs) and min(seqs) < top  # type: ignore[operator]
+
+    def waits(h: HangFact) -> bool:
+        if h.seq is not None and top is not None and h.seq < top:
+            return False  # behind: its peers issued a collective it never did
+        return h.collective is not None or (apart and h.seq == top)
+
+    waiting = frozenset(i for i, h in facts.items() if waits(h))
+    culprits = frozenset(i for i in stopped if i not in waiting)
+    if not waiting or not culprits:
+        return frozenset(), frozenset()
+    return culprits, waiting
+
+
+def _hang_states(ranks: Sequence[RankFacts], states: list[RankState]) -> list[RankState]:
+    """A hang's words: its waiting ranks ``waiting`` while silent, ``aborted`` once they ended (a collective
+    timeout is their failure, not the cause); a culprit stopped from outside (torchrun's SIGTERM after the
+    timeout) ``failed``: it is why the run failed. Other states are left as they are."""
+    culprits, waiting = hang_roles(ranks, states)
+    if not waiting:
+        return states
+    out = list(states)
+    for i in waiting:
+        if out[i] is RankState.STALLED:
+            out[i] = RankState.WAITING
+        elif out[i] in (RankState.FAILED, RankState.LOST, RankState.INTERRUPTED):
+            out[i] = RankState.ABORTED
+    for i in culprits:
+        if out[i] in (RankState.INTERRUPTED, RankState.ABORTED):
+            out[i] = RankState.FAILED
+    return out
 
 
 #: Rank states of a rank that ended in failure (the first one keeps failed/lost; see :func:`first_failure`).
@@ -383,17 +462,19 @@ def failure_time(rank: RankFacts) -> Optional[float]:
 def first_failure(ranks: Sequence[RankFacts], states: Sequence[RankState]) -> Optional[int]:
     """Index (into ``ranks``) of the rank that failed first, among those failed, lost or aborted; None if none.
 
-    Earliest :func:`failure_time` first (a rank with no time last); at the same
+    A hang's culprit (:func:`hang_roles`) first: its peers' collective timed out
+    before torchrun stopped it. Then earliest :func:`failure_time` (a rank with no time last); at the same
     time a rank without an end record (it died silently) before one with, then
     the lower rank.
     """
     candidates = [i for i, s in enumerate(states) if s in FAILING_RANK_STATES]
     if not candidates:
         return None
+    culprits, _ = hang_roles(ranks, states)  # a hang's culprit failed first, whatever the times say
 
     def key(i: int) -> tuple:
         t = failure_time(ranks[i])
-        return (t is None, t or 0.0, ranks[i].end_status is not None, ranks[i].rank)
+        return (i not in culprits, t is None, t or 0.0, ranks[i].end_status is not None, ranks[i].rank)
 
     return min(candidates, key=key)
 

@@ -4,17 +4,20 @@ Node 0 calls :func:`failure_section` when it finalizes a run; the result is
 the ``failure`` section of ``final_summary.json`` (None for a clean run). It
 reads only what it needs: each rank's newest step file's header (its node)
 and tail (last step, end record), and the tail of each node's
-``training.stderr.log``; :mod:`traceml_tui.core.forensics` does the rest.
+``training.stderr.log``, and torch's flight-recorder dump of a rank when the user
+enabled the recorder (:mod:`traceml_tui.core.flight_recorder`);
+:mod:`traceml_tui.core.forensics` does the rest.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from traceml_tui.core import forensics, records
+from traceml_tui.core import flight_recorder, forensics, records
 from traceml_tui.core.rundir import RunDir
 
 #: Bytes read from the end of a rank's step file: the newest records, the end record among them.
@@ -50,7 +53,7 @@ def rank_trail(path: Path, rank: int) -> forensics.RankTrail:
     except (records.RecordError, RecursionError):
         pass
     data = _tail(path, _RANK_TAIL)
-    last_step = last_ts = end = None
+    last_step = last_ts = end = hang = None
     for line in data[: data.rfind(b"\n") + 1].split(b"\n"):
         if not line.strip():
             continue
@@ -67,20 +70,53 @@ def rank_trail(path: Path, rank: int) -> forensics.RankTrail:
             last_step = record.step if last_step is None else max(last_step, record.step)
         elif isinstance(record, records.RankEnd):
             end = record
+        elif isinstance(record, records.Hang):
+            hang = record  # the newest: the watchdog writes one per overrun (sdk/watchdog.py)
     if end is not None:
         last_step = end.step if last_step is None else max(last_step, end.step)
     return forensics.RankTrail(rank=rank, node=node, last_step=last_step, last_ts=last_ts,
                                end_status=end.status if end else None, end_exit_code=end.exit_code if end else None,
-                               end_ts=end.ts if end else None)
+                               end_ts=end.ts if end else None, hang=hang)
+
+
+def _started(path: Path) -> Optional[float]:
+    """When a rank's attempt started: its stream header's time."""
+    try:
+        header = records.decode(_head_line(path))
+    except (records.RecordError, RecursionError):
+        return None
+    return header.ts if isinstance(header, records.Header) else None
+
+
+def with_flight_recorder(trail: forensics.RankTrail, path: Path, attempt: int,
+                         environ: Optional[dict] = None) -> forensics.RankTrail:
+    """``trail`` with a ``hang`` from torch's flight-recorder dump of its rank, when it has no hang record of
+    its own, the user enabled the recorder and torch wrote a dump after this attempt started (an older dump in
+    a shared temp folder is another run's)."""
+    if trail.hang is not None:
+        return trail
+    dump_file = flight_recorder.dump_path(dict(os.environ) if environ is None else environ, trail.rank)
+    started = _started(path)
+    try:
+        written = os.stat(dump_file).st_mtime if dump_file else None
+    except OSError:
+        written = None
+    if written is None or started is None or written < started:
+        return trail
+    dump = flight_recorder.read_dump_file(dump_file)
+    hang = flight_recorder.hang_from_dump(dump, run="", rank=trail.rank, attempt=attempt,
+                                          step=trail.last_step or 0, ts=written) if dump else None
+    return replace(trail, hang=hang) if hang is not None else trail
 
 
 def failure_section(run_dir: Path, exit_code: Optional[int]) -> Optional[dict]:
     """The ``failure`` section for a finished run (None when nothing failed). Never raises on bad files."""
     layout = RunDir(run_dir)
-    newest: dict[int, Path] = {}
+    newest: dict[int, tuple[Path, int]] = {}
     for stream in layout.step_files():  # by rank, then attempt: the newest attempt wins
-        newest[stream.rank] = stream.path
-    trails = [rank_trail(path, rank) for rank, path in sorted(newest.items())]
+        newest[stream.rank] = (stream.path, stream.attempt)
+    trails = [with_flight_recorder(rank_trail(path, rank), path, attempt)
+              for rank, (path, attempt) in sorted(newest.items())]
     logs = []
     for node in layout.node_ranks():
         path = layout.stderr_log(node)

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from traceml_tui.core import records
 from traceml_tui.sdk import env
+from traceml_tui.sdk import watchdog as _watchdog
 from traceml_tui.sdk.qc import log_batch_grid, log_field_stats  # noqa: F401 - re-exported
 from traceml_tui.sdk.session import Session, _mean_square, detect_rank, register_exit, resolve_run
 
@@ -71,6 +72,8 @@ def init(
     max_steps = int(max_steps_env) if max_steps_env and max_steps_env.isdigit() else None
     _session = Session(run_dir, name, rank=rank, world_size=world, start_step=start_step, max_steps=max_steps)
     register_exit(_session)
+    if _watchdog.enabled():  # a thread that sleeps until a step overruns (sdk/watchdog.py): nothing per step
+        _session.watchdog = _watchdog.Watchdog(_session).start()
     if not _loader.enabled(time_dataloader):
         _loader.decline_dataloader()
     return _session

@@ -247,6 +247,8 @@ class Session:
         self._rss: Optional[int] = None
         self._rss_at = 0.0
         self.closed = False
+        self._aside_lock = threading.Lock()  # close() vs the watchdog's write (sdk/watchdog.py); never per step
+        self.watchdog: Any = None  # sdk.watchdog.Watchdog, started by traceml.init()
         self.failed = False
         self.interrupted = False  # the uncaught exception was a KeyboardInterrupt (Ctrl-C)
         # perf_counter → wall clock, so records carry wall time without a second clock read per step
@@ -375,6 +377,21 @@ class Session:
     def write(self, record: records.Record) -> None:
         atomic.append_line(self.fd, records.encode(record))
 
+    def write_aside(self, record: records.Record) -> bool:
+        """Append one record from another thread (the hang watchdog); False when the session is closed.
+
+        One ``os.write`` of one whole line on the ``O_APPEND`` descriptor: the
+        kernel serializes it with the main thread's appends to the same file, so
+        lines never interleave. The lock only keeps it off a descriptor that
+        :meth:`close` is closing (a closed descriptor's number may be reused).
+        """
+        line = records.encode(record)
+        with self._aside_lock:
+            if self.closed:
+                return False
+            os.write(self.fd, line)
+            return True
+
     def close(self, status: str, exit_code: Optional[int] = None, *, wait_gpu: bool = True) -> None:
         """Write ``rank_end``; ``wait_gpu=False`` emits only the steps whose CUDA events already completed."""
         if self.closed:
@@ -395,8 +412,11 @@ class Session:
                 exit_code=exit_code,
             )
         )
-        os.close(self.fd)
-        self.closed = True
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        with self._aside_lock:
+            os.close(self.fd)
+            self.closed = True
         self.thread = None
 
 

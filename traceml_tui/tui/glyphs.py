@@ -19,8 +19,10 @@ RUN_GLYPHS: dict[str, str] = {
     RunStatus.COMPLETED.value: "✓",
     RunStatus.MISSING.value: "·",
 }
-#: A rank shares its run's glyphs; ``aborted`` (it failed because another rank failed first) is a rank's only.
+#: A rank shares its run's glyphs; ``aborted`` (it failed because another rank failed first) and ``waiting`` (in
+#: a collective a hung peer never reached) are a rank's only.
 RANK_GLYPHS: dict[str, str] = {s.value: RUN_GLYPHS.get(s.value, "↯") for s in RankState}
+RANK_GLYPHS[RankState.WAITING.value] = "…"
 BACKLOG_GLYPHS: dict[str, str] = {
     BacklogState.FAILED.value: "✗",
     BacklogState.BLOCKED.value: "✗",

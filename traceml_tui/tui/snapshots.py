@@ -208,6 +208,7 @@ class FailureInfo:
     exception: Optional[str] = None
     victims: tuple[int, ...] = ()
     log: Optional[str] = None
+    hang: Optional[str] = None  # the hang's one line (core/hang.py): the culprit's frame, who waits where
 
 
 @dataclass(frozen=True)

@@ -547,7 +547,7 @@ class IndexSource:
             nodes=_nodes(reader.node_samples(run_id, limit=1)), outcomes=_outcomes(base.outcomes),
             errors=tuple(reversed(reader.errors(run_id, limit=MAX_ERRORS))),
             fields=field_verdicts(reader.events(run_id, kind="field_stats", limit=MAX_FIELD_EVENTS)),
-            now=now, failure=_failure(reader.failure(run_id)) or _failure_from_ranks(row, rank_rows),
+            now=now, failure=_failure(reader.failure(run_id)) or _failure_from_ranks(row, rank_rows, base.run.hang),
             metrics=base.metrics, chart_metric=chart_metric, chart_rank=chart_rank, chart=chosen,
             started_at=manifest.started_at if manifest else None, ended_at=manifest.ended_at if manifest else None,
             eta_s=eta, early_stopping=early)
@@ -686,8 +686,16 @@ def _first_failed(run: Any) -> Optional[int]:
     return first[0] if len(first) == 1 else None
 
 
-def _failure_from_ranks(row: RunRow, ranks: list[RankRow]) -> Optional[FailureInfo]:
-    """Before the launcher's summary (or without one: the launcher died), who failed first as the states say."""
+def _failure_from_ranks(row: RunRow, ranks: list[RankRow], hang: Any = None) -> Optional[FailureInfo]:
+    """Before the launcher's summary (or without one: the launcher died), who failed first as the states say;
+    while a run hangs, the rank its peers wait for (the reader's core.hang.HangReport)."""
+    if hang is not None and hang.culprits and row.status in ("stalled", "failed", "lost"):
+        culprit = next((r for r in ranks if r.rank == hang.culprits[0]), None)
+        return FailureInfo(cause="hang", cause_text=forensics.CAUSE_TEXT["hang"], rank=hang.culprits[0],
+                           node=culprit.node if culprit else None,
+                           step=None if culprit is None or culprit.step is None else culprit.step + 1,
+                           state=culprit.state if culprit else None, hang=hang.text,
+                           victims=tuple(r.rank for r in ranks if r.state == RankState.ABORTED))
     first = next((r for r in ranks if r.rank == row.first_failed), None)
     if first is None:
         # lost with no lost rank: every rank ended (or none ever wrote: its lease expired first) and the launcher
@@ -707,7 +715,7 @@ def _failure(section: Any) -> Optional[FailureInfo]:
     return FailureInfo(cause=section.cause, rank=section.rank, node=section.node, step=section.step,
                        state=section.state, cause_text=section.cause_text, exit_code=section.exit_code,
                        signal=section.signal, exception=section.exception, victims=tuple(section.victims),
-                       log=section.log)
+                       log=section.log, hang=section.hang_text)
 
 
 #: Backlog states whose checkpoint is still to be evaluated (▵ on the eval chart) or failed (✗).

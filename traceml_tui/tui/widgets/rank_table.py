@@ -20,6 +20,8 @@ def rank_cells(r: RankRow) -> tuple:
     delta_style = "bold red" if r.delta_pct is not None and r.delta_pct >= 20 else ""
     if r.state == RankState.STALLED:
         silent = Text(rank_label(r.state, f"STALLED {textplot.duration(r.silent_s)}"), style="bold yellow")
+    elif r.state == RankState.WAITING:  # silent too, but for a hung peer (core/hang.py): not the one to look at
+        silent = Text(rank_label(r.state, f"waiting {textplot.duration(r.silent_s)}"), style="yellow")
     elif r.state == RankState.LOST:
         silent = Text(rank_label(r.state, f"LOST {textplot.duration(r.silent_s)}"), style="bold red")
     elif r.state in (RankState.COMPLETED, RankState.FAILED, RankState.INTERRUPTED, RankState.ABORTED):
