@@ -184,12 +184,13 @@ def test_before_the_summary_the_panel_names_the_first_failure_from_the_rank_stat
 
 def test_a_sigkilled_launcher_leaves_a_lost_run_with_terminated_ranks(tmp_path, cli_env) -> None:
     # real `traceml run` (2-rank gloo DDP), SIGKILLed while training: its lifeline SIGTERMs torchrun, torchrun
-    # SIGTERMs the ranks, the SDK records each rank_end "terminated"; nobody finalizes, so the run is lost
+    # SIGTERMs the ranks, the SDK records each rank_end "terminated"; nobody finalizes, so the run is lost once
+    # the launcher's lease (2 s here) has expired (docs/run.md, "Launcher lease")
     import psutil
     import realruns
 
     logs, pids = tmp_path / "logs", tmp_path / "pids"
-    env = realruns.subprocess_env(tmp_path / "state")
+    env = realruns.subprocess_env(tmp_path / "state", TRACEML_LAUNCHER_LEASE_S="2")
     args = [str(realruns.DDP_SCRIPT), "--run-name", "orphaned", "--logs-dir", str(logs), "--nproc-per-node", "2",
             "--args", "--steps", "100000", "--sleep", "0.05", "--pid-dir", str(pids)]
     with open(tmp_path / "launcher.err", "wb") as err:
@@ -216,7 +217,8 @@ def test_a_sigkilled_launcher_leaves_a_lost_run_with_terminated_ranks(tmp_path, 
 
     index = tmp_path / "index.sqlite"
     d.ingest(index, [logs])
-    time.sleep(1.5)  # the stall limit below (1 s) after the last rank's end, with nothing new ingested
+    time.sleep(2.5)  # the lease (2 s) unchanged by the daemon's clock, and the stall limit below (1 s)
+    d.ingest(index, [logs])  # the daemon looks at the lease again: not seen to change for longer than its length
 
     def status() -> dict:
         proc = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--json", "--index", str(index),
