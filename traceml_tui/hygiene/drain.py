@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from traceml_tui.core import lifeline
 from traceml_tui.core.jsonsafe import NestingError, loads_bounded
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import resolve_checkpoint_path
-from traceml_tui.core import lifeline
 
 
 @dataclass

@@ -34,9 +34,8 @@ from typing import IO, Any, Optional
 
 import msgspec
 
-from traceml_tui.core import artifacts, atomic
+from traceml_tui.core import artifacts, atomic, lifeline
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
-from traceml_tui.core import lifeline
 from traceml_tui.run.lease import LeaseKeeper
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.sdk import env as sdk_env
