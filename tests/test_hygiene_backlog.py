@@ -381,7 +381,7 @@ def test_retry_backoff_doubles_per_failure_and_is_capped():
     ],
 )
 def test_bad_usage_is_one_line_exit_2(tmp_path, args, needle):
-    from traceml_tui.hygiene import validate_cli
+    from traceml_tui import validate_cli
 
     proc = subprocess.run([sys.executable, "-m", "traceml_tui", "validate", *[a.replace("{run}", str(tmp_path)) for a in args]],
                           capture_output=True, text=True, timeout=30)
@@ -446,7 +446,7 @@ def test_publishing_a_missing_file_is_one_clear_error_and_writes_nothing(tmp_pat
 
 def test_status_words_are_the_backlog_states_of_core(tmp_path):
     """Every request state comes from core.state.decide_backlog, in its words, in JSON and text alike."""
-    from traceml_tui.hygiene.validate_cli import format_status
+    from traceml_tui.validate_cli import format_status
 
     run_dir = tmp_path / "run"
     done, live, stale, failed, blocked, waiting = _publish(run_dir, [1, 2, 3, 4, 5, 6])

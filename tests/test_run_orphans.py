@@ -1,6 +1,6 @@
 """A killed launcher (or torchrun) leaves no training behind: real `traceml run`, real DDP ranks, SIGKILL.
 
-The launcher starts training with a parent-death signal (run/lifeline.py): when
+The launcher starts training with a parent-death signal (core/lifeline.py): when
 the launcher dies — even by SIGKILL, which nothing can forward — the kernel
 sends SIGTERM to torchrun (or to the single training process), and torchrun
 stops its ranks. The ranks themselves watch torchrun (sdk init()), so a

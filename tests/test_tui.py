@@ -399,12 +399,14 @@ async def test_help_explains_columns_states_parts_and_keys(fixture_index):
             await pilot.pause()
             assert isinstance(pilot.app.screen, HelpScreen)
             assert pilot.app.screen.query_one("#help-text").region.height > 40  # the help is drawn, scrollable
+            # the app hands help its own keys (help never imports the app): they are what "Everywhere" lists
+            assert pilot.app.screen.app_bindings == tuple(type(pilot.app).BINDINGS)
             await pilot.press(close)
             await pilot.pause()
             assert isinstance(pilot.app.screen, RunsScreen), close
         assert pilot.app.is_running
     console = Console(width=100, record=True, file=io.StringIO())
-    console.print(help_renderable())
+    console.print(help_renderable(type(app).BINDINGS))
     text = console.export_text()
     for label, _ in COLUMNS:
         assert label in text

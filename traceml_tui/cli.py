@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "daemon": ("daemon.cli", "ingest run directories into the local SQLite index"),
     "status": ("daemon.status_cli", "print what the index holds"),
     "watch": ("traceml_tui.tui.cli", "open the terminal UI over the index"),
-    "validate": ("traceml_tui.hygiene.validate_cli", "validation backlog: drain, status"),
+    "validate": ("traceml_tui.validate_cli", "validation backlog: drain, status"),
     "curve": ("traceml_tui.hygiene.curve_cli", "render the canonical learning_curve.png"),
     "export": ("traceml_tui.export.cli", "publish a run to Trackio (derived index)"),
 }

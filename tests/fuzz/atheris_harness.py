@@ -48,7 +48,7 @@ def _backlog_target():
     from traceml_tui.core import hygiene_files
     from traceml_tui.core.jsonsafe import dumps_valid
     from traceml_tui.hygiene.backlog import backlog_status
-    from traceml_tui.hygiene.validate_cli import format_status
+    from traceml_tui.validate_cli import format_status
 
     run = WORK / "hygiene"
     shutil.copytree(FIXTURES / "runs" / "hygiene", run)

@@ -30,7 +30,7 @@ from daemon.reader import Reader
 from traceml_tui.core import hygiene_files
 from traceml_tui.core.jsonsafe import dumps_valid
 from traceml_tui.hygiene.backlog import backlog_status
-from traceml_tui.hygiene.validate_cli import format_status
+from traceml_tui.validate_cli import format_status
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "runs" / "hygiene"
 FILES = sorted(p.relative_to(FIXTURE).as_posix() for p in (FIXTURE / "validation").glob("*/*.json"))

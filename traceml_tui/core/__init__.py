@@ -8,6 +8,7 @@ Textual-free and torch-free. Each fact has one home here:
 * :mod:`.lease` — the launcher lease: a node launcher's heartbeat file, its length and its decoding;
 * :mod:`.state` — ``RunStatus``, ``RankState``, ``BacklogState`` and the pure rules that decide them;
 * :mod:`.atomic` — atomic side-file writes and whole-line appends.
+* :mod:`.lifeline` — a child dies with its parent (the parent-death signal), for every floor that starts one.
 
 Everything else imports from here; nothing here imports the daemon, the TUI,
 the launcher or torch (an import-linter contract holds this).

@@ -496,7 +496,7 @@ def _mark_aborted(ranks: Sequence[RankFacts], states: list[RankState]) -> list[R
 def launcher_lost(facts: RunFacts) -> bool:
     """Whether the launcher died before finalizing: no final word, every rank ended, one by SIGTERM, long ago.
 
-    A dying launcher's training gets SIGTERM (run/lifeline.py), and the SDK
+    A dying launcher's training gets SIGTERM (core/lifeline.py), and the SDK
     records it (``rank_end`` ``terminated``); a live launcher writes its final
     word within seconds of the last rank's end. So a run whose ranks all ended,
     one of them terminated, with no final word for the stall limit after the

@@ -2,7 +2,7 @@
 
 On start it discovers every pending request (including those left by
 interrupted workers), claims one atomically, runs the worker command on it
-(in its own process group, with a parent-death signal: run/lifeline.py),
+(in its own process group, with a parent-death signal: core/lifeline.py),
 records a receipt or a failure, then rescans from the start so work is taken in
 checkpoint order as new requests arrive. It exits when no claimable work
 remains or when its runtime limit nears.
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from traceml_tui.core import lifeline
 from traceml_tui.core.jsonsafe import NestingError, loads_bounded
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import resolve_checkpoint_path
-from traceml_tui.run import lifeline
 
 
 @dataclass
@@ -121,7 +121,7 @@ def _run_worker(
 
     The worker leads its own process group (so it and its children can be
     stopped together) and gets SIGTERM if this drainer dies, even by SIGKILL
-    (``run/lifeline.py``). ``on_start`` sees the process once it runs.
+    (``core/lifeline.py``). ``on_start`` sees the process once it runs.
     """
     try:
         proc = subprocess.Popen(lifeline.wrap(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

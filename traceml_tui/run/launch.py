@@ -10,7 +10,7 @@ Order of events (seed 000 "Saved artifacts and completion checks"):
    manifest), so that a dead launcher or node is seen (docs/run.md);
 2. the training command starts — the script itself for one process, else
    ``torch.distributed.run`` — with the run directory in its environment and
-   a parent-death signal (``run/lifeline.py``: SIGTERM when the launcher dies);
+   a parent-death signal (``core/lifeline.py``: SIGTERM when the launcher dies);
    its stdout/stderr go to the terminal and to ``nodes/node_<k>/training.*.log``;
 3. a sampler appends ``nodes/node_<k>/system.jsonl`` at ~1 Hz;
 4. after training exits, a guarded launcher writes its node outcome; node 0
@@ -34,9 +34,8 @@ from typing import IO, Any, Optional
 
 import msgspec
 
-from traceml_tui.core import artifacts, atomic
+from traceml_tui.core import artifacts, atomic, lifeline
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
-from traceml_tui.run import lifeline
 from traceml_tui.run.lease import LeaseKeeper
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.sdk import env as sdk_env

@@ -64,7 +64,7 @@ def init(
     if os.environ.get(env.RUN_DIR) and os.environ.get("TORCHELASTIC_RUN_ID"):
         # A rank torchrun started under `traceml run`: torchrun stops its ranks when it gets a
         # signal, but not when it is SIGKILLed; then the kernel's parent-death signal does.
-        from traceml_tui.run.lifeline import set_parent_death_signal
+        from traceml_tui.core.lifeline import set_parent_death_signal
 
         set_parent_death_signal()
     rank, world = detect_rank()

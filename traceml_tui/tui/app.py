@@ -299,7 +299,7 @@ class WatchApp(App):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
         else:
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(self.BINDINGS))
 
     def action_show_runs(self) -> None:
         while len(self.screen_stack) > 2:

@@ -101,9 +101,12 @@ def binding_lines(bindings, extra: tuple[tuple[str, str], ...] = ()) -> list[tup
     return out + list(extra)
 
 
-def screen_keys() -> list[tuple[str, list[tuple[str, str]]]]:
-    """Each screen's keys, from its BINDINGS (imported here to avoid a cycle with app.py)."""
-    from traceml_tui.tui.app import WatchApp
+def screen_keys(app_bindings=()) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Each screen's keys, from its BINDINGS; ``app_bindings`` are the app's own (the "Everywhere" keys).
+
+    The app passes its bindings in (:class:`HelpScreen`), so this screen never imports the app: a screen
+    sits below the app that pushes it (the import-linter contract in pyproject.toml).
+    """
     from traceml_tui.tui.screens.backlog import BacklogScreen
     from traceml_tui.tui.screens.compare import CompareScreen
     from traceml_tui.tui.screens.describe import DescribeScreen
@@ -112,7 +115,7 @@ def screen_keys() -> list[tuple[str, list[tuple[str, str]]]]:
     from traceml_tui.tui.screens.runs import RunsScreen
 
     return [
-        ("Everywhere", binding_lines(WatchApp.BINDINGS, (("Ctrl+P", "command palette"),))),
+        ("Everywhere", binding_lines(app_bindings, (("Ctrl+P", "command palette"),))),
         ("Runs", binding_lines(RunsScreen.BINDINGS, (("click", "a header sorts by that column"),))),
         ("Run", binding_lines(RunScreen.BINDINGS)),
         ("Log", binding_lines(LogScreen.BINDINGS)),
@@ -150,7 +153,8 @@ class _Doc:
         self.grid = None
 
 
-def help_renderable() -> Group:
+def help_renderable(app_bindings=()) -> Group:
+    """Every column, glyph, state and key explained; ``app_bindings``: the app's own keys (see :func:`screen_keys`)."""
     doc = _Doc()
     doc.section("Runs screen: columns")
     doc.rows((label, RUNS_COLUMN_HELP[label]) for label, _ in RUNS_COLUMNS)
@@ -188,7 +192,7 @@ def help_renderable() -> Group:
     doc.rows((f"{BACKLOG_GLYPHS[s]} {s}", BACKLOG_STATE_HELP[s]) for s in BACKLOG_ORDER)
     doc.note("After State, one column per metric a receipt reports (– until it completes). Enter on a request "
              "shows it in full: its receipt metrics and every failed attempt with its whole error.")
-    for title, keys in screen_keys():
+    for title, keys in screen_keys(app_bindings):
         doc.section(f"Keys: {title}")
         doc.rows(keys)
     return Group(*doc.parts)
@@ -203,10 +207,14 @@ class HelpScreen(Screen):
         Binding("q", "app.pop_screen", "Close", show=False),
     ]
 
+    def __init__(self, app_bindings=()) -> None:
+        super().__init__()
+        self.app_bindings = tuple(app_bindings)  # the pushing app's keys: passed in, never imported
+
     def compose(self) -> ComposeResult:
         yield ScreenHeader(show_clock=False)
         with VerticalScroll(id="help-body"):
-            yield Static(help_renderable(), id="help-text")
+            yield Static(help_renderable(self.app_bindings), id="help-text")
         yield Footer()
 
     def on_mount(self) -> None:

@@ -12,6 +12,20 @@ command it runs (nothing claimed, no receipt; ``--recipe-override`` runs it and
 records the override in the receipt).
 `status` prints the backlog (text or ``--json``) and exits 0; 1 when a backlog
 file is damaged (one line each on stderr, every other file still reported).
+
+After a drain on an ended run the run's record is brought up to date
+(:func:`refresh_ended_run`): seed 004 says validation "drains the final backlog
+after training stops", and the newest completed checkpoint, the selected best
+and the stop must be visible. With ``dispatcher: launcher`` the launcher drains
+before it finalizes; with ``dispatcher: external`` receipts keep arriving after
+the launcher wrote the summary, so every drainer that finishes on an ended run
+does what the launcher's finalization does for validation, in the same order
+(docs/hygiene.md).
+
+The command sits above the floors it drives, beside the dispatcher: the backlog,
+the drainer and early stopping are hygiene's, the summary is built from hygiene,
+and refreshing an ended run's record uses both. Living in either package would
+make one of them import the other upward (docs/contracts.md, "arrows").
 """
 
 from __future__ import annotations
@@ -20,7 +34,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from traceml_tui.core.cliargs import EXIT_USAGE, RaisingParser, UsageError, positive_seconds, seconds, usage_line
 from traceml_tui.core.jsonsafe import dumps_valid
@@ -146,14 +160,57 @@ def _drain(argv: list[str]) -> int:
 
 
 def _after_drain(run_dir: Path, dirty: bool) -> None:
-    """Refresh the curve; on an ended run also its record (early stopping, summary: hygiene/finalize.py)."""
-    from traceml_tui.hygiene.finalize import refresh_ended_run
-
+    """Refresh the curve; on an ended run also its record (early stopping, summary: :func:`refresh_ended_run`)."""
     warnings = refresh_ended_run(run_dir, _render if dirty else None)
     if warnings is None and dirty:
         _render(run_dir)
     for line in warnings or ():
         print(f"traceml validate: warning: {line}", file=sys.stderr)
+
+
+def refresh_ended_run(run_dir: Path, render_curve: Optional[Callable[[Path], None]] = None) -> Optional[list[str]]:
+    """After a drain: on a run whose launcher has ended, update its record; returns warnings (None: not ended).
+
+    Early stopping consumes the new receipts (the launcher's own step), the curve is redrawn
+    (``render_curve``), and the summary's ``validation`` section is rebuilt by the launcher's builder.
+
+    Nothing happens while the manifest says ``running`` (the launcher finalizes
+    it itself) or without a manifest (a script run without ``traceml run``
+    has no summary). One refresher at a time (a lock under ``validation/``):
+    two drainers finishing together must not consume receipts twice.
+    """
+    from traceml_tui.core import artifacts
+    from traceml_tui.core.rundir import RunDir
+    from traceml_tui.core.state import summary_is_current
+    from traceml_tui.hygiene import backlog
+    from traceml_tui.hygiene.finalize import consume_final_receipts
+    from traceml_tui.summary.store import refresh_validation
+
+    run_dir = Path(run_dir)
+    layout = RunDir(run_dir)
+    try:
+        manifest = artifacts.decode_manifest(layout.manifest.read_bytes())
+    except OSError:
+        return None
+    if manifest is None or not summary_is_current(manifest.status):
+        return None
+    warnings = []
+    lock = layout.record_lock
+    fd = backlog.hold_lock(lock)
+    try:
+        hygiene = manifest.hygiene if isinstance(manifest.hygiene, dict) else {}
+        problem = consume_final_receipts(run_dir, hygiene)
+        if problem is not None:
+            warnings.append(problem)
+        if render_curve is not None:
+            render_curve(run_dir)  # the best checkpoint and the stop it marks may have changed
+        try:
+            refresh_validation(run_dir, artifacts.to_builtins(manifest))
+        except Exception as exc:  # noqa: BLE001 - the receipts are safe; the summary is derived from them
+            warnings.append(f"final summary not refreshed: {type(exc).__name__}: {exc}")
+    finally:
+        backlog.release_lock(lock, fd)
+    return warnings
 
 
 def _render(run_dir: Path) -> None:

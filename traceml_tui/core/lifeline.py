@@ -18,6 +18,13 @@ The signal fires when the *thread* that started the child exits, so start
 children from a thread that outlives them (the launcher's main thread, the
 drainer's loop, both of which wait for the child). On other systems (or if
 ``prctl`` is unavailable) everything here is a no-op and never fails.
+
+It lives in ``core`` (not ``run/``) because three floors start or are started
+processes that must die with their parent: the launcher (``run/``), the
+validation drainer (``hygiene/``) and a rank under torchrun (``sdk``). It is
+stdlib only, Textual- and torch-free and imports no other part of traceml,
+which is ``core``'s rule (docs/contracts.md, "arrows"), so each of them
+can import it without an arrow running back up the floors.
 """
 
 from __future__ import annotations
