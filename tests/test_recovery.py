@@ -121,6 +121,8 @@ def test_recovery_saves_stay_bounded_and_never_request_validation(runs: dict) ->
                     "recovery/rank_0/step-00000040.attempt-1.pt"}
     for run_dir in (runs["straight"], runs["cut"]):
         assert RunDir(run_dir).backlog_files("requests") == []  # no save published a checkpoint
+        # lr and grad_norm logged, early stopping disabled with its reason: the hygiene rules have nothing to say
+        assert json.loads((run_dir / "final_summary.json").read_text())["hygiene_warnings"] == []
         assert not list((run_dir / "recovery").rglob("*.tmp"))
 
 
