@@ -178,3 +178,11 @@ def test_resume_with_changed_split_code_is_refused_before_training(runs: dict, t
     assert realruns.count_steps(run_dir, 0, attempt=1) == 0  # training did not start
     recorded = json.loads(split_before["train.json"])
     assert recorded["count"] == 128 and len(recorded["members"]) == 128 and recorded["policy"].startswith("fixed")
+
+
+def test_an_extra_the_safe_loader_would_refuse_is_refused_at_the_call() -> None:
+    recovery.check_extras({"gen": torch.Generator().get_state(), "pos": [1, (2, "a")], "x": None})
+    with pytest.raises(recovery.RecoveryError) as err:
+        recovery.check_extras({"pos": [1, {"gen": torch.Generator()}]})
+    assert str(err.value) == ("save_recovery: extras['pos'][1]['gen'] is a Generator; extras hold tensors, numbers, "
+                              "strings, lists, tuples and dicts (a generator: pass its get_state())")

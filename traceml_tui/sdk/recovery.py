@@ -86,7 +86,8 @@ def rng_state() -> dict:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
+        name, keys, pos, has_gauss, cached = numpy.random.get_state()
+        state["numpy"] = (name, keys.tolist(), pos, has_gauss, cached)  # plain values: torch's safe loader reads them
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -101,7 +102,8 @@ def set_rng_state(state: dict) -> None:
     if "numpy" in state:
         import numpy
 
-        numpy.random.set_state(state["numpy"])
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((name, numpy.asarray(keys, dtype=numpy.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
@@ -221,13 +223,44 @@ def build_payload(session: Any, *, model: Any, optimizer: Any, scheduler: Any, e
     }
 
 
+def _extras(extras: Optional[dict]) -> dict:
+    if extras is not None and not isinstance(extras, dict):
+        raise RecoveryError(f"save_recovery: extras must be a dict, got {type(extras).__name__}")
+    check_extras(extras or {})
+    return dict(extras or {})
+
+
+_PLAIN = (int, float, str, bool, bytes, type(None))
+
+
+def check_extras(value: Any, where: str = "extras") -> None:
+    """Refuse, at save time, an extra torch's safe loader would refuse at restore (one line naming where)."""
+    if isinstance(value, _PLAIN) or type(value).__name__ == "Tensor":
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, int)):
+                raise RecoveryError(f"save_recovery: {where} has a key of type {type(key).__name__}; use str or int keys")
+            check_extras(item, f"{where}[{key!r}]")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_extras(item, f"{where}[{i}]")
+        return
+    raise RecoveryError(f"save_recovery: {where} is a {type(value).__name__}; extras hold tensors, numbers, strings, "
+                        "lists, tuples and dicts (a generator: pass its get_state())")
+
+
 def load_newest(run_dir: Path, rank: int, *, warn: Any = None) -> Optional[tuple[Save, dict]]:
-    """The newest save of this rank that loads; an unreadable one is named (``warn``) and the next older tried."""
+    """The newest save of this rank that loads; an unreadable one is named (``warn``) and the next older tried.
+
+    Loaded with torch's safe loader (``weights_only=True``): a save is data, never code.
+    """
     import torch
 
     for save in reversed(list_saves(run_dir, rank)):
         try:
-            payload = torch.load(save.path, map_location="cpu", weights_only=False)
+            payload = torch.load(save.path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any unreadable save: fall back to an older one
             if warn is not None:
                 warn(f"traceml: recovery save {save.path.name} is unreadable ({type(exc).__name__}); trying an older one")
@@ -288,6 +321,7 @@ def save(session: Any, *, model: Any, optimizer: Any, scheduler: Any, extras: Op
     if session.current is not None:
         raise RecoveryError("save_recovery: called inside trace_step; call it after the update, outside the step")
     every, keep = cadence(session.run_dir, every, keep)
+    extras = _extras(extras)  # checked on every call: a bad extra is said at the first update, not the first save
     step = session.last_step
     if not force and (step < 1 or step % every):
         return None
@@ -295,7 +329,8 @@ def save(session: Any, *, model: Any, optimizer: Any, scheduler: Any, extras: Op
     run_dir = Path(session.run_dir)
     target = RunDir(run_dir).recovery_dir(session.rank) / save_name(step, session.attempt)
     if not target.exists():
-        payload = build_payload(session, model=model, optimizer=optimizer, scheduler=scheduler, extras=extras)
+        payload = build_payload(session, model=model, optimizer=optimizer, scheduler=scheduler,
+                                extras=extras)
         target = write_save(run_dir, session.rank, step, session.attempt, payload)
     prune(run_dir, session.rank, keep)
     return target.relative_to(run_dir).as_posix()

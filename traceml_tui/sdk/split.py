@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -88,12 +87,15 @@ def record(run_dir: Path, name: str, members: Iterable[Any], *, policy: str, wri
 
 def _read(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     try:
-        value = json.loads(text)
-    except ValueError:
-        raise SplitChanged(f"record_split: {os.fspath(path.name)} is not readable JSON; the recorded split cannot be "
-                           "checked") from None
-    return value if isinstance(value, dict) else None
+        value = json.loads(data.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is one
+        raise SplitChanged(f"record_split: provenance/splits/{path.name} is not readable JSON; the recorded split "
+                           "cannot be checked") from None
+    if not isinstance(value, dict):
+        raise SplitChanged(f"record_split: provenance/splits/{path.name} is not a split record; the recorded split "
+                           "cannot be checked")
+    return value
