@@ -20,6 +20,7 @@ import yaml
 from traceml_tui.core import records
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.hygiene import backlog
+from traceml_tui.hygiene.curve import load_curve_data
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hygiene"
 CADENCE, BUDGET, INTERRUPT_AT = 100, 500, 250
@@ -72,6 +73,10 @@ def test_training_continues_from_the_recovery_save(resumed: dict) -> None:
     first_after = after[0].components["mse"].ratio
     assert first_after < 0.5 * ratio[0]  # not the initialization's ratio (~1.2)
     assert first_after < 2.0 * max(ratio[restored - 10:restored])
+    # the curve draws the resumed attempt as its own line from its true update, marked as a resume
+    attempts = load_curve_data(run_dir).attempts
+    assert [(a.attempt, a.steps[0], a.steps[-1]) for a in attempts] == [(0, 1, before[-1].step), (1, restored + 1, BUDGET)]
+    assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

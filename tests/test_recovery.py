@@ -186,3 +186,15 @@ def test_an_extra_the_safe_loader_would_refuse_is_refused_at_the_call() -> None:
         recovery.check_extras({"pos": [1, {"gen": torch.Generator()}]})
     assert str(err.value) == ("save_recovery: extras['pos'][1]['gen'] is a Generator; extras hold tensors, numbers, "
                               "strings, lists, tuples and dicts (a generator: pass its get_state())")
+
+
+def test_ranks_restore_the_newest_update_every_visible_rank_saved(tmp_path: Path) -> None:
+    """Rank 1 was interrupted before its save of update 10: both ranks continue from update 5."""
+    run_dir = tmp_path / "run"
+    for rank, steps in ((0, (5, 10)), (1, (5,))):
+        for step in steps:
+            recovery.write_save(run_dir, rank, step, 0, {"format": recovery.FORMAT, "step": step})
+    assert recovery.common_steps(run_dir, 0, 2) == {5}
+    assert recovery.load_newest(run_dir, 0, steps=recovery.common_steps(run_dir, 0, 2))[0].step == 5
+    assert recovery.common_steps(run_dir, 0, 1) is None  # one rank: its own newest save
+    assert recovery.load_newest(run_dir, 0, steps=None)[0].step == 10

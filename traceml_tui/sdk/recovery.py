@@ -251,7 +251,24 @@ def check_extras(value: Any, where: str = "extras") -> None:
                         "lists, tuples and dicts (a generator: pass its get_state())")
 
 
-def load_newest(run_dir: Path, rank: int, *, warn: Any = None) -> Optional[tuple[Save, dict]]:
+def common_steps(run_dir: Path, rank: int, world_size: int) -> Optional[set[int]]:
+    """Updates every rank whose recovery folder this process sees has a save of; None: no other rank's folder.
+
+    All ranks of a resumed DDP run must continue from the same update: a rank
+    interrupted while writing its save must not make the others restore a newer
+    one than it can. Ranks on another node's disk are not visible and not counted.
+    """
+    others = [r for r in range(world_size) if r != rank and RunDir(run_dir).recovery_dir(r).is_dir()]
+    if not others:
+        return None
+    steps = {s.step for s in list_saves(run_dir, rank)}
+    for other in others:
+        steps &= {s.step for s in list_saves(run_dir, other)}
+    return steps
+
+
+def load_newest(run_dir: Path, rank: int, *, warn: Any = None,
+                steps: Optional[set[int]] = None) -> Optional[tuple[Save, dict]]:
     """The newest save of this rank that loads; an unreadable one is named (``warn``) and the next older tried.
 
     Loaded with torch's safe loader (``weights_only=True``): a save is data, never code.
@@ -259,6 +276,8 @@ def load_newest(run_dir: Path, rank: int, *, warn: Any = None) -> Optional[tuple
     import torch
 
     for save in reversed(list_saves(run_dir, rank)):
+        if steps is not None and save.step not in steps:
+            continue
         try:
             payload = torch.load(save.path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - any unreadable save: fall back to an older one
@@ -349,7 +368,8 @@ def restore(session: Any, *, model: Any, optimizer: Any, scheduler: Any) -> Opti
     if session.prev_end is not None or session.current is not None:
         raise RecoveryError("restore_recovery: this attempt already traced a step; restore before the first trace_step")
     run_dir = Path(session.run_dir)
-    found = load_newest(run_dir, session.rank, warn=lambda line: print(line, file=sys.stderr))
+    found = load_newest(run_dir, session.rank, warn=lambda line: print(line, file=sys.stderr),
+                        steps=common_steps(run_dir, session.rank, session.world_size))
     if found is None:
         return None
     save_, payload = found
