@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from traceml_tui.core.atomic import fsync_dir
-from traceml_tui.core.rundir import RunDir
+from traceml_tui.core.rundir import RECOVERY, RunDir
 from traceml_tui.sdk.errors import Refused
 
 FORMAT = 1
@@ -164,7 +164,7 @@ def referenced(run_dir: Path) -> set[str]:
         if isinstance(request, dict) and not layout.receipt(str(request.get("checkpoint", ""))).exists():
             refs.update(_paths_in(request))
     refs.update(_paths_in(_json(layout.early_stopping)))
-    sources = [layout.path / "recovery" / RESUMES]
+    sources = [layout.path / RECOVERY / RESUMES]
     if layout.provenance.is_dir():
         sources += [p for p in layout.provenance.rglob("*") if p.is_file() and p.suffix in (".json", ".jsonl")]
     for source in sources:
@@ -192,7 +192,8 @@ def prune(run_dir: Path, rank: int, keep: int) -> list[Path]:
     refs = referenced(run_dir)
     removed = []
     for save in older:
-        if save.path.relative_to(run_dir).as_posix() in refs:
+        names = {save.path.relative_to(run_dir).as_posix(), str(save.path), str(save.path.resolve())}
+        if names & refs:  # a request may name its file relative to the run or absolutely
             continue
         try:
             save.path.unlink()
@@ -293,7 +294,7 @@ def load_newest(run_dir: Path, rank: int, *, warn: Any = None,
 
 def log_resume(run_dir: Path, rank: int, attempt: int, save: Save) -> None:
     """Append the resume record: this attempt continued from ``save`` (which stays referenced)."""
-    path = Path(run_dir) / "recovery" / RESUMES
+    path = Path(run_dir) / RECOVERY / RESUMES
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"rank": rank, "attempt": attempt, "step": save.step,
                        "path": save.path.relative_to(run_dir).as_posix(), "ts": time.time()}, sort_keys=True)
