@@ -176,3 +176,19 @@ def test_planned_names_are_optional_lists_recorded_only_when_declared():
         with pytest.raises(HygieneConfigError) as err:
             parse_hygiene(bad)
         assert expect in str(err.value) and "\n" not in str(err.value)
+
+
+def test_recovery_cadence_is_optional_and_both_items_required_when_declared():
+    """docs/hygiene.md, "Recovery saves": no every-update default; a declared section names both items."""
+    assert "recovery" not in parse_hygiene(copy.deepcopy(EXAMPLE))
+    block = copy.deepcopy(EXAMPLE)
+    block["recovery"] = {"every": 50, "keep": 2}
+    assert parse_hygiene(block)["recovery"] == {"every": 50, "keep": 2}
+    for bad, said in [({"every": 50}, "hygiene.recovery.keep: required"),
+                      ({"keep": 2}, "hygiene.recovery.every: required"),
+                      ({"every": 0, "keep": 2}, "hygiene.recovery.every: must be >= 1, got 0"),
+                      ({"every": 5, "keep": 2, "on": 1}, "hygiene.recovery.on: unknown key (allowed: every, keep)")]:
+        block["recovery"] = bad
+        with pytest.raises(HygieneConfigError) as err:
+            parse_hygiene(block)
+        assert str(err.value) == said

@@ -31,6 +31,9 @@ _SDK_NAMES = (
     "log_batch_grid",
     "log_field_stats",
     "declare_input",
+    "save_recovery",
+    "restore_recovery",
+    "record_split",
 )
 
 

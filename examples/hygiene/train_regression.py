@@ -12,7 +12,11 @@ What it shows:
 * early stopping consumes the validation receipts in checkpoint order, persists
   its state in ``early_stopping.json`` and stops at ``max_budget`` otherwise;
 * ``traceml run`` refreshes ``learning_curve.png`` at ``hygiene.curve.cadence``
-  and once at the end; the final backlog is drained after training stops.
+  and once at the end; the final backlog is drained after training stops;
+* every ``hygiene.recovery.every`` updates it writes a recovery save (model,
+  optimizer, RNG, counters; only ``keep`` stay). Interrupted (Ctrl-C), the
+  same command with ``--resume`` restores the newest one and continues from its
+  update: checkpoints keep their true update, early stopping its patience and best.
 
 The effective hygiene config is read from the manifest ``traceml run`` wrote.
 """
@@ -29,7 +33,7 @@ from data import make_model, make_split, r2
 from torch import nn
 
 import traceml_tui as traceml
-from traceml_tui.hygiene import EarlyStopping
+from traceml_tui.hygiene import EarlyStopping, backlog, checkpoints
 from traceml_tui.hygiene.dispatch import Dispatcher, load_effective_hygiene
 
 BATCH = 64
@@ -65,10 +69,16 @@ def main() -> int:
         published.append(traceml.publish_checkpoint(model.state_dict(), step=step))
         dispatcher.poke()
 
-    if first == 0:
-        publish(0)  # the initialization is a checkpoint too (seed 004)
-    step = 0
-    while True:
+    restored = traceml.restore_recovery(model=model, optimizer=optimizer)
+    if restored is not None:  # a resume: continue after the newest recovery save
+        step = restored.step
+        published.extend(request["checkpoint"] for request in backlog.list_requests(run_dir))
+        print(f"train_regression.py: resumed at update {step}", file=sys.stderr)
+    else:
+        step = 0
+        if first == 0:
+            publish(0)  # the initialization is a checkpoint too (seed 004)
+    while step < budget and not stopper.stopped:
         idx = torch.randint(0, len(x_train), (BATCH,))
         xb, yb = x_train[idx], y_train[idx]
         with traceml.trace_step(model):
@@ -80,6 +90,8 @@ def main() -> int:
             traceml.log(loss=loss, lr=LR, batch_size=BATCH, components={"mse": (loss, yb)},
                         metrics={"r2": r2(pred.detach(), yb)})
         step += 1
+        # the recovery save first: a resume then never re-reaches an update it published
+        traceml.save_recovery(model=model, optimizer=optimizer)
         if step >= first and step % cadence == 0:
             publish(step)
             while dispatcher.running and _eval_lag(run_dir, published) > MAX_EVAL_LAG_CHECKPOINTS:
@@ -89,7 +101,8 @@ def main() -> int:
             break
         dispatcher.poke()  # restart draining if the previous drainer ran out of work
 
-    if not published or not published[-1].startswith(f"step-{step:08d}"):
+    last = checkpoints.last_published_step(run_dir)
+    if last is None or last < step:
         publish(step)  # the final state is always a retained checkpoint
     dispatcher.drain_final(timeout=600)  # drain the backlog left after training stops
     stopper.update(step)

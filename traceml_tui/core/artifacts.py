@@ -312,6 +312,8 @@ class Summary(msgspec.Struct, omit_defaults=False):
     training: Optional[TrainingSection] = None
     qc: Optional[dict[str, Any]] = None
     validation: Optional[ValidationSection] = None
+    #: one line each: the end-of-run warnings of seed 004's rules (hygiene/warnings.py, docs/hygiene.md)
+    hygiene_warnings: list[str] = msgspec.field(default_factory=list)
     environment: Optional[dict[str, Any]] = None
     failure: Optional[FailureSection] = None
     text: str = ""

@@ -6,6 +6,7 @@
   README.md, provenance/                reproduction bundle: node 0, fresh runs only, never rewritten
     git.json, git.diff, environment.json, inputs.json
     declared_inputs.jsonl               appended by traceml.declare_input
+    splits/<name>.json                  traceml.record_split: written once, checked on resume
   final_summary.json, final_summary.txt
   learning_curve.png, early_stopping.json
   nodes/node_<k>/guard_outcome.json     guarded runs
@@ -15,6 +16,7 @@
   ranks/rank_<r>/steps-<attempt>.jsonl  one writer per file; a resume is a new attempt
   validation/requests|claims|receipts|failures/<checkpoint>….json
   checkpoints/                          published, immutable checkpoints
+  recovery/rank_<r>/step-<n>.attempt-<a>.pt  rolling recovery saves (traceml.save_recovery)
   qc/batch_grid/<name>/step-<n>.json
 ```
 
@@ -50,6 +52,8 @@ NODES = "nodes"
 RANKS = "ranks"
 VALIDATION = "validation"
 CHECKPOINTS = "checkpoints"
+RECOVERY = "recovery"
+SPLITS = "splits"
 BATCH_GRID = "qc/batch_grid"
 OUTCOME = "guard_outcome.json"
 LEASE = "launcher.lease"
@@ -70,7 +74,7 @@ MAX_RUN_NAME_CHARS = 128
 #: What makes a folder a run directory (not through links).
 RUN_MARKERS = (MANIFEST, RANKS, NODES)
 #: Folders inside a run that never hold another run (discovery does not descend into them).
-RUN_SUBDIRS = frozenset({RANKS, NODES, VALIDATION, CHECKPOINTS, PROVENANCE, "qc", "__pycache__"})
+RUN_SUBDIRS = frozenset({RANKS, NODES, VALIDATION, CHECKPOINTS, RECOVERY, PROVENANCE, "qc", "__pycache__"})
 
 
 def validate_run_name(name: object) -> str:
@@ -373,6 +377,15 @@ class RunDir:
     def declared_inputs(self) -> Path:
         """Appended by ``traceml.declare_input`` (core/inputs.py), one line per declared input."""
         return self.provenance / DECLARED_INPUTS
+
+    @property
+    def splits(self) -> Path:
+        """``traceml.record_split``'s records, one write-once ``<name>.json`` per split (sdk/split.py)."""
+        return self.provenance / SPLITS
+
+    def recovery_dir(self, rank: int) -> Path:
+        """One rank's rolling recovery saves (sdk/recovery.py)."""
+        return self.path / RECOVERY / rank_dir_name(rank)
 
     def bundle_files(self) -> list[Path]:
         """The reproduction bundle's files that exist (regular files only, no links), by path."""

@@ -55,6 +55,7 @@ _KNOWN_KEYS = (
     "history_retention",
     "guard",
     "hygiene",
+    "require_validation",
     "logs_dir",
     "finalize_timeout_sec",
     "interval",
@@ -109,6 +110,8 @@ class TracemlConfig:
     history_retention: int | None = DEFAULT_HISTORY_RETENTION_S
     guard: dict | None = None
     hygiene: dict | None = None
+    #: refuse a launch without a ``hygiene:`` block (seed 004: validation is mandatory for learning runs)
+    require_validation: bool = False
     path: Path | None = None
     logs_dir: str | None = None
     finalize_timeout_sec: float | None = None
@@ -412,6 +415,7 @@ def load_config(path: Path | None) -> TracemlConfig:
         history_retention=retention,
         guard=guard,
         hygiene=dict(hygiene) if hygiene is not None else None,
+        require_validation=_bool(path, "require_validation", raw.get("require_validation", False)),
         path=path,
         logs_dir=logs_dir,
         finalize_timeout_sec=finalize_timeout,

@@ -139,6 +139,13 @@ def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_dige
         return request
 
 
+def last_published_step(run_dir: Path) -> "int | None":
+    """The highest step among the run's published checkpoints (its validation requests), None before the first."""
+    steps = [request["step"] for request in backlog.list_requests(Path(run_dir))
+             if isinstance(request.get("step"), int) and not isinstance(request.get("step"), bool)]
+    return max(steps) if steps else None
+
+
 def resolve_checkpoint_path(run_dir: Path, request: dict) -> Path:
     """Absolute path of a request's checkpoint file."""
     path = Path(str(request.get("path", "")))

@@ -34,6 +34,9 @@ Shape (all cadences are in optimizer updates)::
         # or: enabled: false + reason: "exact reproduction of …"
       qc:
         cadence: 100
+      recovery:                      # optional: rolling recovery saves (traceml.save_recovery)
+        every: 50                    # recovery cadence in updates, apart from validation.cadence
+        keep: 2                      # saves kept per rank (referenced ones are never removed)
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from traceml_tui.core.state import (
 from traceml_tui.guard.contract import show_key, show_value  # user values in messages: one line, <= 80 chars
 
 DIRECTIONS = ("min", "max")
-SECTIONS = ("history", "curve", "validation", "early_stopping", "qc")
+SECTIONS = ("history", "curve", "validation", "early_stopping", "qc", "recovery")
 CURVE_FILE = LEARNING_CURVE  # relative to the run directory
 WORKER_PLACEHOLDERS = ("{checkpoint}", "{step}", "{run_dir}")
 #: ``hygiene.validation.dispatcher``: who drains the backlog. ``launcher`` (the default): `traceml run`
@@ -288,6 +291,21 @@ def _qc(raw: Any) -> dict:
     return out
 
 
+def _recovery(raw: Any) -> dict:
+    """``hygiene.recovery``: the rolling recovery saves' cadence and bound (docs/hygiene.md, "Recovery saves").
+
+    Both are required once the section is declared: seed 004 asks for a cadence chosen
+    from step time, evaluation cost and acceptable loss, never an every-update default.
+    """
+    path = "hygiene.recovery"
+    block = _mapping(raw, path)
+    _unknown_keys(block, ("every", "keep"), path)
+    return {
+        "every": _int(_required(block, "every", path), f"{path}.every", minimum=1),
+        "keep": _int(_required(block, "keep", path), f"{path}.keep", minimum=1),
+    }
+
+
 def parse_hygiene(raw: object) -> dict:
     """Validate and normalize the ``hygiene:`` block of ``traceml.yaml``.
 
@@ -297,13 +315,16 @@ def parse_hygiene(raw: object) -> dict:
     """
     block = _mapping(raw, "hygiene")
     _unknown_keys(block, SECTIONS, "hygiene")
-    return {
+    parsed = {
         "history": _history(block.get("history")),
         "curve": _curve(block.get("curve")),
         "validation": _validation(block.get("validation")),
         "early_stopping": _early_stopping(block.get("early_stopping")),
         "qc": _qc(block.get("qc")),
     }
+    if block.get("recovery") is not None:  # optional: a block without it normalizes as before
+        parsed["recovery"] = _recovery(block["recovery"])
+    return parsed
 
 
 def validation_config_digest(hygiene: dict) -> str:

@@ -158,6 +158,9 @@ def main(argv: list[str]) -> int:
             if options.resume:
                 raise LaunchError("--resume is not allowed for a guarded run: choose a fresh --run-name")
         hygiene = None
+        if config.require_validation and config.hygiene is None:
+            raise ConfigError(config.path, "require_validation",
+                              "is true but no hygiene: block declares validation (docs/hygiene.md)")
         if config.hygiene is not None:
             from traceml_tui.hygiene.config import HygieneConfigError, parse_hygiene
 

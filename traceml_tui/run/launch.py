@@ -552,6 +552,8 @@ class Launcher:
             # changes what the run selected: said out loud, in the summary's words.
             for note in early_stopping_notes(validation.get("early_stopping")):
                 _warn(f"early stopping: {note}")
+        for line in summary.get("hygiene_warnings") or []:  # worded once: hygiene/warnings.py
+            _warn(line)
 
     def _failure_section(self) -> Optional[dict]:
         """Who failed first, where and why (run/failure.py); None for a clean run or when it cannot be told."""

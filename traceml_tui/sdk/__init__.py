@@ -8,6 +8,8 @@
 * :func:`log_eval`, :func:`publish_checkpoint`, :func:`finish`, :func:`current_run`.
 * :func:`declare_input` — an input's relative name and digest in the run's provenance bundle.
 * :func:`log_batch_grid`, :func:`log_field_stats` — input batch grid and latent field QC (``sdk/qc.py``).
+* :func:`save_recovery`, :func:`restore_recovery` — rolling recovery saves a resume continues from
+  (``sdk/recovery.py``); :func:`record_split` — a split's membership in provenance (``sdk/split.py``).
 
 torch is never imported here; phase hooks import it only when a model is passed.
 """
@@ -232,6 +234,7 @@ def publish_checkpoint(path_or_state: Any, *, step: Optional[int] = None) -> str
     step = session.last_step if step is None else int(step)
     checkpoint_id = checkpoints.checkpoint_id(step)
     if session.rank == 0:
+        _refuse_stale_publish(session.run_dir, step)
         request = checkpoints.publish_request(
             session.run_dir,
             path_or_state,
@@ -254,6 +257,38 @@ def publish_checkpoint(path_or_state: Any, *, step: Optional[int] = None) -> str
     return checkpoint_id
 
 
+def _refuse_stale_publish(run_dir: Any, step: int) -> None:
+    """A scientific checkpoint is published once per update, in order: one behind or at the last is refused.
+
+    docs/hygiene.md, "Publishing checkpoints": a resumed script that re-reaches an
+    update already published (or never restored its step) must not label another
+    state with it.
+    """
+    from traceml_tui.hygiene import checkpoints
+    from traceml_tui.sdk.errors import Refused
+
+    last = checkpoints.last_published_step(run_dir)
+    if last is not None and step <= last:
+        raise Refused(f"publish_checkpoint: update {step} is not ahead of the run's last published checkpoint "
+                      f"(update {last}); a checkpoint is published once per update, in order")
+
+
+def record_split(name: str, members: Any, *, policy: str) -> dict:
+    """Record a data split in the run's provenance on the first run; check it on every later call.
+
+    ``members`` are the split's member ids (indices, file names...), in any
+    order; ``policy`` says in words how the split is made. The first call writes
+    ``provenance/splits/<name>.json`` (name, policy, count, digest and ids; rank
+    0 writes); a resumed attempt's call recomputes the membership and raises
+    :class:`traceml_tui.sdk.split.SplitChanged` (one line, nothing written) when
+    it differs, so call it before training starts. Returns the record.
+    """
+    from traceml_tui.sdk import split
+
+    session = _session if _session is not None else init()
+    return split.record(session.run_dir, name, members, policy=policy, write=session.rank == 0)
+
+
 def declare_input(path: "str | os.PathLike[str]") -> dict:
     """Record the identity of an input of this run (a data file or folder) and return it.
 
@@ -273,6 +308,51 @@ def declare_input(path: "str | os.PathLike[str]") -> dict:
     entry.update(rank=session.rank, attempt=session.attempt, ts=time.time())
     inputs.declare(RunDir(session.run_dir).declared_inputs, entry)
     return entry
+
+
+def save_recovery(
+    *,
+    model: Any = None,
+    optimizer: Any = None,
+    scheduler: Any = None,
+    extras: Optional[dict] = None,
+    every: Optional[int] = None,
+    keep: Optional[int] = None,
+    force: bool = False,
+) -> Optional[str]:
+    """Write a recovery save after the current update when the recovery cadence says so.
+
+    Call it after every update, outside ``trace_step``: it saves only when the
+    update is a multiple of ``hygiene.recovery.every`` (or ``every=`` when the
+    run declares no such block; ``force=True`` saves now). A save holds the
+    model, optimizer and scheduler states, the session's step, attempt and
+    examples, the Python/NumPy/torch CPU (and CUDA) RNG states and ``extras``
+    (e.g. a loader generator's state and the position in the epoch). It is
+    written atomically; only the newest ``keep`` saves of this rank stay, and
+    an older one is removed only when nothing refers to it. A recovery save
+    never publishes a checkpoint or a validation request. Returns the save's
+    path relative to the run directory, or None when the cadence skipped it.
+    """
+    from traceml_tui.sdk import recovery
+
+    session = _session if _session is not None else init()
+    return recovery.save(session, model=model, optimizer=optimizer, scheduler=scheduler, extras=extras,
+                         every=every, keep=keep, force=force)
+
+
+def restore_recovery(*, model: Any = None, optimizer: Any = None, scheduler: Any = None) -> Any:
+    """Restore the newest complete recovery save of this rank; None when there is none (a fresh run).
+
+    Call it once the model, optimizer and scheduler exist and before the first
+    ``trace_step``. It loads their states, the RNG states and the session's
+    counters: this attempt's records continue at the save's update + 1 (they
+    supersede the repeated updates of the interrupted attempt). Returns a
+    :class:`traceml_tui.sdk.recovery.Recovered` (``step``, ``extras``, ``path``).
+    """
+    from traceml_tui.sdk import recovery
+
+    session = _session if _session is not None else init()
+    return recovery.restore(session, model=model, optimizer=optimizer, scheduler=scheduler)
 
 
 def finish(status: str = "completed", exit_code: Optional[int] = None) -> None:

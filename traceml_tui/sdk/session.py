@@ -22,6 +22,7 @@ from typing import Any, Optional
 from traceml_tui.core import atomic, records
 from traceml_tui.core.rundir import RunDir, validate_run_name
 from traceml_tui.sdk import env
+from traceml_tui.sdk.errors import Refused
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _RSS_PERIOD_S = 1.0
@@ -491,6 +492,9 @@ def register_exit(session: Session) -> None:
     def _excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
         session.failed = True
         session.interrupted = issubclass(exc_type, KeyboardInterrupt)
+        if issubclass(exc_type, Refused):  # an SDK refusal is its one line, not a traceback (sdk/errors.py)
+            print(str(exc), file=sys.stderr)
+            return
         previous_hook(exc_type, exc, tb)
 
     sys.excepthook = _excepthook

@@ -558,6 +558,16 @@ def validation_section(run_dir: Path, manifest: dict) -> Optional[dict]:
     return validation_report(run_dir, hygiene)
 
 
+def hygiene_warnings_section(ranks: dict[int, RankSteps], manifest: dict, validation: Optional[dict]) -> list[str]:
+    """The end-of-run warnings of seed 004's rules (``hygiene/warnings.py`` words them), from rank 0's records."""
+    from traceml_tui.hygiene.warnings import hygiene_warnings, step_facts  # `traceml compare` loads this module
+
+    series = ranks.get(0) or (ranks[min(ranks)] if ranks else None)
+    facts = step_facts(series.steps.values() if series is not None else ())
+    hygiene = manifest.get("hygiene") if isinstance(manifest.get("hygiene"), dict) else None
+    return hygiene_warnings(hygiene, validation, facts)
+
+
 def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[float] = None) -> dict:
     """Build the complete summary payload for a run directory (``text`` left empty)."""
     manifest = manifest if isinstance(manifest, dict) else {}
@@ -611,7 +621,8 @@ def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[floa
         "step_memory": step_memory,
         "training": training_section(ranks, run_dir),
         "qc": _qc_section(loaded),
-        "validation": validation_section(run_dir, manifest),
+        "validation": (validation := validation_section(run_dir, manifest)),
+        "hygiene_warnings": hygiene_warnings_section(ranks, manifest, validation),
         "environment": environment_section(),
         "text": "",
     }

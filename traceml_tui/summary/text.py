@@ -98,4 +98,5 @@ def render_text(summary: dict[str, Any]) -> str:
     from traceml_tui.hygiene.report import report_lines  # validation: backlog counts, best, stop, curve
 
     lines.extend(report_lines(summary.get("validation")))
+    lines.extend(f"Warning: {line}" for line in summary.get("hygiene_warnings") or [])
     return "\n".join(lines)
