@@ -37,6 +37,9 @@ from traceml_tui.run import lifeline
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.sdk import env as sdk_env
 
+#: The module each rank starts through unless --no-auto-attach (docs/trainers.md); never imported here.
+BOOTSTRAP = "traceml_tui.integrations.bootstrap"
+
 
 def _warn(message: str) -> None:
     print(f"traceml run: warning: {message}", file=sys.stderr, flush=True)
@@ -293,6 +296,8 @@ class Launcher:
     def command(self) -> list[str]:
         opts = self.options
         script = [str(opts.script), *opts.script_args]
+        if opts.auto_attach:  # each rank starts through the bootstrap that attaches trainer callbacks
+            script = ["-m", BOOTSTRAP, *script]
         if opts.world_size == 1:
             return [sys.executable, "-u", *script]
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc_per_node}"]

@@ -34,6 +34,8 @@ class LaunchOptions:
     resume: bool = False
     # The name is <script>-<timestamp>, not the user's: a clash picks the next free one instead of refusing.
     default_name: bool = False
+    # Ranks start through traceml_tui.integrations.bootstrap, which attaches trainer callbacks (docs/trainers.md).
+    auto_attach: bool = True
 
     @property
     def run_dir(self) -> Path:

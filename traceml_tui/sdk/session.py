@@ -170,7 +170,7 @@ class _StepState:
 
     __slots__ = (
         "start", "input_wait_ms", "data_wait", "data_in_step", "fwd_start", "fwd_ms", "bwd_start", "bwd_ms",
-        "opt_start", "opt_ms", "values", "gpu",
+        "opt_start", "opt_ms", "values", "gpu", "opt_manual",
     )
 
     def __init__(self, start: float, input_wait_ms: Optional[float], data_wait: Optional[float]) -> None:
@@ -186,6 +186,9 @@ class _StepState:
         self.opt_ms = None
         self.values: dict[str, Any] = {}
         self.gpu = None  # phases.GpuStepEvents when CUDA timing is active
+        # The optimizer part is timed by the caller (phases.begin_phase/end_phase), not by torch's global
+        # optimizer hooks: under a closure (Lightning, LBFGS) those would count forward and backward too.
+        self.opt_manual = False
 
 
 class Session:
