@@ -220,10 +220,11 @@ def log_eval(
 def publish_checkpoint(path_or_state: Any, *, step: Optional[int] = None) -> str:
     """Publish an immutable checkpoint and a durable validation request (rank 0 writes).
 
-    ``path_or_state`` is a checkpoint file already written (a relative path
-    is read from the current folder; the file is copied into the run's
-    ``checkpoints/``) or a state object saved with ``torch.save``. Returns the
-    checkpoint id on every rank.
+    ``path_or_state`` is a checkpoint file or folder already written (a
+    relative path is read from the current folder; it is copied into the run's
+    ``checkpoints/``, a folder such as Hugging Face's ``checkpoint-N/`` as a
+    folder with read-only files, docs/hygiene.md) or a state object saved with
+    ``torch.save``. Returns the checkpoint id on every rank.
     """
     from traceml_tui.hygiene import checkpoints
 
