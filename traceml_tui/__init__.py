@@ -31,6 +31,7 @@ _SDK_NAMES = (
     "log_batch_grid",
     "log_field_stats",
     "declare_input",
+    "report_unmeasured",
 )
 
 

@@ -14,6 +14,10 @@ file unique, followed by one JSON object per line:
   cannot see ``sys.exit(n)``, so ``exit_code`` is null), ``completed`` (``traceml.finish()``),
   ``failed`` (an uncaught exception) or ``interrupted`` (Ctrl-C); the word each stands for is
   decided by :func:`traceml_tui.core.state.rank_end_state`
+* ``unmeasured``  — a stream this rank does not measure and why (``stream``, ``reason``): written
+  once per stream per rank session by :func:`traceml_tui.sdk.report_unmeasured` (a trainer
+  integration that could not attach, a phase it cannot split); ``stream`` is one of
+  :data:`UNMEASURED_STREAMS` or ``all`` (nothing is measured); both strings are bounded
 * ``system``      — one node sample in ``system.jsonl`` (see :class:`SystemSample`)
 
 Conventions: ``step`` counts completed steps from 1; ``ts`` is wall-clock
@@ -25,7 +29,7 @@ Readers keep unknown keys (forward compatible); a new major shape bumps ``v``.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 import msgspec
 
@@ -169,6 +173,29 @@ class RankEnd(msgspec.Struct, tag="rank_end", tag_field="kind"):
     exit_code: Optional[int] = None
 
 
+#: The streams an ``unmeasured`` record may name (others are kept: a newer writer may know more);
+#: ``all`` says the integration could not attach at all.
+UNMEASURED_STREAMS: tuple[str, ...] = (
+    "all", "input_wait", "forward", "backward", "optimizer", "loss", "lr", "grad_norm", "examples", "eval",
+    "checkpoints",
+)
+#: Longest ``stream`` / ``reason`` an ``unmeasured`` record may carry (characters); writers cut, readers refuse.
+MAX_STREAM_CHARS = 40
+MAX_REASON_CHARS = 300
+
+
+class Unmeasured(msgspec.Struct, tag="unmeasured", tag_field="kind"):
+    """A stream this rank cannot measure, and why: written once per ``stream`` per rank session."""
+
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    ts: float
+    stream: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STREAM_CHARS)]
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)] = ""
+
+
 class GpuSample(msgspec.Struct):
     index: int
     util_pct: Optional[float] = None
@@ -189,7 +216,7 @@ class SystemSample(msgspec.Struct, tag="system", tag_field="kind"):
     gpus: list[GpuSample] = msgspec.field(default_factory=list)
 
 
-Record = Union[Header, Step, Eval, Checkpoint, FieldStats, RankEnd, SystemSample]
+Record = Union[Header, Step, Eval, Checkpoint, FieldStats, RankEnd, Unmeasured, SystemSample]
 
 
 # Step records and their parts are ``gc=False``: they never form reference cycles, and a

@@ -247,6 +247,7 @@ class Session:
         self._torch: Any = None
         self.gpu_prev_end: Any = None  # CUDA event at the end of the previous step (GPU input wait)
         self.hooked_model: Any = None
+        self.unmeasured: set[str] = set()  # streams already reported dark (one record per stream per session)
         self._rss: Optional[int] = None
         self._rss_at = 0.0
         self.closed = False
