@@ -142,13 +142,13 @@ class _Tracer:
         traceml.init()
         self._phases = True
         if trainer is None:
-            unmeasured("loss", f"{NAME}: the trainer running the callback was not found")
+            unmeasured("loss grad_norm examples", f"{NAME}: the trainer running the callback was not found")
         else:
             self._bind(trainer)
             reason = _unmeasurable_phases(trainer, model)
             if reason is not None:
                 self._phases = False
-                unmeasured("forward/backward/optimizer", reason)
+                unmeasured("forward backward optimizer", reason)
 
     @guarded(NAME)
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
@@ -292,7 +292,7 @@ def activate(module: Any) -> None:
             if attach(self):
                 say(f"{NAME} detected: traceml callback added", key="hf-attached")
         except Exception as exc:  # noqa: BLE001 - fail-open: the Trainer works without traceml
-            unmeasured("steps", f"adding the traceml callback to the {NAME} failed ({type(exc).__name__}: "
+            unmeasured("all", f"adding the traceml callback to the {NAME} failed ({type(exc).__name__}: "
                                 f"{str(exc)[:200]}); training continues untraced")
 
     __init__._traceml_of = original  # type: ignore[attr-defined]

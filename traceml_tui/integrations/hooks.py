@@ -38,7 +38,7 @@ def activate(name: str, module: Any) -> None:
         target, _, function = TARGETS[name].partition(":")
         getattr(importlib.import_module(target), function)(module)
     except Exception as exc:  # noqa: BLE001 - fail-open: the script runs on without traceml's callback
-        unmeasured("steps", f"attaching to {name} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+        unmeasured("all", f"attaching to {name} failed ({type(exc).__name__}: {str(exc)[:200]}); "
                             "training continues untraced")
 
 

@@ -139,7 +139,7 @@ class _Tracer:
         if self._auto and trainer.world_size > 1 and "RANK" not in os.environ:
             # Lightning starts the other ranks itself: they run the script without traceml's bootstrap.
             self._traceml_off = True
-            unmeasured("steps", f"{NAME} launches its own {trainer.world_size} processes; start the script with "
+            unmeasured("all", f"{NAME} launches its own {trainer.world_size} processes; start the script with "
                                 f"`traceml run --nproc-per-node {trainer.world_size}` to record every rank")
             return
         import traceml_tui as traceml
@@ -148,7 +148,7 @@ class _Tracer:
         reason = _unmeasurable_phases(trainer, pl_module)
         self._phases = reason is None
         if reason is not None:
-            unmeasured("forward/backward/optimizer", reason)
+            unmeasured("forward backward optimizer", reason)
         else:
             self._wrap(pl_module)
         param = next(iter(pl_module.parameters()), None)
@@ -329,7 +329,7 @@ def activate(module: Any) -> None:
             if attach(self, namespace):
                 say(f"{NAME} detected: traceml callback added", key="lightning-attached")
         except Exception as exc:  # noqa: BLE001 - fail-open: the Trainer works without traceml
-            unmeasured("steps", f"adding the traceml callback to the {NAME} failed ({type(exc).__name__}: "
+            unmeasured("all", f"adding the traceml callback to the {NAME} failed ({type(exc).__name__}: "
                                 f"{str(exc)[:200]}); training continues untraced")
 
     __init__._traceml_of = original  # type: ignore[attr-defined]

@@ -42,19 +42,18 @@ def say(message: str, *, key: str | None = None, all_ranks: bool = False) -> Non
         print(f"traceml: {message}", file=sys.stderr, flush=True)
 
 
-def unmeasured(stream: str, reason: str) -> None:
-    """Name a stream the integration cannot measure: once on stderr, and in the run's records.
+def unmeasured(streams: str, reason: str) -> None:
+    """Name streams the integration cannot measure (``"forward backward"``: several, space-separated).
 
-    The record (``traceml_tui.sdk.report_unmeasured``, once per stream per
-    rank) is what the summary and ``traceml status`` show.
+    Each goes through ``traceml_tui.sdk.report_unmeasured``: one record per
+    stream per rank (what the summary and ``traceml status`` show) and, on rank
+    0, the one stderr line. ``all``: nothing could be attached.
     """
-    say(f"{stream} not measured: {reason}", key=f"unmeasured:{stream}")
     try:
         from traceml_tui import sdk
 
-        report = getattr(sdk, "report_unmeasured", None)
-        if report is not None:
-            report(stream, reason)
+        for stream in streams.split():
+            sdk.report_unmeasured(stream, reason)
     except Exception:  # noqa: BLE001 - reporting a gap must not open another one
         pass
 
@@ -79,7 +78,7 @@ def guarded(integration: str) -> Callable[[F], F]:
                     self._traceml_abandon()
                 except Exception:  # noqa: BLE001
                     pass
-                unmeasured("steps", f"{integration} callback failed in {method.__name__} "
+                unmeasured("all", f"{integration} callback failed in {method.__name__} "
                                     f"({type(exc).__name__}: {str(exc)[:200]}); training continues untraced")
                 return None
 
