@@ -1,0 +1,113 @@
+"""Lightning ``Trainer.fit`` under `traceml run` with no traceml code (docs/trainers.md), real 2-rank gloo runs.
+
+One module-scoped set of runs, many assertions: a 2-rank run of examples/lightning (validation and
+checkpoint every 10 updates, a `hygiene:` validation block); the same fit with traceml's explicit callback
+started by plain ``python`` (no launcher) and under `traceml run` (never instrumented twice); and the kill
+switch, as a flag and as an environment variable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import statistics
+import sys
+
+import pytest
+
+from tests.integrations_support import evals, finite, launch, measured_fields, prepare, records, steps
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="the lightning extra is not installed"),
+]
+
+TRACEML = [sys.executable, "-m", "traceml_tui"]
+DETECTED = "traceml: Lightning Trainer detected: traceml callback added"
+UPDATES, EVERY, BATCH = 20, 10, 32
+
+
+@pytest.fixture(scope="module")
+def pl(tmp_path_factory):
+    """The runs by name: ``auto`` (2 ranks), ``direct`` and ``explicit`` (the script adds the callback;
+    plain python / `traceml run`), ``flag_off`` and ``env_off`` (the kill switch; 4 updates)."""
+    work = prepare(tmp_path_factory.mktemp("lightning"), "lightning", "lightning_explicit.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
+    env.pop("TRACEML_RUN_DIR", None)
+    env.pop("TRACEML_AUTO_ATTACH", None)
+    short = ["--args", "--max-steps", "4"]
+    plan = {
+        "auto": ([*TRACEML, "run", "train.py", "--nproc-per-node", "2"], env),
+        "explicit": ([*TRACEML, "run", "lightning_explicit.py"], env),
+        "flag_off": ([*TRACEML, "run", "train.py", "--no-auto-attach", *short], env),
+        "env_off": ([*TRACEML, "run", "train.py", *short], dict(env, TRACEML_AUTO_ATTACH="0")),
+    }
+    runs = {}
+    for name, (cmd, run_env) in plan.items():
+        cmd = cmd[:4] + ["--run-name", name] + cmd[4:]
+        runs[name] = (launch(cmd, work, run_env), work / "logs" / name)
+    direct = work / "direct"
+    direct.mkdir()
+    proc = launch([sys.executable, str(work / "lightning_explicit.py")], direct, env)
+    found = sorted((direct / "logs").iterdir()) if (direct / "logs").is_dir() else []
+    runs["direct"] = (proc, found[0] if len(found) == 1 else None)
+    return work, runs
+
+
+def test_every_rank_records_every_update(pl):
+    _, runs = pl
+    proc, run_dir = runs["auto"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(DETECTED) == 1
+    for rank in (0, 1):
+        rows = steps(run_dir, rank)
+        assert [r["step"] for r in rows] == list(range(1, UPDATES + 1))
+        for r in rows:
+            assert finite(r["cpu_ms"]["step"]) and r["cpu_ms"]["step"] > 0 and finite(r["loss"])
+            assert all(finite(r["cpu_ms"][p]) for p in ("forward", "backward", "optimizer"))
+        assert all(finite(r["cpu_ms"]["data_wait"]) for r in rows[1:])
+        assert [r["examples"] for r in rows] == [BATCH * s for s in range(1, UPDATES + 1)]
+        # StepLR(step_size=5, gamma=0.5), stepped every update: the lr each update used, before the scheduler
+        assert [r["lr"] for r in rows] == pytest.approx([0.05 * 0.5 ** ((s - 1) // 5) for s in range(1, UPDATES + 1)])
+        # forward and backward run inside optimizer.step(closure): they are not optimizer time
+        optimizer = statistics.median(r["cpu_ms"]["optimizer"] for r in rows)
+        compute = statistics.median(r["cpu_ms"]["forward"] + r["cpu_ms"]["backward"] for r in rows)
+        assert optimizer < compute, (optimizer, compute)
+    assert any(a["loss"] != b["loss"] for a, b in zip(steps(run_dir, 0), steps(run_dir, 1)))  # each rank's own
+
+
+def test_validation_is_eval_and_checkpoints_are_published(pl):
+    _, runs = pl
+    _, run_dir = runs["auto"]
+    for rank in (0, 1):
+        rows = evals(run_dir, rank)  # the sanity check is not an evaluation
+        assert [r["step"] for r in rows] == [EVERY, UPDATES]
+        assert all(set(r["metrics"]) == {"loss"} and finite(r["metrics"]["loss"]) for r in rows)
+    requests = sorted(p.name for p in (run_dir / "validation" / "requests").iterdir())
+    assert requests == ["step-00000010.json", "step-00000020.json"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000010.ckpt", "step-00000020.ckpt"]
+    assert not [r for r in records(run_dir, 1) if r["kind"] == "checkpoint"]
+
+
+@pytest.mark.parametrize("name", ["explicit", "direct"])
+def test_explicit_callback_records_what_the_automatic_path_does_once(pl, name):
+    _, runs = pl
+    proc, run_dir = runs[name]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert run_dir is not None, "plain python with the explicit callback wrote no run folder under ./logs"
+    assert DETECTED not in proc.stderr
+    explicit, automatic = steps(run_dir), steps(runs["auto"][1])
+    assert [r["step"] for r in explicit] == list(range(1, UPDATES + 1))  # never instrumented twice
+    assert [r["step"] for r in evals(run_dir)] == [EVERY, UPDATES]
+    assert {frozenset(measured_fields(r)) for r in explicit[1:]} == {frozenset(measured_fields(r)) for r in automatic[1:]}
+    assert [r["lr"] for r in explicit] == pytest.approx([r["lr"] for r in automatic])
+
+
+@pytest.mark.parametrize("name", ["flag_off", "env_off"])
+def test_kill_switch_records_nothing(pl, name):
+    _, runs = pl
+    proc, run_dir = runs[name]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert DETECTED not in proc.stderr
+    assert "Trainer.fit` stopped" in proc.stderr  # it trained
+    assert not (run_dir / "ranks").exists() or not any((run_dir / "ranks").rglob("*.jsonl"))
