@@ -10,9 +10,8 @@ import json
 import math
 
 import torch
-from transformers import GPT2LMHeadModel
-
 from train import Tokens
+from transformers import GPT2LMHeadModel
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--checkpoint", required=True)

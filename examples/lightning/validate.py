@@ -10,7 +10,6 @@ import json
 
 import torch
 from torch import nn
-
 from train import Regressor, data
 
 parser = argparse.ArgumentParser()

@@ -11,7 +11,6 @@ here imports a framework or the SDK (docs/trainers.md).
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 
 
@@ -26,12 +25,34 @@ def main(argv: list[str]) -> None:
         from traceml_tui.integrations import hooks
 
         hooks.install()
-    script = os.path.abspath(argv[0])  # a script's __file__ is absolute (Python 3.9+); argv[0] stays as given
     sys.argv = list(argv)
-    # `python -m` put the working folder first on the path; a script run directly has its own folder there.
-    sys.path[0] = os.path.dirname(script)
-    runpy.run_path(script, run_name="__main__")
+    # What `python SCRIPT` sets (Python 3.9+): __file__ is the path joined to the working folder (not
+    # normalized), sys.path[0] the script's real folder (links resolved) instead of `-m`'s working folder.
+    script = argv[0] if os.path.isabs(argv[0]) else os.path.join(os.getcwd(), argv[0])
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    run_as_main(script)
 
+
+def run_as_main(path: str) -> None:
+    """Execute the file at ``path`` as a fresh ``__main__`` module, as the interpreter runs a script.
+
+    Not ``runpy.run_path``: that rewrites ``sys.argv[0]`` and swaps ``__main__``
+    back afterwards, which a script (or pickling its classes at exit) can see.
+    """
+    import builtins
+    import importlib.machinery
+    import types
+
+    with open(path, "rb") as handle:
+        source = handle.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 if __name__ == "__main__":
     main(sys.argv[1:])
