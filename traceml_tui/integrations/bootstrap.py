@@ -5,7 +5,7 @@ unless ``TRACEML_AUTO_ATTACH=0``, then runs ``SCRIPT`` exactly as
 ``python SCRIPT ARGS…`` would: as ``__main__``, with ``sys.argv`` =
 ``[SCRIPT, ARGS…]``, ``sys.path[0]`` = the script's folder and ``__file__``
 set; its exit status and uncaught exceptions are the process's own. Nothing
-here imports a framework or the SDK (docs/trainers.md).
+here imports a framework or torch (docs/trainers.md).
 """
 
 from __future__ import annotations

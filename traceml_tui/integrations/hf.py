@@ -30,8 +30,10 @@ import sys
 import weakref
 from typing import Any, Optional
 
+from traceml_tui import sdk
 from traceml_tui.integrations.support import eval_metrics, examples_in, guarded, say, unmeasured
 from traceml_tui.sdk import env
+from traceml_tui.sdk.phases import begin_phase, end_phase
 
 NAME = "Hugging Face Trainer"
 _classes: dict[str, type] = {}
@@ -44,7 +46,7 @@ class _Tracer:
         self._traceml_off = False
         self._auto = False  # added by the import hook (stands down when the script added its own)
         self._trainer_ref: Any = None
-        self._step: Any = None  # the open traceml.trace_step of the current update
+        self._step: Any = None  # the open sdk.trace_step of the current update
         self._phases = True  # forward/backward/optimizer measurable on this trainer
         self._reset()
 
@@ -137,9 +139,7 @@ class _Tracer:
         ):
             self._traceml_off = True  # the script added its own: never instrumented twice
             return
-        import traceml_tui as traceml
-
-        traceml.init()
+        sdk.init()
         self._phases = True
         if trainer is None:
             unmeasured("loss grad_norm examples", f"{NAME}: the trainer running the callback was not found")
@@ -152,16 +152,12 @@ class _Tracer:
 
     @guarded(NAME)
     def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        import traceml_tui as traceml
-
         if self._step is not None:  # an update that never ended (an exception the trainer swallowed)
             self._step.__exit__(RuntimeError, None, None)
         self._reset()
-        step = traceml.trace_step(model if self._phases else None)
+        step = sdk.trace_step(model if self._phases else None)
         step.__enter__()
         self._step = step
-        from traceml_tui import sdk
-
         sdk._session.current.opt_manual = True  # optimizer timed by the callback events below
 
     @guarded(NAME)
@@ -171,18 +167,12 @@ class _Tracer:
         if optimizer is not None and optimizer.param_groups:
             self._lr = optimizer.param_groups[0].get("lr")  # before the scheduler steps: this update's lr
         if self._phases:
-            from traceml_tui import sdk
-            from traceml_tui.sdk.phases import begin_phase
-
             begin_phase(sdk._session.current, "optimizer")
 
     @guarded(NAME)
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._step is None or not self._phases:
             return
-        from traceml_tui import sdk
-        from traceml_tui.sdk.phases import end_phase
-
         end_phase(sdk._session.current, "optimizer")
 
     @guarded(NAME)
@@ -190,9 +180,7 @@ class _Tracer:
         step, self._step = self._step, None
         if step is None:
             return
-        import traceml_tui as traceml
-
-        traceml.log(loss=self._loss, lr=self._lr, grad_norm=self._grad_norm, batch_size=self._examples)
+        sdk.log(loss=self._loss, lr=self._lr, grad_norm=self._grad_norm, batch_size=self._examples)
         self._reset()
         step.__exit__(None, None, None)
 
@@ -200,11 +188,9 @@ class _Tracer:
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
         if not metrics:
             return
-        import traceml_tui as traceml
-
         numbers = eval_metrics(metrics, "eval_")
         if numbers:
-            traceml.log_eval(numbers)  # on the step axis: this rank's completed optimizer updates
+            sdk.log_eval(numbers)  # on the step axis: this rank's completed optimizer updates
 
     @guarded(NAME)
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -215,9 +201,7 @@ class _Tracer:
             unmeasured("checkpoints", f"{NAME} saved no checkpoint-{state.global_step} folder in its output_dir")
             return
         try:
-            import traceml_tui as traceml
-
-            traceml.publish_checkpoint(folder)
+            sdk.publish_checkpoint(folder)
         except Exception as exc:  # noqa: BLE001 - a checkpoint not published must not stop training or the steps
             unmeasured("checkpoints", f"publishing {NAME} checkpoint folders failed ({type(exc).__name__}: "
                                       f"{str(exc)[:200]})")
@@ -225,8 +209,6 @@ class _Tracer:
     @guarded(NAME)
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._traceml_abandon()
-        from traceml_tui import sdk
-
         session = sdk._session
         if session is not None and not session.closed:
             session.drain_gpu(block=True)  # every step is on disk before the trainer returns

@@ -34,8 +34,10 @@ import os
 import weakref
 from typing import Any, Optional
 
+from traceml_tui import sdk
 from traceml_tui.integrations.support import eval_metrics, examples_in, guarded, say, unmeasured
 from traceml_tui.sdk import env
+from traceml_tui.sdk.phases import begin_phase, end_phase
 
 NAME = "Lightning Trainer"
 #: Namespace -> the module holding its ``Callback`` base class.
@@ -44,8 +46,6 @@ _classes: dict[str, type] = {}
 
 
 def _current() -> Any:
-    from traceml_tui import sdk
-
     return sdk._session.current
 
 
@@ -55,7 +55,7 @@ class _Tracer:
     def __init__(self) -> None:
         self._traceml_off = False
         self._auto = False  # added by the import hook (stands down when the script added its own)
-        self._step: Any = None  # the open traceml.trace_step of the current update
+        self._step: Any = None  # the open sdk.trace_step of the current update
         self._phases = True
         self._module_ref: Any = None
         self._published: set[str] = set()
@@ -89,8 +89,6 @@ class _Tracer:
             state = _current() if me is not None and me._step is not None and me._phases else None
             if state is None:
                 return original(*args, **kwargs)
-            from traceml_tui.sdk.phases import begin_phase, end_phase
-
             begin_phase(state, "forward")
             try:
                 return original(*args, **kwargs)
@@ -121,9 +119,7 @@ class _Tracer:
                 continue
             self._published.add(path)
             try:
-                import traceml_tui as traceml
-
-                traceml.publish_checkpoint(path)
+                    sdk.publish_checkpoint(path)
             except Exception as exc:  # noqa: BLE001 - a checkpoint not published must not stop the steps
                 unmeasured("checkpoints", f"publishing {NAME} checkpoints failed ({type(exc).__name__}: "
                                           f"{str(exc)[:200]})")
@@ -142,9 +138,7 @@ class _Tracer:
             unmeasured("all", f"{NAME} launches its own {trainer.world_size} processes; start the script with "
                                 f"`traceml run --nproc-per-node {trainer.world_size}` to record every rank")
             return
-        import traceml_tui as traceml
-
-        traceml.init()
+        sdk.init()
         reason = _unmeasurable_phases(trainer, pl_module)
         self._phases = reason is None
         if reason is not None:
@@ -153,16 +147,14 @@ class _Tracer:
             self._wrap(pl_module)
         param = next(iter(pl_module.parameters()), None)
         if param is not None and param.is_cuda:
-            traceml.current_run().enable_cuda()
+            sdk.current_run().enable_cuda()
 
     @guarded(NAME)
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._publish_saved(trainer)
         if self._step is None:
-            import traceml_tui as traceml
-
             self._reset()
-            step = traceml.trace_step(None)
+            step = sdk.trace_step(None)
             step.__enter__()
             self._step = step
             _current().opt_manual = True  # optimizer timed below, never by torch's hooks around the closure
@@ -173,15 +165,11 @@ class _Tracer:
     @guarded(NAME)
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self._step is not None and self._phases:
-            from traceml_tui.sdk.phases import begin_phase
-
             begin_phase(_current(), "backward")
 
     @guarded(NAME)
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self._step is not None and self._phases:
-            from traceml_tui.sdk.phases import end_phase
-
             end_phase(_current(), "backward")
 
     @guarded(NAME)
@@ -193,8 +181,6 @@ class _Tracer:
         if groups and self._lr is None:
             self._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
         if self._phases:
-            from traceml_tui.sdk.phases import begin_phase
-
             begin_phase(_current(), "optimizer")
 
     @guarded(NAME)
@@ -203,18 +189,15 @@ class _Tracer:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None and hasattr(loss, "detach"):
-            loss = loss.detach()
+            if loss.requires_grad:  # Lightning hands a detached copy; a custom output may not be
+                loss = loss.detach()
             self._loss = loss if self._loss is None else self._loss + loss
         if not self._boundary:
             return  # a micro-batch of an update still accumulating
         state = _current()
         if self._phases:
-            from traceml_tui.sdk.phases import end_phase
-
             end_phase(state, "optimizer")
-        import traceml_tui as traceml
-
-        traceml.log(loss=self._loss, lr=self._lr, batch_size=self._examples)
+        sdk.log(loss=self._loss, lr=self._lr, batch_size=self._examples)
         step, self._step = self._step, None
         self._reset()
         step.__exit__(None, None, None)
@@ -234,9 +217,7 @@ class _Tracer:
         self._before_val = {}
         metrics = eval_metrics(changed, "val_", "val/")
         if metrics:
-            import traceml_tui as traceml
-
-            traceml.log_eval(metrics)  # on the step axis: this rank's completed optimizer updates
+            sdk.log_eval(metrics)  # on the step axis: this rank's completed optimizer updates
         self._publish_saved(trainer)
 
     @guarded(NAME)
@@ -247,8 +228,6 @@ class _Tracer:
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._publish_saved(trainer)
         self._traceml_abandon()
-        from traceml_tui import sdk
-
         session = sdk._session
         if session is not None and not session.closed:
             session.drain_gpu(block=True)  # every step is on disk before fit returns
