@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import statistics
 import sys
 
 import pytest
 
-from tests.integrations_support import evals, finite, launch, measured_fields, prepare, records, steps
+from tests.integrations_support import SCRIPTS, evals, finite, launch, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,
@@ -30,8 +31,10 @@ UPDATES, EVERY, BATCH = 20, 10, 32
 @pytest.fixture(scope="module")
 def pl(tmp_path_factory):
     """The runs by name: ``auto`` (2 ranks), ``direct`` and ``explicit`` (the script adds the callback;
-    plain python / `traceml run`), ``flag_off`` and ``env_off`` (the kill switch; 4 updates)."""
+    plain python / `traceml run`), ``flag_off`` and ``env_off`` (the kill switch; 4 updates), ``manual``
+    (manual optimization, 6 updates)."""
     work = prepare(tmp_path_factory.mktemp("lightning"), "lightning", "lightning_explicit.py")
+    shutil.copy(SCRIPTS / "lightning_manual.py", work / "lightning_manual.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
     env.pop("TRACEML_RUN_DIR", None)
     env.pop("TRACEML_AUTO_ATTACH", None)
@@ -41,6 +44,7 @@ def pl(tmp_path_factory):
         "explicit": ([*TRACEML, "run", "lightning_explicit.py"], env),
         "flag_off": ([*TRACEML, "run", "train.py", "--no-auto-attach", *short], env),
         "env_off": ([*TRACEML, "run", "train.py", *short], dict(env, TRACEML_AUTO_ATTACH="0")),
+        "manual": ([*TRACEML, "run", "lightning_manual.py", "--args", "6"], env),
     }
     runs = {}
     for name, (cmd, run_env) in plan.items():
@@ -111,3 +115,18 @@ def test_kill_switch_records_nothing(pl, name):
     assert DETECTED not in proc.stderr
     assert "Trainer.fit` stopped" in proc.stderr  # it trained
     assert not (run_dir / "ranks").exists() or not any((run_dir / "ranks").rglob("*.jsonl"))
+
+
+def test_manual_optimization_is_named_unmeasured_never_split_wrongly(pl):
+    _, runs = pl
+    proc, run_dir = runs["manual"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for part in ("forward", "backward", "optimizer"):
+        assert proc.stderr.count(f"traceml: {part} not measured") == 1, proc.stderr[-3000:]
+    unmeasured = {r["stream"]: r["reason"] for r in records(run_dir) if r["kind"] == "unmeasured"}
+    assert set(unmeasured) == {"forward", "backward", "optimizer"}
+    assert all("manual optimization" in reason for reason in unmeasured.values())
+    rows = steps(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 7))  # one per optimizer update, as ever
+    assert all(r["cpu_ms"][p] is None for r in rows for p in ("forward", "backward", "optimizer"))
+    assert all(finite(r["cpu_ms"]["step"]) and finite(r["lr"]) and finite(r["loss"]) for r in rows)

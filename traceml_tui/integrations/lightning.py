@@ -249,7 +249,7 @@ def _unmeasurable_phases(trainer: Any, pl_module: Any) -> Optional[str]:
     """Why forward/backward/optimizer cannot be split on this fit (None: they can)."""
     if not getattr(pl_module, "automatic_optimization", True):
         return (f"{NAME} with manual optimization: training_step runs backward and the optimizer itself; "
-                "step time and lr are kept")
+                "step time, loss and lr are kept")
     if getattr(pl_module, "_compiler_ctx", None) is not None:
         return f"{NAME} with torch.compile: the split is not verified for compiled modules; step time, loss and lr are kept"
     strategy = type(getattr(trainer, "strategy", None)).__name__
