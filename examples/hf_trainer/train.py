@@ -11,6 +11,7 @@ and with the `hygiene:` block of traceml.yaml every saved `checkpoint-N/` folder
 from __future__ import annotations
 
 import argparse
+import gc
 from typing import Any, Optional
 
 import torch
@@ -66,5 +67,16 @@ def build_trainer(argv: Optional[list[str]] = None, callbacks: Optional[list[Any
                    eval_dataset=Tokens(16, 2), callbacks=callbacks)
 
 
+def main() -> None:
+    trainer = build_trainer()
+    trainer.train()
+    if torch.distributed.is_initialized():
+        # Free the DDP model before its process group goes: a DDP model still alive when the group is
+        # destroyed at interpreter exit can abort the rank in gloo's teardown (torch 2.13 CPU, now and then).
+        del trainer
+        gc.collect()
+        torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
-    build_trainer().train()
+    main()
