@@ -30,6 +30,15 @@ def launch(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
+def launch_all(plan: dict[str, tuple[list[str], Path, dict]]) -> dict[str, subprocess.CompletedProcess]:
+    """Run the commands of ``plan`` (name -> (cmd, cwd, env)) two at a time (the suite's 2 cores)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(launch, cmd, cwd, env) for name, (cmd, cwd, env) in plan.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
 def records(run_dir: Path, rank: int = 0) -> list[dict]:
     """Every record of one rank's first attempt, in file order."""
     path = run_dir / "ranks" / f"rank_{rank}" / "steps-0.jsonl"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integrations_support import evals, finite, launch, measured_fields, prepare, records, steps
+from tests.integrations_support import evals, finite, launch, launch_all, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,
@@ -35,11 +35,12 @@ def hf(tmp_path_factory):
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
     env.pop("TRACEML_RUN_DIR", None)
     env.pop("TRACEML_AUTO_ATTACH", None)
-    runs = {}
-    for name, script, nproc in (("ref", "train.py", 2), ("cand", "train.py", 2), ("explicit", "hf_explicit.py", 1)):
-        proc = launch([*TRACEML, "run", script, "--run-name", name, "--nproc-per-node", str(nproc),
-                       "--args", "--output-dir", f"out-{name}"], work, env)
-        runs[name] = (proc, work / "logs" / name)
+    plan = {
+        name: ([*TRACEML, "run", script, "--run-name", name, "--nproc-per-node", str(nproc),
+                "--args", "--output-dir", f"out-{name}"], work, env)
+        for name, script, nproc in (("ref", "train.py", 2), ("cand", "train.py", 2), ("explicit", "hf_explicit.py", 1))
+    }
+    runs = {name: (proc, work / "logs" / name) for name, proc in launch_all(plan).items()}
     return work, env, runs
 
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.integrations_support import SCRIPTS, evals, finite, launch, measured_fields, prepare, records, steps
+from tests.integrations_support import SCRIPTS, evals, finite, launch_all, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,21 +40,20 @@ def pl(tmp_path_factory):
     env.pop("TRACEML_AUTO_ATTACH", None)
     short = ["--args", "--max-steps", "4"]
     plan = {
-        "auto": ([*TRACEML, "run", "train.py", "--nproc-per-node", "2"], env),
-        "explicit": ([*TRACEML, "run", "lightning_explicit.py"], env),
+        "auto": ([*TRACEML, "run", "train.py", "--nproc-per-node", "2", "--args", "--checkpoint-dir", "ckpt-auto"], env),
+        "explicit": ([*TRACEML, "run", "lightning_explicit.py", "--args", "--checkpoint-dir", "ckpt-explicit"], env),
         "flag_off": ([*TRACEML, "run", "train.py", "--no-auto-attach", *short], env),
         "env_off": ([*TRACEML, "run", "train.py", *short], dict(env, TRACEML_AUTO_ATTACH="0")),
         "manual": ([*TRACEML, "run", "lightning_manual.py", "--args", "6"], env),
     }
-    runs = {}
-    for name, (cmd, run_env) in plan.items():
-        cmd = cmd[:4] + ["--run-name", name] + cmd[4:]
-        runs[name] = (launch(cmd, work, run_env), work / "logs" / name)
     direct = work / "direct"
     direct.mkdir()
-    proc = launch([sys.executable, str(work / "lightning_explicit.py")], direct, env)
+    launches = {name: (cmd[:4] + ["--run-name", name] + cmd[4:], work, run_env) for name, (cmd, run_env) in plan.items()}
+    launches["direct"] = ([sys.executable, str(work / "lightning_explicit.py")], direct, env)
+    procs = launch_all(launches)
+    runs = {name: (proc, work / "logs" / name) for name, proc in procs.items() if name != "direct"}
     found = sorted((direct / "logs").iterdir()) if (direct / "logs").is_dir() else []
-    runs["direct"] = (proc, found[0] if len(found) == 1 else None)
+    runs["direct"] = (procs["direct"], found[0] if len(found) == 1 else None)
     return work, runs
 
 

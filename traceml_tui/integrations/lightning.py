@@ -62,6 +62,7 @@ class _Tracer:
         self._saved = False  # a checkpoint save began; publish its file once it exists
         self._before_val: dict[str, Any] = {}
         self._boundary = False
+        self._fitting = False  # set up for Trainer.fit (a separate trainer.validate() records nothing)
         self._reset()
 
     def _reset(self) -> None:
@@ -139,6 +140,7 @@ class _Tracer:
                                 f"`traceml run --nproc-per-node {trainer.world_size}` to record every rank")
             return
         sdk.init()
+        self._fitting = True
         reason = _unmeasurable_phases(trainer, pl_module)
         self._phases = reason is None
         if reason is not None:
@@ -205,12 +207,12 @@ class _Tracer:
     @guarded(NAME)
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._publish_saved(trainer)
-        if not trainer.sanity_checking:
+        if self._fitting and not trainer.sanity_checking:
             self._before_val = dict(trainer.callback_metrics)
 
     @guarded(NAME)
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.sanity_checking:
+        if not self._fitting or trainer.sanity_checking:
             return
         before = self._before_val
         changed = {k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v}
@@ -241,6 +243,8 @@ class _Tracer:
             self._traceml_abandon()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            self._fitting = False
         if not self._traceml_off:
             self._unwrap()
 
