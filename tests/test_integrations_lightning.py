@@ -32,9 +32,10 @@ UPDATES, EVERY, BATCH = 20, 10, 32
 def pl(tmp_path_factory):
     """The runs by name: ``auto`` (2 ranks), ``direct`` and ``explicit`` (the script adds the callback;
     plain python / `traceml run`), ``flag_off`` and ``env_off`` (the kill switch; 4 updates), ``manual``
-    (manual optimization, 6 updates)."""
+    (manual optimization, 6 updates), ``selfspawn`` (Lightning starts its second process itself)."""
     work = prepare(tmp_path_factory.mktemp("lightning"), "lightning", "lightning_explicit.py")
-    shutil.copy(SCRIPTS / "lightning_manual.py", work / "lightning_manual.py")
+    for script in ("lightning_manual.py", "lightning_selfspawn.py"):
+        shutil.copy(SCRIPTS / script, work / script)
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
     env.pop("TRACEML_RUN_DIR", None)
     env.pop("TRACEML_AUTO_ATTACH", None)
@@ -45,6 +46,7 @@ def pl(tmp_path_factory):
         "flag_off": ([*TRACEML, "run", "train.py", "--no-auto-attach", *short], env),
         "env_off": ([*TRACEML, "run", "train.py", *short], dict(env, TRACEML_AUTO_ATTACH="0")),
         "manual": ([*TRACEML, "run", "lightning_manual.py", "--args", "6"], env),
+        "selfspawn": ([*TRACEML, "run", "lightning_selfspawn.py"], env),
     }
     direct = work / "direct"
     direct.mkdir()
@@ -129,3 +131,15 @@ def test_manual_optimization_is_named_unmeasured_never_split_wrongly(pl):
     assert [r["step"] for r in rows] == list(range(1, 7))  # one per optimizer update, as ever
     assert all(r["cpu_ms"][p] is None for r in rows for p in ("forward", "backward", "optimizer"))
     assert all(finite(r["cpu_ms"]["step"]) and finite(r["lr"]) and finite(r["loss"]) for r in rows)
+
+
+def test_a_fit_that_starts_its_own_processes_says_nothing_is_measured(pl):
+    _, runs = pl
+    proc, run_dir = runs["selfspawn"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = "traceml: nothing measured: Lightning Trainer launches its own 2 processes"
+    assert proc.stderr.count(line) == 1, proc.stderr[-3000:]
+    rows = records(run_dir)
+    assert [r["stream"] for r in rows if r["kind"] == "unmeasured"] == ["all"]
+    assert not [r for r in rows if r["kind"] == "step"]  # no half-recorded run: rank 1 was never traced
+    assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank_0"]
