@@ -18,7 +18,8 @@ writes it at interpreter exit, after its own ``rank_end``:
   section (who failed first is the launcher's to tell).
 
 It never raises: a summary problem is one line on stderr, and the process
-exits as it would have.
+exits as it would have. A rank 0 ended by a signal (SIGTERM, SIGKILL) writes
+none; a Ctrl-C while it waits for its peers skips it.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def write_summary_at_exit(session: Any, *, wait_s: float = PEER_WAIT_S) -> Optio
         write_summary(session.run_dir, summary, exclusive=True)
     except FileExistsError:
         return None  # another writer was first: its summary stands
+    except KeyboardInterrupt:
+        return None  # Ctrl-C while waiting for the peers: the user wants out, not a summary
     except Exception as exc:  # noqa: BLE001 - a summary problem never changes how the script exits
         print(f"traceml: could not write final_summary.json: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return None
