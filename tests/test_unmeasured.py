@@ -9,6 +9,8 @@ all say which streams are missing and why, in the words of ``core/coverage.py``.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +85,55 @@ def test_daemon_indexes_the_records(dark_run, tmp_path):
             {"rank": 1, "stream": "forward", "reason": FORWARD_WHY},
             {"rank": 1, "stream": "lr", "reason": LR_WHY},
         ]
+
+
+EXPECTED = [
+    {"rank": 0, "stream": "forward", "reason": FORWARD_WHY},
+    {"rank": 1, "stream": "forward", "reason": FORWARD_WHY},
+    {"rank": 1, "stream": "lr", "reason": LR_WHY},
+]
+
+
+def test_the_summary_names_the_dark_streams(dark_run):
+    """`integration.unmeasured` beside `training`; one card line per stream and reason, naming the ranks."""
+    run_dir, proc, _env, _work = dark_run
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary["integration"] == {"steps_traced": True, "unmeasured": EXPECTED}
+    text = (run_dir / "final_summary.txt").read_text()
+    assert f"Unmeasured: forward not measured (ranks 0, 1): {FORWARD_WHY}" in text.splitlines()
+    assert f"Unmeasured: lr not measured (rank 1): {LR_WHY}" in text.splitlines()
+    assert summary["text"] in proc.stderr  # the card the launcher printed
+    assert coverage.NO_STEP_LINE not in proc.stderr  # steps were traced
+
+
+def test_status_says_which_run_has_dark_streams(dark_run, tmp_path):
+    """`traceml status` (table and --json) shows what the summary says, for the same records in the index."""
+    run_dir, _proc, env, work = dark_run
+    index = tmp_path / "index.sqlite"
+    assert _cli(["daemon", str(run_dir.parent), "--once", "--index", str(index), "--no-inotify"], env, work).returncode == 0
+    as_json = _cli(["status", "--json", "--index", str(index)], env, work)
+    assert as_json.returncode == 0, as_json.stderr
+    (run,) = json.loads(as_json.stdout)["runs"]
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert run["unmeasured"] == summary["integration"]["unmeasured"] == EXPECTED
+    table = _cli(["status", "--index", str(index)], env, work)
+    header, row = table.stdout.splitlines()[:2]
+    at = header.index("UNMEASURED")
+    assert row[at:].split()[0] == "forward,lr", table.stdout
+    assert header.index("DIR") == row.index(str(run_dir))  # the columns after it stay aligned
+
+
+@pytest.mark.realruns("completed")
+def test_status_of_a_run_without_dark_streams_shows_a_dash(real_runs, tmp_path):
+    run = real_runs["completed"]
+    env = dict(os.environ)
+    index = tmp_path / "index.sqlite"
+    assert _cli(["daemon", str(run.logs_dir), "--once", "--index", str(index), "--no-inotify"], env, tmp_path
+                ).returncode == 0
+    (row,) = json.loads(_cli(["status", "--json", "--index", str(index)], env, tmp_path).stdout)["runs"]
+    assert row["unmeasured"] == []
+    header, line = _cli(["status", "--index", str(index)], env, tmp_path).stdout.splitlines()[:2]
+    assert line[header.index("UNMEASURED"):].split()[0] == "-"
 
 
 _FAIL_OPEN = r"""

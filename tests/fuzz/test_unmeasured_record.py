@@ -49,3 +49,27 @@ def test_clipped_values_always_decode(stream, reason):
     assert isinstance(back, records.Unmeasured)
     assert (back.stream, back.reason) == (name, text)
     assert "\n" not in back.reason and "\n" not in back.stream
+
+
+@given(entries=st.lists(_values, max_size=6))
+def test_summary_lines_from_any_entries_never_raise(entries):
+    """The card and status read `integration.unmeasured` from files: anything there gives lines, never an error."""
+    lines = coverage.unmeasured_lines(entries)
+    assert all(isinstance(line, str) and "\n" not in line for line in lines)
+    assert len(lines) <= len(entries)
+    names = coverage.dark_streams(entries)
+    assert names == sorted(set(names), key=lambda n: (n != "all", n))
+
+
+@given(found=st.lists(st.tuples(st.integers(0, 3), st.text(max_size=50), st.text(max_size=400)), max_size=12))
+def test_entries_are_one_per_rank_and_stream_first_reason_standing(found):
+    entries = coverage.unmeasured_entries(found)
+    keys = [(e["rank"], e["stream"]) for e in entries]
+    assert len(keys) == len(set(keys))
+    for rank, stream, _reason in found:
+        if not coverage.clip_stream(stream):
+            assert all(e["stream"] for e in entries)  # a blank name names no stream
+            continue
+        first = next(r for k, s, r in found if (k, coverage.clip_stream(s)) == (rank, coverage.clip_stream(stream)))
+        (entry,) = [e for e in entries if (e["rank"], e["stream"]) == (rank, coverage.clip_stream(stream))]
+        assert entry["reason"] == coverage.clip_reason(first)

@@ -70,7 +70,9 @@ def unmeasured_entries(found: Iterable[tuple[int, str, str]]) -> list[dict[str, 
     """
     seen: dict[tuple[int, str], str] = {}
     for rank, stream, reason in found:
-        seen.setdefault((int(rank), clip_stream(stream)), clip_reason(reason))
+        name = clip_stream(stream)
+        if name:  # a blank name (only whitespace) names no stream
+            seen.setdefault((int(rank), name), clip_reason(reason))
     return [{"rank": rank, "stream": stream, "reason": reason}
             for (rank, stream), reason in sorted(seen.items(), key=lambda item: (item[0][1], item[0][0]))]
 
@@ -82,7 +84,7 @@ def unmeasured_lines(entries: Iterable[dict[str, Any]]) -> list[str]:
         if not isinstance(entry, dict):
             continue
         stream, reason, rank = entry.get("stream"), entry.get("reason"), entry.get("rank")
-        if not isinstance(stream, str) or not isinstance(reason, str):
+        if not isinstance(stream, str) or not stream or not isinstance(reason, str):
             continue
         ranks = grouped.setdefault((stream, reason), [])
         if isinstance(rank, int) and not isinstance(rank, bool):

@@ -31,7 +31,7 @@ from typing import IO, Any, Optional
 
 import msgspec
 
-from traceml_tui.core import artifacts, atomic
+from traceml_tui.core import artifacts, atomic, coverage
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
 from traceml_tui.run import lifeline
 from traceml_tui.run.options import LaunchError, LaunchOptions
@@ -542,6 +542,9 @@ class Launcher:
             # changes what the run selected: said out loud, in the summary's words.
             for note in early_stopping_notes(validation.get("early_stopping")):
                 _warn(f"early stopping: {note}")
+        if (summary.get("integration") or {}).get("steps_traced") is False:
+            # the summary decided it (summary/build.py integration_section); the words are core/coverage.py's
+            print(f"traceml run: {coverage.NO_STEP_LINE}", file=sys.stderr, flush=True)
 
     def _failure_section(self) -> Optional[dict]:
         """Who failed first, where and why (run/failure.py); None for a clean run or when it cannot be told."""

@@ -23,7 +23,7 @@ from time import perf_counter
 from typing import Any, Optional
 
 from traceml_tui.core import records
-from traceml_tui.sdk import env
+from traceml_tui.sdk import direct, env
 from traceml_tui.sdk.qc import log_batch_grid, log_field_stats  # noqa: F401 - re-exported
 from traceml_tui.sdk.session import Session, _mean_square, detect_rank, register_exit, resolve_run
 
@@ -72,7 +72,7 @@ def init(
     max_steps_env = os.environ.get(env.TRACE_MAX_STEPS)
     max_steps = int(max_steps_env) if max_steps_env and max_steps_env.isdigit() else None
     _session = Session(run_dir, name, rank=rank, world_size=world, start_step=start_step, max_steps=max_steps)
-    register_exit(_session)
+    register_exit(_session, after=direct.write_summary_at_exit)
     if not _loader.enabled(time_dataloader):
         _loader.decline_dataloader()
     return _session

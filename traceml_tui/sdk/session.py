@@ -17,7 +17,7 @@ import uuid as uuid_mod
 from collections import deque
 from pathlib import Path
 from threading import get_ident
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from traceml_tui.core import atomic, records
 from traceml_tui.core.rundir import RunDir, validate_run_name
@@ -459,8 +459,8 @@ def resolve_run(run_name: Optional[str], logs_dir: Optional[str]) -> tuple[Path,
     return Path(logs_dir or "logs") / run_name, run_name
 
 
-def register_exit(session: Session) -> None:
-    """Write ``rank_end`` at interpreter exit.
+def register_exit(session: Session, after: Optional[Callable[[Session], Any]] = None) -> None:
+    """Write ``rank_end`` at interpreter exit, then call ``after(session)`` (also after ``finish()``).
 
     An uncaught exception marks the rank ``failed`` (``interrupted`` for a
     KeyboardInterrupt). Otherwise the process
@@ -480,11 +480,15 @@ def register_exit(session: Session) -> None:
     sys.excepthook = _excepthook
 
     def _at_exit() -> None:
-        if not session.closed and os.getpid() == owner_pid:
+        if os.getpid() != owner_pid:
+            return
+        if not session.closed:
             if session.failed:
                 session.close("interrupted" if session.interrupted else "failed", 1)
             else:
                 session.close("exited", None)
+        if after is not None:
+            after(session)  # e.g. the summary of a run without a launcher (sdk/direct.py); it never raises
 
     def _in_child() -> None:
         session.closed = True  # one writer per file: the fork's copy must stay silent
