@@ -116,7 +116,7 @@ class _Tracer:
 
     def _on_micro_batch(self, out: Any, inputs: Any) -> None:
         if out is not None:
-            loss = out.detach() if hasattr(out, "detach") else out
+            loss = out.detach() if getattr(out, "requires_grad", False) else out  # the Trainer returns it detached
             self._loss = loss if self._loss is None else self._loss + loss
         count = examples_in(inputs)
         if count is not None:

@@ -153,7 +153,8 @@ class _Tracer:
 
     @guarded(NAME)
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self._publish_saved(trainer)
+        if self._saved:
+            self._publish_saved(trainer)
         if self._step is None:
             self._reset()
             step = sdk.trace_step(None)

@@ -163,7 +163,8 @@ def log(
     session = _session if _session is not None else init()
     values = session.current.values if session.current is not None else session.carry
     if loss is not None:
-        values["loss"] = loss.detach() if hasattr(loss, "detach") else loss
+        # A tensor that needs no grad (a trainer's detached copy) is kept as is: no extra op per step.
+        values["loss"] = loss.detach() if getattr(loss, "requires_grad", False) else loss
     if lr is not None:
         values["lr"] = lr
     if grad_norm is not None:
