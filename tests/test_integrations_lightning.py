@@ -2,8 +2,9 @@
 
 One module-scoped set of runs, many assertions: a 2-rank run of examples/lightning (validation and
 checkpoint every 10 updates, a `hygiene:` validation block); the same fit with traceml's explicit callback
-started by plain ``python`` (no launcher) and under `traceml run` (never instrumented twice); and the kill
-switch, as a flag and as an environment variable.
+started without `traceml run` but through the bootstrap (records under ./logs; never instrumented twice);
+the kill switch, as a flag and as an environment variable; and two limits (manual optimization, a fit
+that starts its own processes).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ UPDATES, EVERY, BATCH = 20, 10, 32
 
 @pytest.fixture(scope="module")
 def pl(tmp_path_factory):
-    """The runs by name: ``auto`` (2 ranks), ``direct`` and ``explicit`` (the script adds the callback;
-    plain python / `traceml run`), ``flag_off`` and ``env_off`` (the kill switch; 4 updates), ``manual``
+    """The runs by name: ``auto`` (2 ranks), ``direct`` (the script adds the callback; started without
+    `traceml run` but through the bootstrap, whose hook must not add a second one), ``flag_off`` and ``env_off`` (the kill switch; 4 updates), ``manual``
     (manual optimization, 6 updates), ``selfspawn`` (Lightning starts its second process itself)."""
     work = prepare(tmp_path_factory.mktemp("lightning"), "lightning", "lightning_explicit.py")
     for script in ("lightning_manual.py", "lightning_selfspawn.py"):
@@ -42,7 +43,6 @@ def pl(tmp_path_factory):
     short = ["--args", "--max-steps", "4"]
     plan = {
         "auto": ([*TRACEML, "run", "train.py", "--nproc-per-node", "2", "--args", "--checkpoint-dir", "ckpt-auto"], env),
-        "explicit": ([*TRACEML, "run", "lightning_explicit.py", "--args", "--checkpoint-dir", "ckpt-explicit"], env),
         "flag_off": ([*TRACEML, "run", "train.py", "--no-auto-attach", *short], env),
         "env_off": ([*TRACEML, "run", "train.py", *short], dict(env, TRACEML_AUTO_ATTACH="0")),
         "manual": ([*TRACEML, "run", "lightning_manual.py", "--args", "6"], env),
@@ -51,7 +51,9 @@ def pl(tmp_path_factory):
     direct = work / "direct"
     direct.mkdir()
     launches = {name: (cmd[:4] + ["--run-name", name] + cmd[4:], work, run_env) for name, (cmd, run_env) in plan.items()}
-    launches["direct"] = ([sys.executable, str(work / "lightning_explicit.py")], direct, env)
+    # No launcher, but the bootstrap's import hook in place: the script's own callback is the only one.
+    launches["direct"] = ([sys.executable, "-m", "traceml_tui.integrations.bootstrap", str(work / "lightning_explicit.py")],
+                          direct, env)
     procs = launch_all(launches)
     runs = {name: (proc, work / "logs" / name) for name, proc in procs.items() if name != "direct"}
     found = sorted((direct / "logs").iterdir()) if (direct / "logs").is_dir() else []
@@ -94,12 +96,11 @@ def test_validation_is_eval_and_checkpoints_are_published(pl):
     assert not [r for r in records(run_dir, 1) if r["kind"] == "checkpoint"]
 
 
-@pytest.mark.parametrize("name", ["explicit", "direct"])
-def test_explicit_callback_records_what_the_automatic_path_does_once(pl, name):
+def test_explicit_callback_records_what_the_automatic_path_does_once(pl):
     _, runs = pl
-    proc, run_dir = runs[name]
+    proc, run_dir = runs["direct"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert run_dir is not None, "plain python with the explicit callback wrote no run folder under ./logs"
+    assert run_dir is not None, "the explicit callback without traceml run wrote no run folder under ./logs"
     assert DETECTED not in proc.stderr
     explicit, automatic = steps(run_dir), steps(runs["auto"][1])
     assert [r["step"] for r in explicit] == list(range(1, UPDATES + 1))  # never instrumented twice
