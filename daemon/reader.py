@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.core import artifacts, coverage
+from traceml_tui.core import artifacts, coverage, hygiene_files
 from traceml_tui.core.owner import probe_owner
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import (
@@ -637,40 +637,52 @@ class Reader:
         max_rows = self._rows("SELECT max_attempts FROM runs WHERE run_id = ?", (run_id,))
         max_attempts = (max_rows[0][0] if max_rows and max_rows[0][0] else None) or DEFAULT_MAX_ATTEMPTS
         items: dict[str, dict] = {}
-        for kind, key, content in self._rows(
-            "SELECT kind, key, content FROM side_files WHERE run_id = ? AND kind IN"
-            " ('request', 'claim', 'receipt', 'failure') AND content IS NOT NULL", (run_id,)
+        for kind, _key, path, content in self._rows(
+            "SELECT kind, key, path, content FROM side_files WHERE run_id = ? AND kind IN"
+            " ('request', 'claim', 'receipt', 'failure')", (run_id,)
         ):
-            body = _loads(content)
-            if not isinstance(body, dict):
-                continue
-            item = items.setdefault(key, {"failures": []})
+            # The one decoder of each backlog file (core.hygiene_files), as `validate status` reads it.
+            folder, name = hygiene_files.FOLDER_OF_KIND[kind], os.path.basename(path)
+            try:
+                body = hygiene_files.decode_named(folder, name, content) if content is not None else None
+            except hygiene_files.DamagedFile:
+                body = None
+            if body is None:
+                # Damaged: not a request, claim or result — but a failure file still counts as the failed attempt
+                # its name records (backlog.read_backlog_file's rule).
+                key = hygiene_files.checkpoint_of(folder, name) if kind == "failure" else None
+                if key is None:
+                    continue
+                body = hygiene_files.Failure(checkpoint=key, error="the failure record is damaged")
+            item = items.setdefault(body.checkpoint, {"failures": []})
             if kind == "failure":
                 item["failures"].append(body)
             else:
                 item[kind] = body
         out = []
         for checkpoint, item in items.items():
-            req, claim, receipt = item.get("request") or {}, item.get("claim") or {}, item.get("receipt") or {}
-            failures = sorted(item["failures"], key=lambda f: _num(f.get("failed")) or 0)
-            heartbeat, lease = _num(claim.get("heartbeat")), _num(claim.get("lease_s"))
-            owner = claim.get("owner")
-            stale = bool(claim) and claim_is_stale(heartbeat=heartbeat, lease_s=lease, now=now,
-                                                   owner_alive=probe_owner(owner))
-            state = decide_backlog(has_receipt=bool(receipt), has_claim=bool(claim), claim_stale=stale,
+            req: Optional[hygiene_files.Request] = item.get("request")
+            claim: Optional[hygiene_files.Claim] = item.get("claim")
+            receipt: Optional[hygiene_files.Receipt] = item.get("receipt")
+            failures = sorted(item["failures"], key=lambda f: f.failed or 0.0)
+            heartbeat, lease = (claim.heartbeat, claim.lease_s) if claim is not None else (None, None)
+            owner = claim.owner if claim is not None else None
+            stale = claim is not None and claim_is_stale(
+                heartbeat=heartbeat, lease_s=lease, now=now,
+                owner_alive=probe_owner(hygiene_files.as_dict(owner) if owner is not None else None))
+            state = decide_backlog(has_receipt=receipt is not None, has_claim=claim is not None, claim_stale=stale,
                                    failures=len(failures), max_attempts=max_attempts)
-            step = req.get("step") if isinstance(req.get("step"), int) else (
-                receipt.get("step") if isinstance(receipt.get("step"), int) else None)
-            metrics = receipt.get("metrics") if isinstance(receipt.get("metrics"), dict) else {}
+            step = req.step if req is not None and req.step is not None else (
+                receipt.step if receipt is not None else None)
+            metrics = receipt.metrics if receipt is not None else {}
             out.append(BacklogItem(
-                checkpoint=checkpoint, state=state, step=step, created=_num(req.get("created")),
-                claimed=_num(claim.get("claimed")), heartbeat=heartbeat, lease_s=lease,
-                completed=_num(receipt.get("completed")), failures=len(failures),
-                last_error=str(failures[-1].get("error")) if failures else None,
+                checkpoint=checkpoint, state=state, step=step, created=req.created if req is not None else None,
+                claimed=claim.claimed if claim is not None else None, heartbeat=heartbeat, lease_s=lease,
+                completed=receipt.completed if receipt is not None else None, failures=len(failures),
+                last_error=str(failures[-1].error) if failures else None,
                 metrics=tuple(sorted(metrics.items())),
-                owner=f"{owner.get('host', '?')}:{owner.get('pid', '?')}" if isinstance(owner, dict) else None,
-                attempts=tuple((f.get("attempt") if isinstance(f.get("attempt"), int) else None,
-                                _num(f.get("failed")), str(f.get("error"))) for f in failures),
+                owner=f"{owner.host or '?'}:{owner.pid if owner.pid is not None else '?'}" if owner is not None else None,
+                attempts=tuple((f.attempt, f.failed, str(f.error)) for f in failures),
             ))
         out.sort(key=lambda b: (b.step is None, b.step or 0, b.checkpoint))
         return tuple(out)
@@ -691,10 +703,13 @@ class Reader:
         steps = [r[0] for r in self._rows(
             "SELECT max(step) FROM events WHERE run_id = ? AND kind = 'eval'"
             " AND json_extract(body, '$.status') = 'completed'", (run_id,)) if r[0] is not None]
-        for (content,) in self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'receipt'"
-                                     " AND content IS NOT NULL", (run_id,)):
-            step = (_loads(content) or {}).get("step")
-            if isinstance(step, int) and not isinstance(step, bool):
+        for path, content in self._rows("SELECT path, content FROM side_files WHERE run_id = ? AND kind = 'receipt'"
+                                        " AND content IS NOT NULL", (run_id,)):
+            try:
+                step = hygiene_files.decode_named("receipts", os.path.basename(path), content).step
+            except hygiene_files.DamagedFile:
+                continue  # a damaged receipt is no result
+            if step is not None:
                 steps.append(step)
         return max(steps, default=None)
 

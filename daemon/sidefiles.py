@@ -21,7 +21,7 @@ from typing import Iterable, NamedTuple, Optional, Union
 
 import msgspec
 
-from traceml_tui.core import artifacts, jsonsafe, rundir, state
+from traceml_tui.core import artifacts, bounds, jsonsafe, rundir, state
 
 SIDE_MAX_BYTES = 64 << 20
 #: Side-file kinds of the validation backlog (``validation/<folder>/*.json``).
@@ -77,12 +77,12 @@ class SideRead(NamedTuple):
 
 
 def time_text(value) -> Optional[str]:
-    """An ISO-8601 UTC text for epoch seconds (a text is kept as written)."""
+    """An ISO-8601 UTC text for epoch seconds (a text is kept as written; a time outside
+    :data:`traceml_tui.core.bounds.Epoch`'s range is None: the decoded manifest never holds one)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
-    return None
+    seconds = bounds.epoch_or_none(value)
+    return None if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def _node_of(key: Optional[str]) -> Optional[int]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import sys
 import time
 from dataclasses import asdict
 
-from traceml_tui.core import artifacts, coverage
+from traceml_tui.core import artifacts, coverage, jsonsafe
 from traceml_tui.core.cliargs import OneLineParser, seconds
 from traceml_tui.core.rundir import middle_cut
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RunStatus, count_states
@@ -123,7 +122,7 @@ def main(argv: list[str]) -> int:
                 # streams a rank reported it does not measure, and why (docs/run.md "Unmeasured streams")
                 d["unmeasured"] = list(reader.unmeasured(r.run_id))
                 out["runs"].append(d)
-            print(json.dumps(out, indent=2))
+            print(jsonsafe.dumps_valid(out, indent=2))  # valid JSON always: an overflowed figure is null
             return 0
         if not runs:
             print(f"no runs in {index_path}")
