@@ -39,7 +39,7 @@ import msgspec
 
 from traceml_tui.core import records, rundir
 
-from . import aggregates, live, locations, refusals, sidefiles, tailer, watcher
+from . import aggregates, leases, live, locations, refusals, sidefiles, tailer, watcher
 from . import index as idx
 from .lock import DaemonInfo, IndexLockedError, acquire_lock, find_running_daemon, lock_path, release_lock
 
@@ -303,6 +303,7 @@ class Ingester:
         self._poll_round = 0
         self._losses_seen = 0  # the watcher's lost-events count at the last timed poll (see _poll_targets)
         self._pass_streams = 0  # streams read since the serve loop's pass began (sets the next gap)
+        self._leases = leases.LeaseTracker(lambda: self.clock())  # node launchers' heartbeats (daemon/leases.py)
 
     # ----------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -683,7 +684,10 @@ class Ingester:
             run.files[s.rel] = f
             self._paths[f.path] = (run, f)
         present = set()
+        lease_sides = [side for side in sides if side.kind == leases.KIND]
         for side in sides:
+            if side.kind == leases.KIND:
+                continue  # read at every scan by the lease tracker, below
             present.add(side.rel)
             if run.sides.get(side.rel) != (side.size, side.mtime_ns):
                 self._begin()
@@ -696,6 +700,10 @@ class Ingester:
                     self.refused.side(os.path.join(run.dir, side.rel), refusals.side_failed(
                         self.conn, run.run_id, side.rel, side.kind, side.key, side.size, side.mtime_ns, exc))
                     run.sides[side.rel] = (side.size, side.mtime_ns)  # not read again until it changes
+        if lease_sides and self._leases.observe(
+                self.conn, self._begin, run.run_id, run.root, run.dir, lease_sides,
+                lambda side, message: refusals.side_error(self.conn, run.run_id, side.rel, side.mtime_ns, side.size, message)):
+            self._begin().runs.add(run.run_id)
         for rel in [r for r in run.sides if r not in present]:
             if os.path.isdir(run.dir):  # a removed run keeps its side files (rule 7)
                 batch = self._begin()

@@ -134,7 +134,7 @@ def test_the_index_reader_shows_the_other_backlog_files(tmp_path, traceml_cmd, c
     claim = validation / "claims" / "step-00000008.json"
     claim.write_text(claim.read_text().replace('"heartbeat": 1796051704.2728488', f'"heartbeat": {BIG}'))
     (validation / "failures" / "step-00000004-1.json").write_text("{not json")
-    items = {}
+    items, errors = {}, {}
     for name, root in (("damaged", run.parent), ("clean", clean_root)):
         index = tmp_path / f"{name}.sqlite"
         proc = subprocess.run([*traceml_cmd, "daemon", str(root), "--once", "--no-inotify", "--index", str(index)],
@@ -143,7 +143,13 @@ def test_the_index_reader_shows_the_other_backlog_files(tmp_path, traceml_cmd, c
         with Reader(index) as reader:
             (summary,) = reader.list_runs()
             items[name] = {i.checkpoint: i for i in reader.backlog(summary.run_id)}
+            errors[name] = " | ".join(f"{e.path} {e.message}" for e in reader.errors(summary.run_id))
     damaged, clean = items["damaged"], items["clean"]
+    # Each damaged file is named in the run's errors (the Run screen's ingest errors), the clean copy has none.
+    for rel in ("validation/receipts/step-00000002.json", "validation/claims/step-00000008.json",
+                "validation/failures/step-00000004-1.json"):
+        assert rel in errors["damaged"], errors["damaged"]
+    assert "validation/" not in errors["clean"], errors["clean"]
     assert set(damaged) == set(clean)  # no checkpoint lost, none invented from a damaged file's name
     assert damaged["step-00000002"].state.value != "completed" and damaged["step-00000002"].metrics == ()
     assert damaged["step-00000008"].heartbeat is None and damaged["step-00000008"].owner is None

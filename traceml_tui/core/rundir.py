@@ -9,6 +9,7 @@
   final_summary.json, final_summary.txt
   learning_curve.png, early_stopping.json
   nodes/node_<k>/guard_outcome.json     guarded runs
+  nodes/node_<k>/launcher.lease         the node launcher's heartbeat (core/lease.py), atomic
   nodes/node_<k>/system.jsonl           ~1 Hz node samples
   nodes/node_<k>/training.stdout.log, training.stderr.log
   ranks/rank_<r>/steps-<attempt>.jsonl  one writer per file; a resume is a new attempt
@@ -51,6 +52,7 @@ VALIDATION = "validation"
 CHECKPOINTS = "checkpoints"
 BATCH_GRID = "qc/batch_grid"
 OUTCOME = "guard_outcome.json"
+LEASE = "launcher.lease"
 SYSTEM = "system.jsonl"
 STDOUT_LOG = "training.stdout.log"
 STDERR_LOG = "training.stderr.log"
@@ -209,8 +211,8 @@ class SideFile(NamedTuple):
     """A JSON side file of a run, relative to the run directory."""
 
     rel: str
-    kind: str  # manifest | summary | outcome | request | claim | receipt | failure
-    key: Optional[str]  # checkpoint id (backlog) or node rank (outcome)
+    kind: str  # manifest | summary | outcome | lease | request | claim | receipt | failure
+    key: Optional[str]  # checkpoint id (backlog) or node rank (outcome, lease)
     size: int
     mtime_ns: int
 
@@ -416,6 +418,10 @@ class RunDir:
     def outcome(self, node_rank: int) -> Path:
         return self.node_dir(node_rank) / OUTCOME
 
+    def lease(self, node_rank: int) -> Path:
+        """The node launcher's heartbeat file (core/lease.py): replaced atomically every few seconds."""
+        return self.node_dir(node_rank) / LEASE
+
     def system(self, node_rank: int) -> Path:
         return self.node_dir(node_rank) / SYSTEM
 
@@ -546,6 +552,8 @@ class RunDir:
                     streams.append(StreamFile(rel, "system", None, None, node))
                 elif f.name == OUTCOME:
                     side(f, rel, "outcome", str(node))
+                elif f.name == LEASE:
+                    side(f, rel, "lease", str(node))
         for folder, kind in BACKLOG_KINDS.items():
             real = _real_dir(self.path, VALIDATION, folder)
             for f in _scandir(real) if real is not None else ():

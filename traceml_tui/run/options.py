@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from traceml_tui.core.lease import DEFAULT_LEASE_S
+
 
 class LaunchError(Exception):
     """A refusal before launch; ``str()`` is the one line shown to the user."""
@@ -34,6 +36,8 @@ class LaunchOptions:
     resume: bool = False
     # The name is <script>-<timestamp>, not the user's: a clash picks the next free one instead of refusing.
     default_name: bool = False
+    # Seconds of the launcher lease (core/lease.py; TRACEML_LAUNCHER_LEASE_S): beats every lease_s / 6.
+    lease_s: float = DEFAULT_LEASE_S
 
     @property
     def run_dir(self) -> Path:
