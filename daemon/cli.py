@@ -1,9 +1,10 @@
 """``traceml daemon ROOT… [--index PATH] [--poll-interval S] [--no-inotify] [--once]``.
 
 Runs the ingester in the foreground until SIGTERM/SIGINT (``--once``: ingest
-what is present and exit, for scripts, cron and tests). Exit codes: 0 done,
-1 the index is held by another writer, sits on a network filesystem or was
-written by a newer traceml, 2 bad arguments.
+what is present and exit, for scripts, cron and tests). Exit codes: 0 done
+(damaged files refused on the way included: ``--once`` says how many), 1 the
+index is held by another writer, sits on a network filesystem, was written by
+a newer traceml or cannot be written, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -114,7 +115,11 @@ def main(argv: list[str]) -> int:
                 print(f"traceml daemon: {exc} (ingested {ingester.records_ingested} record(s) before that)",
                       file=sys.stderr)
                 return 1
-            print(f"traceml daemon: ingested {n} record(s) into {index_path}")
+            # Damaged files are refused one by one (one error row each) and never fail the run: exit 0, with
+            # the count, so that cron and CI see both (docs/daemon.md, "Damaged input").
+            refused = len(ingester.refused)
+            tail = f"; refused {refused} file(s) (see `traceml status` errors)" if refused else ""
+            print(f"traceml daemon: ingested {n} record(s) into {index_path}{tail}")
             return 0
         if metrics_at is not None:
             from .metrics import serve as serve_metrics

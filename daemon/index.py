@@ -273,6 +273,18 @@ CREATE TABLE IF NOT EXISTS side_files (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS side_kind ON side_files (run_id, kind);
 
+-- One row per node launcher lease (nodes/node_<k>/launcher.lease, daemon/leases.py): the bytes last read and,
+-- by the ingester's own clock, when they last changed and when they were last looked at.
+CREATE TABLE IF NOT EXISTS leases (
+  run_id INTEGER NOT NULL, node INTEGER NOT NULL,
+  beat BLOB NOT NULL,
+  done INTEGER NOT NULL DEFAULT 0,
+  lease_s REAL NOT NULL,
+  changed_at REAL NOT NULL,
+  checked_at REAL NOT NULL,
+  PRIMARY KEY (run_id, node)
+) WITHOUT ROWID;
+
 CREATE TABLE IF NOT EXISTS rank_live (
   run_id INTEGER NOT NULL, rank INTEGER NOT NULL, attempt INTEGER NOT NULL,
   node INTEGER,
@@ -571,7 +583,7 @@ def prune_missing(conn: sqlite3.Connection, run_ids: Optional[Iterable[int]] = N
             idents = [r[0] for r in conn.execute("SELECT identity FROM files WHERE run_id=? AND identity IS NOT NULL", (run_id,))]
             for ident in idents:
                 conn.execute("DELETE FROM segments WHERE identity = ?", (ident,))
-            for table in (STEPS_TABLE, "events", "system", "errors", "side_files", "rank_live", "series",
+            for table in (STEPS_TABLE, "events", "system", "errors", "side_files", "leases", "rank_live", "series",
                           "series_extra", "series_width", "files", "runs"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         if run_ids:

@@ -107,6 +107,9 @@ class IndexCollector(Collector):
         age = GaugeMetricFamily("traceml_run_last_record_age_seconds", "Seconds since the run's newest record",
                                 labels=["run", "run_id"])
         step = GaugeMetricFamily("traceml_run_last_step", "Newest completed step of any rank", labels=["run", "run_id"])
+        lost = GaugeMetricFamily("traceml_run_lost_node",
+                                 "1 for each node whose launcher lease expired while another node's did not",
+                                 labels=["run", "run_id", "node"])
         for run in runs:
             lab = self._labels(run)
             for word in RunStatus:
@@ -121,7 +124,9 @@ class IndexCollector(Collector):
                 age.add_metric(lab, a)
             if run.last_step is not None:
                 step.add_metric(lab, run.last_step)
-        yield from (status, sps, eps, strag, age, step)
+            for node in run.lost_nodes:
+                lost.add_metric([*lab, str(node)], 1.0)
+        yield from (status, sps, eps, strag, age, step, lost)
 
     def _rank_families(self, reader: Reader, runs: list[RunSummary], now: float) -> Iterator:
         labels = ["run", "run_id", "rank"]

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.core import artifacts, coverage
+from traceml_tui.core import artifacts, coverage, hygiene_files
 from traceml_tui.core.owner import probe_owner
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import (
     DEFAULT_MAX_ATTEMPTS,
     STALL_FLOOR_S,
     BacklogState,
+    LeaseFacts,
     RankFacts,
     RankState,
     RunFacts,
@@ -35,14 +36,17 @@ from traceml_tui.core.state import (
     claim_is_stale,
     decide_backlog,
     decide_run,
+    describe,
+    lost_nodes,
     summary_is_current,
     with_exit_codes,
 )
 
 from . import index as idx
+from .leases import lease_facts
 
 #: Which rank states explain a run's word (RunSummary.explaining_ranks).
-_EXPLAINED_BY = {RunStatus.STALLED: (RankState.STALLED,), RunStatus.LOST: (RankState.LOST,),
+_EXPLAINED_BY = {RunStatus.STALLED: (RankState.STALLED, RankState.LOST), RunStatus.LOST: (RankState.LOST,),
                  RunStatus.FAILED: (RankState.FAILED, RankState.LOST)}
 
 
@@ -79,6 +83,13 @@ class RunSummary:
     version: int
     median_interval_s: Optional[float] = None
     rank_states: tuple[tuple[int, RankState], ...] = ()  # (rank, state) of each rank's newest attempt
+    # Nodes whose launcher lease expired while another node's did not (core.state.lost_nodes): `lost node 1`.
+    lost_nodes: tuple[int, ...] = ()
+
+    @property
+    def status_text(self) -> str:
+        """The run's word and what explains it, as every surface prints it (``failed r0 · lost node 1``)."""
+        return describe(self.status, self.explaining_ranks, self.lost_nodes)
 
     def ranks_in(self, *states: RankState) -> tuple[int, ...]:
         """The ranks whose newest attempt is in one of ``states``."""
@@ -409,12 +420,22 @@ class Reader:
             out.setdefault(row[0], []).append(dict(zip(_RANK_COLS, row[1:])))
         return out
 
-    def _decide(self, d: dict, latest: list[dict], now: float) -> tuple[RunStatus, tuple[tuple[int, RankState], ...]]:
+    def _leases(self, run_id: Optional[int] = None) -> dict[int, tuple[LeaseFacts, ...]]:
+        """The launcher leases of every run (or one), as the core's facts (daemon/leases.py)."""
+        rows: dict[int, list[tuple]] = {}
+        where, params = ("WHERE run_id = ?", (run_id,)) if run_id is not None else ("", ())
+        for row in self._rows(f"SELECT run_id, node, done, lease_s, changed_at, checked_at FROM leases {where}",
+                              params):
+            rows.setdefault(row[0], []).append(row[1:])
+        return {rid: lease_facts(r) for rid, r in rows.items()}
+
+    def _decide(self, d: dict, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()
+                ) -> tuple[RunStatus, tuple[tuple[int, RankState], ...]]:
         outcome_nodes = _nodes_of(d.get("outcome_nodes"))
         ranks = tuple(
             RankFacts(rank=r["rank"], last_ts=r["last_ts"], end_status=r["ended"], end_exit_code=r["exit_code"],
                       end_ts=r["end_ts"], node_outcome_written=r["node"] is not None and r["node"] in outcome_nodes,
-                      last_seen=r["last_seen"])
+                      last_seen=r["last_seen"], node=r["node"])
             for r in latest)
         if d["launcher_exit_codes"] and summary_is_current(d["manifest_status"]):  # codes end records lacked
             ranks = with_exit_codes(ranks, _exit_codes_of(d["launcher_exit_codes"]))
@@ -422,12 +443,12 @@ class Reader:
             ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],
             manifest_status=d["manifest_status"], summary_status=d["summary_status"],
             guard_training_status=d["training_status"], outcome_failed=d["outcomes_failed"] or 0,
-            missing=bool(d["missing"]), stall_floor_s=self.stall_floor_s))
+            missing=bool(d["missing"]), stall_floor_s=self.stall_floor_s, leases=leases))
         return verdict.status, tuple((f.rank, s) for f, s in zip(ranks, verdict.ranks))
 
-    def _summary(self, row: tuple, latest: list[dict], now: float) -> RunSummary:
+    def _summary(self, row: tuple, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()) -> RunSummary:
         d = dict(zip(_RUN_COLS, row))
-        status, rank_states = self._decide(d, latest, now)
+        status, rank_states = self._decide(d, latest, now, leases)
         return RunSummary(
             run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"], status=status,
             missing=bool(d["missing"]), ranks=d["ranks_total"], ranks_ended=d["ranks_ended"],
@@ -438,7 +459,7 @@ class Reader:
             outcomes_total=d["outcomes_total"], outcomes_failed=d["outcomes_failed"], nnodes=d["nnodes"],
             nproc_per_node=d["nproc_per_node"], world_size=d["world_size"], started_at=d["started_at"],
             ended_at=d["ended_at"], version=d["updated_version"], median_interval_s=d["median_interval_s"],
-            rank_states=rank_states,
+            rank_states=rank_states, lost_nodes=lost_nodes(leases),
         )
 
     def list_runs(self, roots: Optional[list[str]] = None, now: Optional[float] = None) -> tuple[RunSummary, ...]:
@@ -450,7 +471,8 @@ class Reader:
             real = [os.path.realpath(r).rstrip("/") for r in roots]
             rows = [r for r in rows if any(r[2] == p or r[2].startswith(p + "/") for p in real)]
         latest = self._rank_rows(_LATEST, ())
-        return tuple(self._summary(r, latest.get(r[0], []), now) for r in rows)
+        leases = self._leases()
+        return tuple(self._summary(r, latest.get(r[0], []), now, leases.get(r[0], ())) for r in rows)
 
     def run(self, run_id: int, now: Optional[float] = None) -> Optional[RunSummary]:
         """One run's summary, or None."""
@@ -458,7 +480,8 @@ class Reader:
         if not rows:
             return None
         latest = self._rank_rows(f"run_id = ? AND {_LATEST}", (run_id,))
-        return self._summary(rows[0], latest.get(run_id, []), time.time() if now is None else now)
+        return self._summary(rows[0], latest.get(run_id, []), time.time() if now is None else now,
+                             self._leases(run_id).get(run_id, ()))
 
     def find_run(self, name_or_dir: str) -> Optional[RunSummary]:
         """A run by directory or by name (the newest with that name)."""
@@ -637,40 +660,52 @@ class Reader:
         max_rows = self._rows("SELECT max_attempts FROM runs WHERE run_id = ?", (run_id,))
         max_attempts = (max_rows[0][0] if max_rows and max_rows[0][0] else None) or DEFAULT_MAX_ATTEMPTS
         items: dict[str, dict] = {}
-        for kind, key, content in self._rows(
-            "SELECT kind, key, content FROM side_files WHERE run_id = ? AND kind IN"
-            " ('request', 'claim', 'receipt', 'failure') AND content IS NOT NULL", (run_id,)
+        for kind, _key, path, content in self._rows(
+            "SELECT kind, key, path, content FROM side_files WHERE run_id = ? AND kind IN"
+            " ('request', 'claim', 'receipt', 'failure')", (run_id,)
         ):
-            body = _loads(content)
-            if not isinstance(body, dict):
-                continue
-            item = items.setdefault(key, {"failures": []})
+            # The one decoder of each backlog file (core.hygiene_files), as `validate status` reads it.
+            folder, name = hygiene_files.FOLDER_OF_KIND[kind], os.path.basename(path)
+            try:
+                body = hygiene_files.decode_named(folder, name, content) if content is not None else None
+            except hygiene_files.DamagedFile:
+                body = None
+            if body is None:
+                # Damaged: not a request, claim or result — but a failure file still counts as the failed attempt
+                # its name records (backlog.read_backlog_file's rule).
+                key = hygiene_files.checkpoint_of(folder, name) if kind == "failure" else None
+                if key is None:
+                    continue
+                body = hygiene_files.Failure(checkpoint=key, error="the failure record is damaged")
+            item = items.setdefault(body.checkpoint, {"failures": []})
             if kind == "failure":
                 item["failures"].append(body)
             else:
                 item[kind] = body
         out = []
         for checkpoint, item in items.items():
-            req, claim, receipt = item.get("request") or {}, item.get("claim") or {}, item.get("receipt") or {}
-            failures = sorted(item["failures"], key=lambda f: _num(f.get("failed")) or 0)
-            heartbeat, lease = _num(claim.get("heartbeat")), _num(claim.get("lease_s"))
-            owner = claim.get("owner")
-            stale = bool(claim) and claim_is_stale(heartbeat=heartbeat, lease_s=lease, now=now,
-                                                   owner_alive=probe_owner(owner))
-            state = decide_backlog(has_receipt=bool(receipt), has_claim=bool(claim), claim_stale=stale,
+            req: Optional[hygiene_files.Request] = item.get("request")
+            claim: Optional[hygiene_files.Claim] = item.get("claim")
+            receipt: Optional[hygiene_files.Receipt] = item.get("receipt")
+            failures = sorted(item["failures"], key=lambda f: f.failed or 0.0)
+            heartbeat, lease = (claim.heartbeat, claim.lease_s) if claim is not None else (None, None)
+            owner = claim.owner if claim is not None else None
+            stale = claim is not None and claim_is_stale(
+                heartbeat=heartbeat, lease_s=lease, now=now,
+                owner_alive=probe_owner(hygiene_files.as_dict(owner) if owner is not None else None))
+            state = decide_backlog(has_receipt=receipt is not None, has_claim=claim is not None, claim_stale=stale,
                                    failures=len(failures), max_attempts=max_attempts)
-            step = req.get("step") if isinstance(req.get("step"), int) else (
-                receipt.get("step") if isinstance(receipt.get("step"), int) else None)
-            metrics = receipt.get("metrics") if isinstance(receipt.get("metrics"), dict) else {}
+            step = req.step if req is not None and req.step is not None else (
+                receipt.step if receipt is not None else None)
+            metrics = receipt.metrics if receipt is not None else {}
             out.append(BacklogItem(
-                checkpoint=checkpoint, state=state, step=step, created=_num(req.get("created")),
-                claimed=_num(claim.get("claimed")), heartbeat=heartbeat, lease_s=lease,
-                completed=_num(receipt.get("completed")), failures=len(failures),
-                last_error=str(failures[-1].get("error")) if failures else None,
+                checkpoint=checkpoint, state=state, step=step, created=req.created if req is not None else None,
+                claimed=claim.claimed if claim is not None else None, heartbeat=heartbeat, lease_s=lease,
+                completed=receipt.completed if receipt is not None else None, failures=len(failures),
+                last_error=str(failures[-1].error) if failures else None,
                 metrics=tuple(sorted(metrics.items())),
-                owner=f"{owner.get('host', '?')}:{owner.get('pid', '?')}" if isinstance(owner, dict) else None,
-                attempts=tuple((f.get("attempt") if isinstance(f.get("attempt"), int) else None,
-                                _num(f.get("failed")), str(f.get("error"))) for f in failures),
+                owner=f"{owner.host or '?'}:{owner.pid if owner.pid is not None else '?'}" if owner is not None else None,
+                attempts=tuple((f.attempt, f.failed, str(f.error)) for f in failures),
             ))
         out.sort(key=lambda b: (b.step is None, b.step or 0, b.checkpoint))
         return tuple(out)
@@ -691,10 +726,13 @@ class Reader:
         steps = [r[0] for r in self._rows(
             "SELECT max(step) FROM events WHERE run_id = ? AND kind = 'eval'"
             " AND json_extract(body, '$.status') = 'completed'", (run_id,)) if r[0] is not None]
-        for (content,) in self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'receipt'"
-                                     " AND content IS NOT NULL", (run_id,)):
-            step = (_loads(content) or {}).get("step")
-            if isinstance(step, int) and not isinstance(step, bool):
+        for path, content in self._rows("SELECT path, content FROM side_files WHERE run_id = ? AND kind = 'receipt'"
+                                        " AND content IS NOT NULL", (run_id,)):
+            try:
+                step = hygiene_files.decode_named("receipts", os.path.basename(path), content).step
+            except hygiene_files.DamagedFile:
+                continue  # a damaged receipt is no result
+            if step is not None:
                 steps.append(step)
         return max(steps, default=None)
 

@@ -39,7 +39,7 @@ import msgspec
 
 from traceml_tui.core import records, rundir
 
-from . import aggregates, live, locations, sidefiles, tailer, watcher
+from . import aggregates, leases, live, locations, refusals, sidefiles, tailer, watcher
 from . import index as idx
 from .lock import DaemonInfo, IndexLockedError, acquire_lock, find_running_daemon, lock_path, release_lock
 
@@ -287,6 +287,7 @@ class Ingester:
         self._watcher: Optional[watcher.Watcher] = None
         self._batch: Optional[_Batch] = None
         self._quarantine: set[str] = set()
+        self.refused = refusals.Refused()  # files refused now: one error row each (docs/daemon.md, "Damaged input")
         self._held_back = False  # the last block stopped at a line of NUL bytes
         self._nul_fresh = True  # the file being read changed within NUL_GRACE_S
         self.records_ingested = 0
@@ -302,6 +303,7 @@ class Ingester:
         self._poll_round = 0
         self._losses_seen = 0  # the watcher's lost-events count at the last timed poll (see _poll_targets)
         self._pass_streams = 0  # streams read since the serve loop's pass began (sets the next gap)
+        self._leases = leases.LeaseTracker(lambda: self.clock())  # node launchers' heartbeats (daemon/leases.py)
 
     # ----------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -402,16 +404,15 @@ class Ingester:
                 backoff = 0.0
             except Exception as exc:  # keep serving other files; a broken batch is retried from the index
                 self._rollback()
-                if _index_failure(exc):
-                    # A full disk or a failing index: nothing was committed. Wait (doubling, up to a minute)
-                    # rather than retry every poll, and say so once per wait.
-                    backoff = min(BACKOFF_MAX_S, max(1.0, backoff * 2))
-                    log.error("traceml daemon: cannot write the index %s: %s; retrying in %.0f s",
-                              self.index_path, exc, backoff)
-                    stop.wait(backoff)
-                    next_scan = next_poll = 0.0
-                    continue
-                log.error("traceml daemon: ingest cycle failed: %s", exc)
+                # A full disk or a failing index (nothing was committed), or anything else (damaged input is
+                # refused file by file before this): wait, doubling up to a minute, rather than retry every
+                # poll, and say so once per wait — never a busy loop of log lines (docs/daemon.md).
+                backoff = min(BACKOFF_MAX_S, max(1.0, backoff * 2))
+                what = f"cannot write the index {self.index_path}" if _index_failure(exc) else "ingest cycle failed"
+                log.error("traceml daemon: %s: %s; retrying in %.0f s", what, exc, backoff)
+                stop.wait(backoff)
+                next_scan = next_poll = 0.0
+                continue
             # Hints arriving while a pass runs, or soon after it, wait for the next pass: every file they
             # name is read once there, in larger batches the busier the daemon is.
             done = time.monotonic()
@@ -492,6 +493,7 @@ class Ingester:
             run = by_id.get(run_id)
             if run is not None:
                 run.sides[rel] = (size, mtime_ns)
+        self.refused.load(self.conn, {r.run_id: r.dir for r in self._runs.values()})
 
     def _mark_dirty(self, paths: set[str]) -> None:
         """The watcher's hints: the paths that changed, one call per read of the inotify queue."""
@@ -633,6 +635,8 @@ class Ingester:
         for root in self.roots:
             for run_dir in rundir.discover_runs(root, self.max_depth):
                 seen.add(run_dir)
+                if refusals.run_dir_refused(self.refused, run_dir):
+                    continue
                 run = self._runs.get(run_dir)
                 if run is None:
                     batch = self._begin()
@@ -658,7 +662,10 @@ class Ingester:
                 batch.runs.add(run.run_id)
 
     def _scan_run(self, run: _Run) -> None:
-        streams, sides = rundir.RunDir(run.dir).scan()
+        streams, sides, refused = rundir.RunDir(run.dir).scan()
+        if refusals.new_names(self.refused, run.dir, refused):  # a name beyond 64 bits: an error row, no failure
+            self._begin().runs.add(run.run_id)
+            refusals.name_errors(self.conn, run.run_id, refused)
         for s in streams:
             if s.rel in run.files:
                 continue
@@ -677,10 +684,26 @@ class Ingester:
             run.files[s.rel] = f
             self._paths[f.path] = (run, f)
         present = set()
+        lease_sides = [side for side in sides if side.kind == leases.KIND]
         for side in sides:
+            if side.kind == leases.KIND:
+                continue  # read at every scan by the lease tracker, below
             present.add(side.rel)
             if run.sides.get(side.rel) != (side.size, side.mtime_ns):
-                self._ingest_side(run, side)
+                self._begin()
+                try:
+                    with refusals.savepoint(self.conn):  # one file's failure undoes its own rows only
+                        self._ingest_side(run, side)
+                except Exception as exc:
+                    if _index_failure(exc):
+                        raise
+                    self.refused.side(os.path.join(run.dir, side.rel), refusals.side_failed(
+                        self.conn, run.run_id, side.rel, side.kind, side.key, side.size, side.mtime_ns, exc))
+                    run.sides[side.rel] = (side.size, side.mtime_ns)  # not read again until it changes
+        if lease_sides and self._leases.observe(
+                self.conn, self._begin, run.run_id, run.root, run.dir, lease_sides,
+                lambda side, message: refusals.side_error(self.conn, run.run_id, side.rel, side.mtime_ns, side.size, message)):
+            self._begin().runs.add(run.run_id)
         for rel in [r for r in run.sides if r not in present]:
             if os.path.isdir(run.dir):  # a removed run keeps its side files (rule 7)
                 batch = self._begin()
@@ -688,6 +711,7 @@ class Ingester:
                                         (run.run_id, rel)).fetchone()
                 self.conn.execute("DELETE FROM side_files WHERE run_id = ? AND path = ?", (run.run_id, rel))
                 del run.sides[rel]
+                self.refused.side(os.path.join(run.dir, rel), None)  # gone: no longer refused
                 batch.runs.add(run.run_id)
                 if row is not None:
                     self._apply_side_facts(run, row[0], None)  # its facts go with it
@@ -723,33 +747,18 @@ class Ingester:
             (run.run_id, side.rel, side.kind, read.key, st.st_size, st.st_mtime_ns, read.content, read.error),
         )
         if read.error is not None:
-            self._side_error(run.run_id, side.rel, st.st_mtime_ns, st.st_size, read.error)
+            refusals.side_error(self.conn, run.run_id, side.rel, st.st_mtime_ns, st.st_size, read.error)
+        self.refused.side(path, read.error)
         batch.runs.add(run.run_id)
         run.sides[side.rel] = (st.st_size, st.st_mtime_ns)
         self._apply_side_facts(run, side.kind, read.facts)
 
     def _unreadable(self, run: _Run, rel: str, path: str, exc: OSError) -> None:
         """A file we may not read is one error row naming it (per version), never a silent skip."""
-        if exc.errno not in (errno.EACCES, errno.EPERM):
-            return  # gone, or a link refused on the way: nothing to report
-        try:
-            st = os.lstat(path)
-        except OSError:
-            return
-        batch = self._begin()
-        self._side_error(run.run_id, rel, st.st_mtime_ns, st.st_size, f"{rel}: cannot be read ({exc.strerror})")
-        batch.runs.add(run.run_id)
-
-    def _side_error(self, run_id: int, rel: str, mtime_ns: int, size: int, message: str) -> None:
-        """One error row per version (mtime, size) of a bad side file."""
-        ident = "side:" + hashlib.sha256(f"{run_id}:{rel}".encode()).hexdigest()[:24]
-        cur = self.conn.execute(
-            "INSERT OR IGNORE INTO errors (run_id, path, identity, generation, offset, length, message, seen)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, rel, ident, mtime_ns, size, size, message, time.time()),
-        )
-        if cur.rowcount:
-            self.conn.execute("UPDATE runs SET errors = errors + 1 WHERE run_id = ?", (run_id,))
+        if exc.errno in (errno.EACCES, errno.EPERM):  # else gone, or a link refused on the way: nothing to say
+            batch = self._begin()
+            if refusals.unreadable_error(self.conn, run.run_id, rel, path, exc):
+                batch.runs.add(run.run_id)
 
     def _apply_side_facts(self, run: _Run, kind: str, facts: sidefiles.Facts) -> None:
         """Copy a side file's facts (None: unreadable or removed) into the runs row."""
@@ -786,7 +795,7 @@ class Ingester:
                     else sidefiles.SideRead(None, None, key))
             if read.error is not None:
                 conn.execute("UPDATE side_files SET error = ? WHERE run_id = ? AND path = ?", (read.error, run_id, rel))
-                self._side_error(run_id, rel, mtime_ns, size, read.error)
+                refusals.side_error(conn, run_id, rel, mtime_ns, size, read.error)
             self._apply_side_facts(run, kind, read.facts)
         # The step time is gap + traced step (core.steptime): rank figures and the step series of an index
         # written before they meant that are recomputed from the stored step rows.
@@ -864,6 +873,7 @@ class Ingester:
                     # An unexpected bug on one file must not stall the others: set it aside until restart.
                     log.error("traceml daemon: skipping %s until restart: %s", f.path, exc)
                     self._quarantine.add(f.path)
+                    self.refused.streams[f.path] = str(exc)
                     raise
                 progressed = progressed or more
                 if self._batch is not None and self._batch.rows >= BATCH_ROWS:
@@ -1056,6 +1066,8 @@ class Ingester:
                     if not _index_failure(exc):
                         log.error("traceml daemon: skipping %s until restart: %s", f.path, exc)
                         self._quarantine.add(f.path)
+                        self.refused.streams[f.path] = str(exc)
+                    self.refused.streams[f.path] = str(exc)
                     raise
         finally:
             if gc_was_enabled:

@@ -21,7 +21,7 @@ from typing import Iterable, NamedTuple, Optional, Union
 
 import msgspec
 
-from traceml_tui.core import artifacts, jsonsafe, rundir, state
+from traceml_tui.core import artifacts, bounds, hygiene_files, jsonsafe, rundir, state
 
 SIDE_MAX_BYTES = 64 << 20
 #: Side-file kinds of the validation backlog (``validation/<folder>/*.json``).
@@ -77,12 +77,12 @@ class SideRead(NamedTuple):
 
 
 def time_text(value) -> Optional[str]:
-    """An ISO-8601 UTC text for epoch seconds (a text is kept as written)."""
+    """An ISO-8601 UTC text for epoch seconds (a text is kept as written; a time outside
+    :data:`traceml_tui.core.bounds.Epoch`'s range is None: the decoded manifest never holds one)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
-    return None
+    seconds = bounds.epoch_or_none(value)
+    return None if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def _node_of(key: Optional[str]) -> Optional[int]:
@@ -163,7 +163,13 @@ def parse(kind: str, rel: str, key: Optional[str], data: bytes) -> SideRead:
         return SideRead(None, f"{rel}: {exc}", key)
     if kind in BACKLOG_KINDS:
         checkpoint = value.get("checkpoint")
-        return SideRead(content, None, checkpoint if isinstance(checkpoint, str) and checkpoint else key)
+        key = checkpoint if isinstance(checkpoint, str) and checkpoint else key
+        try:  # the one decoder of a backlog file (core.hygiene_files), as `validate status` uses it
+            hygiene_files.decode_named(hygiene_files.FOLDER_OF_KIND[kind], rel.rsplit("/", 1)[-1], data)
+        except hygiene_files.DamagedFile as exc:
+            # Kept as content (the reader leaves it out of the backlog) and named in the run's errors.
+            return SideRead(content, f"{rel}: {exc}", key)
+        return SideRead(content, None, key)
     if kind in TYPED_KINDS:
         facts = decode_facts(kind, data, key)
         if facts is None:

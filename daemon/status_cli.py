@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import sys
 import time
 from dataclasses import asdict
 
-from traceml_tui.core import artifacts, coverage
+from traceml_tui.core import artifacts, coverage, jsonsafe
 from traceml_tui.core.cliargs import OneLineParser, seconds
 from traceml_tui.core.rundir import middle_cut
-from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RunStatus, count_states
+from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RunStatus, count_states, lost_nodes_text
 
 from . import index as idx
 from . import locations
@@ -50,9 +49,8 @@ def _fmt(v, spec: str = "") -> str:
 
 
 def _status_cell(run) -> str:
-    """The run's word, with the ranks that explain it (``stalled r1``, ``failed r0,r1``)."""
-    ranks = run.explaining_ranks
-    return f"{run.status} " + ",".join(f"r{r}" for r in ranks) if ranks else str(run.status)
+    """The run's word, with the ranks and lost nodes that explain it (``stalled r1``, ``failed r0 · lost node 1``)."""
+    return run.status_text
 
 
 def _oneline(runs) -> str:
@@ -63,6 +61,9 @@ def _oneline(runs) -> str:
               for rank in r.silent_ranks]
     if silent:
         active.append("silent " + ",".join(silent[:8]) + ("…" if len(silent) > 8 else ""))
+    nodes = sorted({n for r in runs for n in r.lost_nodes})
+    if nodes:  # a node whose launcher lease expired while another lives (core.state.lost_nodes)
+        active.append(lost_nodes_text(nodes))
     if active:
         return "traceml: " + " · ".join(active)
     done = [f"{n} {s}" for s, n in counts.items()]
@@ -123,7 +124,7 @@ def main(argv: list[str]) -> int:
                 # streams a rank reported it does not measure, and why (docs/run.md "Unmeasured streams")
                 d["unmeasured"] = list(reader.unmeasured(r.run_id))
                 out["runs"].append(d)
-            print(json.dumps(out, indent=2))
+            print(jsonsafe.dumps_valid(out, indent=2))  # valid JSON always: an overflowed figure is null
             return 0
         if not runs:
             print(f"no runs in {index_path}")

@@ -17,7 +17,7 @@ import numpy as np
 
 from traceml_tui.core import records
 
-from . import live
+from . import blockcheck, live
 
 MAX_LINE = records.MAX_LINE_BYTES
 READ_BYTES = 4 << 20  # one batch reads at most this much (≈10k records)
@@ -141,9 +141,11 @@ def parse_block(block: bytes, base: int) -> Parsed:
     """Decode a block of complete lines (``block`` ends with ``\\n``) that starts at byte ``base``.
 
     Fast path: the whole block is decoded as one JSON array with msgspec (the
-    newlines become commas; no per-line Python work). Any problem (bad JSON,
-    bad UTF-8, a non-object, an over-long line, a blank line) falls back to
-    line-by-line decoding, where each bad line becomes one error.
+    newlines become commas; no per-line Python work), trusted only when
+    :mod:`daemon.blockcheck` proves it equal to line-by-line decoding. Any
+    problem (bad JSON, bad UTF-8, a non-object, an over-long line, a blank
+    line, two records on a line, a torn one) falls back to line-by-line
+    decoding, where each bad line becomes one error.
     """
     # Vectorised newline count (bytes.count walks byte by byte; this is several times faster on 4 MiB).
     count = int(np.count_nonzero(np.frombuffer(block, np.uint8) == 10)) if len(block) > 65536 else block.count(b"\n")
@@ -162,9 +164,10 @@ def parse_block(block: bytes, base: int) -> Parsed:
             recs = _list_decoder.decode(b"[" + block[:-1].replace(b"\n", b",") + b"]")
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             recs = None  # RecursionError: a line nested thousands deep; line by line it is one error row
-        # A line holding two objects would shift every record after it: count must match.
-        # An integer SQLite cannot store (64-bit) sends the block line by line too: that line is one error row.
-        if recs is not None and len(recs) == count and _ints_fit(recs):
+        # One record per line, each within its own line (a torn line and a merged one can give the count
+        # back), and the slow path's 64-bit rule: else line by line, where each bad line is one error row.
+        if (recs is not None and len(recs) == count and blockcheck.one_record_per_line(block)
+                and blockcheck.ints_fit(recs)):
             return Parsed(recs, None, [], block, base)
     return _parse_slow(block[:-1].split(b"\n"), base)
 
@@ -181,48 +184,10 @@ def decode_line(line: bytes):
         raise records.RecordError(f"malformed JSON: {exc}") from None
     except RecursionError:  # as records.decode says it
         raise records.RecordError("JSON nested too deeply") from None
-    field = _int_out_of_range(rec)
+    field = blockcheck.int_out_of_range(rec)
     if field is not None:
         raise records.RecordError(f"invalid record: `{field}` is outside the 64-bit integer range the index stores")
     return rec
-
-
-#: SQLite stores 64-bit integers; a record with a larger integer field is one error row (never clamped).
-INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
-_step_int_fields = tuple(operator.attrgetter(n) for n in ("rank", "attempt", "step", "examples"))
-_mem_of = operator.attrgetter("mem")
-
-
-def _fits(values) -> bool:
-    """True when every non-None integer of ``values`` fits in 64 bits (C-level passes)."""
-    vals = list(filter(None, values))  # drops None (and 0, which fits)
-    return not vals or (max(vals) <= INT_MAX and min(vals) >= INT_MIN)
-
-
-def _ints_fit(recs: list) -> bool:
-    """True when no record of a fast-decoded block holds an integer SQLite cannot store."""
-    LeanStep = records.LeanStep
-    steps = recs if set(map(type, recs)) == {LeanStep} else [r for r in recs if type(r) is LeanStep]
-    if len(steps) != len(recs) and any(_int_out_of_range(r) for r in recs if type(r) is not LeanStep):
-        return False
-    if not all(_fits(map(get, steps)) for get in _step_int_fields):
-        return False
-    mems = list(filter(None, map(_mem_of, steps)))
-    return not mems or _fits(m.rss for m in mems)
-
-
-def _int_out_of_range(rec, prefix: str = "") -> Optional[str]:
-    """The first integer field of ``rec`` (nested structs too) outside 64 bits, or None."""
-    for name in rec.__struct_fields__:
-        value = getattr(rec, name)
-        if type(value) is int:
-            if not INT_MIN <= value <= INT_MAX:
-                return prefix + name
-        elif isinstance(value, msgspec.Struct):
-            inner = _int_out_of_range(value, f"{prefix}{name}.")
-            if inner is not None:
-                return inner
-    return None
 
 
 def _parse_slow(lines: list[bytes], base: int) -> Parsed:

@@ -1,6 +1,7 @@
 """The CI recipes in examples/ci/: both parse, and the GitHub recipe's own shell lines, run here on real
-runs, give the job result each exit code of `traceml compare` calls for (0 green, 3 green + warning,
-4 red) with the Markdown verdict in the step summary and a JUnit file."""
+runs, give the job result each exit code of `traceml compare` calls for (0 green; 3 and 4 red, as seed 000's
+comparison step fails for inconclusive evidence; 3 green with a warning only in the commented variant) with the
+Markdown verdict in the step summary and a JUnit file."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def test_both_recipes_parse_and_wire_the_exit_codes():
     assert "--format markdown" in compare and '>> "$GITHUB_STEP_SUMMARY"' in compare and "--junit" in compare
     lab = yaml.safe_load(GITLAB.read_text())
     guard = lab["traceml-guard"]
-    assert guard["allow_failure"] == {"exit_codes": [3]}
+    assert "allow_failure" not in guard  # exit 3 fails the job by default
+    assert "# allow_failure:" in GITLAB.read_text() and "#   exit_codes: [3]" in GITLAB.read_text()
     assert guard["artifacts"]["reports"]["junit"] == "traceml-compare.xml"
     assert any(line.startswith("traceml compare") and "--junit traceml-compare.xml" in line for line in guard["script"])
     assert "needs" in guard and lab["traceml-reference"]["artifacts"]["paths"] == ["logs/reference/final_summary.json"]
@@ -96,8 +98,17 @@ def test_github_recipe_lines_on_real_runs(tmp_path, cli_env):
     assert "::error title=traceml compare::step time regressed more than 5%" in proc.stdout
     assert "Step Time" in summary
 
-    # Exit 3: a candidate on another topology (one process) cannot be judged; green with a warning annotation.
+    # Exit 3: a candidate on another topology (one process) cannot be judged; by default the job fails.
     candidate("4", "1", "--steps", "20")
     proc, summary, output = run_step(compare, "4")
+    assert proc.returncode == 3 and "exit_code=3" in output, proc.stdout + proc.stderr
+    assert "::error title=traceml compare::inconclusive (exit 3)" in proc.stdout
+
+    # The commented variant, swapped in as the recipe's header says: the same pair is green with a warning.
+    lines = compare.splitlines()
+    (default,) = [i for i, line in enumerate(lines) if line.strip().startswith("3)")]
+    assert lines[default + 1].strip().startswith("# 3)")
+    variant = lines[:default] + [lines[default + 1].replace("# 3)", "3)", 1)] + lines[default + 2:]
+    proc, summary, output = run_step("\n".join(variant) + "\n", "4")
     assert proc.returncode == 0 and "exit_code=3" in output, proc.stdout + proc.stderr
     assert "::warning title=traceml compare::inconclusive (exit 3)" in proc.stdout

@@ -166,8 +166,12 @@ def test_sidefiles_parse_is_pure_and_typed():
     o = sidefiles.parse("outcome", "nodes/node_4/guard_outcome.json", "4",
                         b'{"training": {"status": "completed", "exit_code": 0}}')
     assert o.facts == sidefiles.OutcomeFacts(4, "completed", 0, False)
-    claim = sidefiles.parse("claim", "validation/claims/a.json", "a", b'{"checkpoint": "ck-7"}')
+    claim = sidefiles.parse("claim", "validation/claims/ck-7.json", "ck-7", b'{"checkpoint": "ck-7"}')
     assert claim.key == "ck-7" and claim.facts is None and claim.error is None
+    # A backlog file is decoded by the one backlog decoder (core.hygiene_files): one that names another
+    # checkpoint than its file is kept as content, keyed by what it says, and named as an error.
+    other = sidefiles.parse("claim", "validation/claims/a.json", "a", b'{"checkpoint": "ck-7"}')
+    assert other.key == "ck-7" and other.facts is None and "names checkpoint 'ck-7'" in other.error
     assert sidefiles.outcome_rollup([o.facts, None, sidefiles.OutcomeFacts(1, "failed", 1, True)]) == (2, 1, "1,4")
     assert sidefiles.outcome_rollup([]) == (0, 0, None)
 

@@ -98,7 +98,7 @@ def test_export_is_incremental_idempotent_and_equals_the_records(tmp_path: Path,
     # training points equal the records; the step is the optimizer update
     for step in range(1, 6):
         assert values[("loss/train", step)] == pytest.approx(1.0 / step)
-        assert values[("ratio/mse/train", step)] == pytest.approx(0.5 / step / 2.0)
+        assert values[("mse_ratio/train", step)] == pytest.approx(0.5 / step / 2.0)
         assert values[("r2/train", step)] == pytest.approx(1.0 - 1.0 / step)
     # a /val metric and a val role arrive as /eval; no /val key exists anywhere
     assert values[("r2/eval", 5)] == pytest.approx(0.55)
@@ -139,7 +139,7 @@ def test_export_is_incremental_idempotent_and_equals_the_records(tmp_path: Path,
     new = [p for p in _points(grown) if p not in before or _points(grown).count(p) > before.count(p)]
     new_scalars = sorted((k, s) for k, s, v in new if isinstance(v, (int, float)))
     expected = sorted(
-        [(k, s) for s in (6, 7) for k in ("loss/train", "lr/train", "ratio/mse/train", "loss/mse/train", "r2/train")]
+        [(k, s) for s in (6, 7) for k in ("loss/train", "lr/train", "mse_ratio/train", "mse/train", "r2/train")]
         + [("r2/eval", 7), ("loss/eval", 7), ("r2/eval", 2)]
     )
     assert new_scalars == expected  # exactly the new points, each once; the missing mae is not a number

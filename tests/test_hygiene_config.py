@@ -157,3 +157,22 @@ def test_changed_item_names_the_first_difference_in_one_line():
     assert changed_item(older, recorded) == "hygiene.validation.dispatcher: (not recorded) -> 'launcher'"
     assert changed_item(recorded, None) == "hygiene: declared -> (not declared)"
     assert changed_item(None, recorded) == "hygiene: (not declared) -> declared"
+
+
+def test_planned_names_are_optional_lists_recorded_only_when_declared():
+    """history.components/metrics and validation.metrics: the plan `traceml export trackio --check` reads."""
+    assert "metrics" not in parse_hygiene(copy.deepcopy(EXAMPLE))["validation"]  # undeclared: nothing added
+    cfg = copy.deepcopy(EXAMPLE)
+    cfg["history"].update(components=["mse"], metrics=["r2"])
+    cfg["validation"]["metrics"] = ["r2", "mse_ratio"]
+    out = parse_hygiene(cfg)
+    assert (out["history"]["components"], out["history"]["metrics"]) == (["mse"], ["r2"])
+    assert out["validation"]["metrics"] == ["r2", "mse_ratio"]
+    for value, expect in (([], "must be a nonempty list of names"), ("r2", "must be a nonempty list of names"),
+                          (["r2", " "], "hygiene.validation.metrics[1]: must be a nonempty string"),
+                          (["r2", "r2"], "hygiene.validation.metrics[1]: 'r2' is listed twice")):
+        bad = copy.deepcopy(EXAMPLE)
+        bad["validation"]["metrics"] = value
+        with pytest.raises(HygieneConfigError) as err:
+            parse_hygiene(bad)
+        assert expect in str(err.value) and "\n" not in str(err.value)

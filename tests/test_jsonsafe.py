@@ -174,12 +174,16 @@ def test_backlog_status_skips_a_deep_side_file(tmp_path, traceml_cmd, cli_env):
     layout.claim(ckpt).write_bytes(deep_object(100_000))
     layout.receipt("step-00000030").parent.mkdir(parents=True, exist_ok=True)
     layout.receipt("step-00000030").write_bytes(deep_object(100_000))
-    assert backlog.read_json(layout.request("step-00000020")) is None
+    assert backlog.read_backlog_file(layout.request("step-00000020"), "requests") is None
     status = backlog.backlog_status(run_dir)
     assert [row["checkpoint"] for row in status["requests"]] == [ckpt]
+    assert len(status["errors"]) == 3 and all("nested deeper than 64 levels" in e for e in status["errors"])
     proc = subprocess.run([*traceml_cmd, "validate", "status", str(run_dir), "--json"], env=cli_env,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    # each deep file is one line and a non-zero exit; the good request is still reported (docs/hygiene.md)
+    assert proc.returncode == 1, proc.stderr
+    assert [row["checkpoint"] for row in json.loads(proc.stdout)["requests"]] == [ckpt]
+    assert len(proc.stderr.strip().splitlines()) == 3 and "Traceback" not in proc.stderr
 
 
 def test_a_drainer_survives_a_worker_printing_deep_json(tmp_path):
@@ -200,13 +204,15 @@ def test_outcome_reader_bounds_nesting(tmp_path):
 
 def test_export_readers_refuse_deep_files(tmp_path):
     from traceml_tui.export import cursor
-    from traceml_tui.export.trackio_export import _read_json
+    from traceml_tui.hygiene.backlog import read_early_stopping as read_state
 
     path = tmp_path / "cursor.json"
     path.write_bytes(deep_object(100_000))
     with pytest.raises(ValueError, match="nested deeper than 64 levels"):
         cursor.load(path)
-    assert _read_json(path) is None
+    errors: list[str] = []
+    assert read_state(path, errors) is None  # early_stopping.json, which the export also reads
+    assert len(errors) == 1 and "nested deeper than 64 levels" in errors[0]
 
 
 def test_summary_loader_skips_a_deep_line(tmp_path):

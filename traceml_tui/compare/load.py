@@ -26,7 +26,12 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from traceml_tui.core.jsonsafe import MAX_DEPTH, nesting_depth  # stdlib only: compare starts without msgspec
+from traceml_tui.core.jsonsafe import (  # stdlib only: compare starts without msgspec
+    MAX_DEPTH,
+    nesting_depth,
+    surrogate_message,
+    unpaired_surrogate,
+)
 
 #: Largest summary accepted. Real summaries are tens of KiB (a few MiB for
 #: thousands of ranks); anything bigger is not a summary.
@@ -62,6 +67,9 @@ def parse_summary_bytes(data: bytes, *, require_shape: bool = True) -> dict[str,
         raise SummaryError(f"is not UTF-8 text (invalid byte at offset {exc.start})") from None
     if nesting_depth(data, MAX_SUMMARY_DEPTH) > MAX_SUMMARY_DEPTH:  # before the parser recurses into it
         raise SummaryError(f"is nested deeper than {MAX_SUMMARY_DEPTH} levels, so it is not a summary")
+    surrogate = unpaired_surrogate(data)
+    if surrogate is not None:  # json.loads would return text that cannot be printed or written again
+        raise SummaryError(f"is not valid JSON text ({surrogate_message(*surrogate)})")
     try:
         payload = json.loads(text, parse_constant=_refuse_constant)
     except SummaryError:

@@ -10,7 +10,11 @@ ignored, so newer writers — and ``traceml-ai`` summaries — stay readable;
 
 A value of the wrong type makes the whole document unreadable (``None``):
 readers show "no manifest" rather than half of one. So does JSON nested
-deeper than :data:`traceml_tui.core.jsonsafe.MAX_DEPTH`, refused before decoding.
+deeper than :data:`traceml_tui.core.jsonsafe.MAX_DEPTH`, refused before decoding,
+and a number out of its bounds (:mod:`traceml_tui.core.bounds`: integers
+within 64 bits, ranks and counts not negative, times between 1970 and year
+9999): one damaged file is that file's error, never a failure of whoever
+stores or shows its numbers (docs/daemon.md, "Damaged input").
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, Optional, Union
 import msgspec
 
 from traceml_tui.core import jsonsafe
+from traceml_tui.core.bounds import INT64_MAX, Count, Epoch, Int64, IntKey, parse_int_key
 
 MANIFEST_SCHEMA_VERSION = 1
 
@@ -27,9 +32,9 @@ _encoder = msgspec.json.Encoder()
 
 
 class Topology(msgspec.Struct, omit_defaults=False):
-    nnodes: Optional[int] = None
-    nproc_per_node: Optional[int] = None
-    world_size: Optional[int] = None
+    nnodes: Optional[Count] = None
+    nproc_per_node: Optional[Count] = None
+    world_size: Optional[Count] = None
 
 
 class Launch(msgspec.Struct):
@@ -37,16 +42,16 @@ class Launch(msgspec.Struct):
 
 
 class NodeExit(msgspec.Struct):
-    node_rank: int
-    exit_code: Optional[int] = None
+    node_rank: Count
+    exit_code: Optional[Int64] = None
 
 
 class GuardTraining(msgspec.Struct):
     """The node outcomes collected by node 0 (``guard.training``)."""
 
     status: Optional[str] = None  # completed | incomplete
-    nodes_expected: Optional[int] = None
-    nodes_observed: Optional[int] = None
+    nodes_expected: Optional[Count] = None
+    nodes_observed: Optional[Count] = None
     reasons: list[str] = msgspec.field(default_factory=list)
     nodes: list[NodeExit] = msgspec.field(default_factory=list)
 
@@ -66,11 +71,11 @@ class Telemetry(msgspec.Struct):
     """
 
     status: Optional[str] = None
-    ranks_expected: Optional[int] = None
-    records: dict[str, int] = msgspec.field(default_factory=dict)
-    ranks_without_records: list[int] = msgspec.field(default_factory=list)
-    window: Optional[list[int]] = None  # the declared measurement window [start, end] of a guarded run
-    window_incomplete_ranks: list[int] = msgspec.field(default_factory=list)
+    ranks_expected: Optional[Count] = None
+    records: dict[str, Count] = msgspec.field(default_factory=dict)
+    ranks_without_records: list[Count] = msgspec.field(default_factory=list)
+    window: Optional[list[Int64]] = None  # the declared measurement window [start, end] of a guarded run
+    window_incomplete_ranks: list[Count] = msgspec.field(default_factory=list)
     window_span_s: Optional[float] = None
     window_exceeds_retention: Optional[bool] = None
     reasons: list[str] = msgspec.field(default_factory=list)
@@ -80,18 +85,18 @@ class Manifest(msgspec.Struct, omit_defaults=False):
     """``manifest.json``: written by node 0's launcher at start and at the end (no paths, hosts, args, env)."""
 
     run_name: str
-    schema_version: int = MANIFEST_SCHEMA_VERSION
+    schema_version: Int64 = MANIFEST_SCHEMA_VERSION
     status: str = "running"  # running → completed | failed | interrupted
-    started_at: Optional[float] = None
-    ended_at: Optional[float] = None
-    exit_code: Optional[int] = None
+    started_at: Optional[Epoch] = None
+    ended_at: Optional[Epoch] = None
+    exit_code: Optional[Int64] = None
     mode: Optional[str] = None
     history_enabled: Optional[bool] = None
     history_retention_s: Optional[float] = None
     topology: Topology = msgspec.field(default_factory=Topology)
     launch: Launch = msgspec.field(default_factory=Launch)
-    trace_max_steps: Optional[int] = None
-    attempts: int = 1
+    trace_max_steps: Optional[Int64] = None
+    attempts: Int64 = 1
     guard: Union[Guard, msgspec.UnsetType] = msgspec.UNSET  # guarded runs only
     hygiene: Union[dict[str, Any], msgspec.UnsetType] = msgspec.UNSET  # runs with a hygiene: block
     telemetry: Union[Telemetry, msgspec.UnsetType] = msgspec.UNSET  # written at the end by node 0
@@ -142,18 +147,18 @@ class Manifest(msgspec.Struct, omit_defaults=False):
         """``hygiene.validation.max_attempts`` as declared (None: the default applies)."""
         validation = self.hygiene_block.get("validation")
         value = validation.get("max_attempts") if isinstance(validation, dict) else None
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= INT64_MAX else None
 
 
 class OutcomeTraining(msgspec.Struct):
     status: Optional[str] = None  # completed | failed
-    exit_code: Optional[int] = None
+    exit_code: Optional[Int64] = None
 
 
 class NodeOutcome(msgspec.Struct):
     """``nodes/node_<k>/guard_outcome.json`` as readers see it (validated fully by traceml_tui.guard.outcome)."""
 
-    node_rank: Optional[int] = None
+    node_rank: Optional[Count] = None
     run_name: Optional[str] = None
     training: OutcomeTraining = msgspec.field(default_factory=OutcomeTraining)
     completed_at: Optional[str] = None
@@ -181,19 +186,19 @@ class ComponentTrend(msgspec.Struct):
 
 
 class EvalFreshness(msgspec.Struct, omit_defaults=True):
-    completed: int = 0
-    pending: int = 0
+    completed: Int64 = 0
+    pending: Int64 = 0
     newest_checkpoint: Optional[str] = None
-    newest_step: Optional[int] = None
-    lag_steps: Optional[int] = None
-    backlog: Optional[int] = None
+    newest_step: Optional[Int64] = None
+    lag_steps: Optional[Int64] = None
+    backlog: Optional[Int64] = None
 
 
 class TrainingSection(msgspec.Struct):
     """Our ``training`` section: loss, scale-free ratios and evaluation freshness."""
 
-    steps_completed: Optional[int] = None
-    examples: Optional[int] = None
+    steps_completed: Optional[Int64] = None
+    examples: Optional[Int64] = None
     loss: Optional[dict[str, Optional[float]]] = None
     components: dict[str, ComponentTrend] = msgspec.field(default_factory=dict)
     eval: Optional[EvalFreshness] = None
@@ -222,13 +227,13 @@ class ValidationSection(msgspec.Struct):
     status: Optional[str] = None
     missing: Optional[str] = None
     recipe: Optional[str] = None
-    requested: int = 0
-    completed: int = 0
-    pending: int = 0
-    claimed: int = 0
-    stale_claim: int = 0
-    failed: int = 0
-    blocked: int = 0
+    requested: Int64 = 0
+    completed: Int64 = 0
+    pending: Int64 = 0
+    claimed: Int64 = 0
+    stale_claim: Int64 = 0
+    failed: Int64 = 0
+    blocked: Int64 = 0
     newest_completed: Optional[dict[str, Any]] = None  # {checkpoint, step, metrics}
     latest_requested: Optional[dict[str, Any]] = None  # {checkpoint, step}
     best: Optional[dict[str, Any]] = None  # the selected checkpoint: {checkpoint, step, metric, value, selected_on, …}
@@ -245,25 +250,26 @@ class FailureSection(msgspec.Struct):
     """
 
     cause: str = "unknown"  # one of core.forensics.CAUSES
-    rank: Optional[int] = None  # the first failing rank (None: no rank recorded anything)
-    node: Optional[int] = None
-    step: Optional[int] = None  # the step it was in: one past its last completed step
-    last_step: Optional[int] = None
+    rank: Optional[Int64] = None  # the first failing rank (None: no rank recorded anything)
+    node: Optional[Int64] = None
+    step: Optional[Int64] = None  # the step it was in: one past its last completed step
+    last_step: Optional[Int64] = None
     state: Optional[str] = None  # its rank state word: failed | lost
     cause_text: str = ""
-    exit_code: Optional[int] = None
+    exit_code: Optional[Int64] = None
     signal: Optional[str] = None
     exception: Optional[str] = None
-    victims: list[int] = msgspec.field(default_factory=list)  # ranks aborted after it
+    victims: list[Int64] = msgspec.field(default_factory=list)  # ranks aborted after it
     log: Optional[str] = None
     # rank -> the exit code its launcher reported, for every rank whose state that code decided (its end
     # record had none: core.state.with_exit_codes); readers apply the same codes to get the same rank words
-    exit_codes: dict[str, int] = msgspec.field(default_factory=dict)  # JSON keys: the rank as text
+    # (JSON keys: the rank as text, ASCII digits; anything else makes the summary unreadable, bounds.IntKey)
+    exit_codes: dict[IntKey, Int64] = msgspec.field(default_factory=dict)
 
     def launcher_exit_codes(self) -> dict[int, int]:
         """:attr:`exit_codes` by rank; for a summary written before that field, the first failure's own code."""
         if self.exit_codes:
-            return {int(k): v for k, v in self.exit_codes.items() if k.lstrip("-").isdigit()}
+            return {parse_int_key(k): v for k, v in self.exit_codes.items() if parse_int_key(k) is not None}
         return {self.rank: self.exit_code} if self.rank is not None and self.exit_code is not None else {}
 
 
@@ -278,7 +284,7 @@ class _ValidationOnly(msgspec.Struct):
 class UnmeasuredEntry(msgspec.Struct):
     """A stream one rank did not measure, and why (``core/coverage.py``)."""
 
-    rank: int
+    rank: Count
     stream: str
     reason: str = ""
 

@@ -25,6 +25,13 @@ API (stdlib only at import time; msgspec is imported on first use of
   ``msgspec.json.decode`` (or ``decoder.decode``) after the check; msgspec's
   own ``DecodeError``/``ValidationError`` pass through.
 
+* :func:`unpaired_surrogate` ``(data) -> (escape, byte) | None`` — the first ``\\uD800``–``\\uDFFF``
+  escape that is not half of a pair (JSON text that names no character): ``loads_bounded`` refuses it
+  (and bytes that are not strict UTF-8), ``decode_bounded`` names it where msgspec would say
+  "Input data was truncated"; :func:`surrogate_message` is the wording.
+* :func:`dumps_valid` ``(value, **json_dumps_kwargs) -> str`` — JSON for ``--json`` outputs: a
+  non-finite float becomes ``null`` (:func:`finite`), never ``Infinity``/``NaN``.
+
 ``data`` may be ``bytes``, ``bytearray``, ``memoryview`` or ``str``.
 
 Cost of the check: a C-level ``translate`` keeping only brackets and quotes,
@@ -38,7 +45,7 @@ from __future__ import annotations
 
 from itertools import accumulate, chain, repeat
 from operator import add, sub
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 #: Deepest nesting any reader accepts (our artifacts are at most about a dozen levels deep).
 MAX_DEPTH = 64
@@ -131,6 +138,41 @@ def _depth(skeleton: bytes, limit: int) -> int:
     return depth
 
 
+def unpaired_surrogate(data: Data) -> Optional[tuple[str, int]]:
+    """The first ``\\uD800``–``\\uDFFF`` escape of ``data`` that is not half of a pair, and its byte offset.
+
+    JSON text is Unicode; an unpaired surrogate escape names no character. msgspec refuses one
+    with "Input data was truncated" (a high one) and ``json.loads`` returns a ``str`` that cannot
+    be encoded again, so readers look for one to say what is wrong. None when there is none.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    elif not isinstance(data, bytes):
+        data = bytes(data)
+    if b"\\u" not in data and b"\\U" not in data:
+        return None
+    import re  # only here: compiling a pattern at import would slow every command's start
+
+    pending: Optional[tuple[str, int, int]] = None  # a high surrogate waiting for its low half: text, at, end
+    for match in re.finditer(rb"\\(?:u([0-9a-fA-F]{4})|.)", data, flags=re.DOTALL):
+        code = int(match.group(1), 16) if match.group(1) else None
+        if pending is not None:
+            if code is not None and 0xDC00 <= code <= 0xDFFF and match.start() == pending[2]:
+                pending = None
+                continue
+            return pending[0], pending[1]
+        if code is not None and 0xD800 <= code <= 0xDBFF:
+            pending = (match.group(0).decode("ascii"), match.start(), match.end())
+        elif code is not None and 0xDC00 <= code <= 0xDFFF:
+            return match.group(0).decode("ascii"), match.start()
+    return (pending[0], pending[1]) if pending is not None else None
+
+
+def surrogate_message(escape: str, at: int) -> str:
+    """What a reader says of an unpaired surrogate escape (one home for the wording)."""
+    return f"invalid JSON text: unpaired UTF-16 surrogate escape {escape} at byte {at} (not a Unicode character)"
+
+
 def check_depth(data: Data, max_depth: int = MAX_DEPTH) -> None:
     """Raise :class:`NestingError` when ``data`` is nested deeper than ``max_depth``."""
     if nesting_depth(data, max_depth) > max_depth:
@@ -149,6 +191,13 @@ def loads_bounded(data: Data, *, max_depth: int = MAX_DEPTH, **kwargs: Any) -> A
     if isinstance(data, memoryview):
         data = bytes(data)
     check_depth(data, max_depth)
+    if isinstance(data, (bytes, bytearray)):
+        # Strict UTF-8: json.loads would decode bytes with "surrogatepass" and hand back text
+        # that cannot be printed or stored (UnicodeDecodeError is a ValueError).
+        data = bytes(data).decode("utf-8")
+    found = unpaired_surrogate(data)
+    if found is not None:
+        raise ValueError(surrogate_message(*found))
     try:
         return json.loads(data, **kwargs)
     except RecursionError:  # a lowered interpreter recursion limit
@@ -162,14 +211,48 @@ def decode_bounded(data: Data, *, type: Any = Any, max_depth: int = MAX_DEPTH, d
     ``ValidationError`` pass through. msgspec is imported here, not at module import.
     """
     check_depth(data, max_depth)
+    import msgspec
+
     try:
         if decoder is not None:
             return decoder.decode(data)
-        import msgspec
-
         return msgspec.json.decode(data, type=type)
     except RecursionError:
         raise NestingError(max_depth) from None
+    except msgspec.DecodeError as exc:
+        # msgspec says "Input data was truncated" of an unpaired high surrogate: say what it is.
+        found = unpaired_surrogate(data)
+        if found is None:
+            raise
+        raise msgspec.DecodeError(surrogate_message(*found)) from exc
 
 
-__all__ = ["MAX_DEPTH", "NestingError", "check_depth", "decode_bounded", "loads_bounded", "nesting_depth"]
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float (``inf``, ``-inf``, ``nan``) in it replaced by None (JSON null).
+
+    For ``--json`` outputs: ``json.dumps`` writes ``Infinity``/``NaN``, which no JSON parser accepts. A
+    figure that overflowed (steps timed at 1e308 ms) is shown as unknown. Dicts, lists and tuples are
+    copied; everything else is returned as it is.
+    """
+    if isinstance(value, float):
+        return value if value - value == 0.0 else None  # inf - inf and nan - nan are nan
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps_valid(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that always writes valid JSON: a non-finite float becomes null, never ``Infinity``/``NaN``.
+
+    Every ``--json`` output goes through here (or an equivalent rule): a reader of
+    that output must be able to parse it with any strict JSON parser.
+    """
+    import json
+
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
+
+
+__all__ = ["MAX_DEPTH", "NestingError", "check_depth", "decode_bounded", "loads_bounded", "nesting_depth",
+           "surrogate_message", "unpaired_surrogate", "finite", "dumps_valid"]

@@ -9,6 +9,7 @@
   final_summary.json, final_summary.txt
   learning_curve.png, early_stopping.json
   nodes/node_<k>/guard_outcome.json     guarded runs
+  nodes/node_<k>/launcher.lease         the node launcher's heartbeat (core/lease.py), atomic
   nodes/node_<k>/system.jsonl           ~1 Hz node samples
   nodes/node_<k>/training.stdout.log, training.stderr.log
   ranks/rank_<r>/steps-<attempt>.jsonl  one writer per file; a resume is a new attempt
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, NamedTuple, Optional
 
+from traceml_tui.core import bounds
+
 MANIFEST = "manifest.json"
 SUMMARY_JSON = "final_summary.json"
 SUMMARY_TXT = "final_summary.txt"
@@ -49,6 +52,7 @@ VALIDATION = "validation"
 CHECKPOINTS = "checkpoints"
 BATCH_GRID = "qc/batch_grid"
 OUTCOME = "guard_outcome.json"
+LEASE = "launcher.lease"
 SYSTEM = "system.jsonl"
 STDOUT_LOG = "training.stdout.log"
 STDERR_LOG = "training.stderr.log"
@@ -56,9 +60,10 @@ STDERR_LOG = "training.stderr.log"
 BACKLOG_KINDS: dict[str, str] = {"requests": "request", "claims": "claim", "receipts": "receipt",
                                  "failures": "failure"}
 
-_STEPS_RE = re.compile(r"steps-(\d+)\.jsonl")
-_RANK_RE = re.compile(r"rank_(\d+)")
-_NODE_RE = re.compile(r"node_(\d+)")
+# ASCII digits only; the number must fit in 64 bits (core.bounds.parse_number), else the name is refused.
+_STEPS_RE = re.compile(r"steps-([0-9]+)\.jsonl")
+_RANK_RE = re.compile(r"rank_([0-9]+)")
+_NODE_RE = re.compile(r"node_([0-9]+)")
 #: A run name: one plain path component (no separators, no "..", no leading dot or dash).
 _RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_RUN_NAME_CHARS = 128
@@ -121,20 +126,37 @@ def node_dir_name(node_rank: int) -> str:
     return f"node_{int(node_rank)}"
 
 
+def _number_of(pattern: re.Pattern, name: str) -> Optional[int]:
+    m = pattern.fullmatch(name)
+    return bounds.parse_number(m.group(1)) if m else None
+
+
 def parse_steps_name(name: str) -> Optional[int]:
-    """The attempt number of a ``steps-<n>.jsonl`` file name, else None."""
-    m = _STEPS_RE.fullmatch(name)
-    return int(m.group(1)) if m else None
+    """The attempt number of a ``steps-<n>.jsonl`` file name, else None (also for a number beyond 64 bits)."""
+    return _number_of(_STEPS_RE, name)
 
 
 def parse_rank_name(name: str) -> Optional[int]:
-    m = _RANK_RE.fullmatch(name)
-    return int(m.group(1)) if m else None
+    """The rank of a ``rank_<r>`` folder name, else None (also for a number beyond 64 bits)."""
+    return _number_of(_RANK_RE, name)
 
 
 def parse_node_name(name: str) -> Optional[int]:
-    m = _NODE_RE.fullmatch(name)
-    return int(m.group(1)) if m else None
+    """The node of a ``node_<k>`` folder name, else None (also for a number beyond 64 bits)."""
+    return _number_of(_NODE_RE, name)
+
+
+_NAME_KINDS = {"attempt": _STEPS_RE, "rank": _RANK_RE, "node": _NODE_RE}
+
+
+def name_problem(name: str, kind: str) -> Optional[str]:
+    """Why a name shaped like a stream (``kind`` ``attempt``), rank or node name is refused (its number is
+    beyond 64 bits); None for every other name: ``steps-99999999999999999999.jsonl`` is a damaged name of
+    ours, ``notes.txt`` is not one of ours at all."""
+    m = _NAME_KINDS[kind].fullmatch(name)
+    if m and bounds.parse_number(m.group(1)) is None:
+        return f"{kind} number {middle_cut(m.group(1), 24)} is beyond the 64-bit range the index stores; not read"
+    return None
 
 
 class StepFile(NamedTuple):
@@ -155,12 +177,42 @@ class StreamFile(NamedTuple):
     node: Optional[int]
 
 
+def name_not_utf8(name: str) -> Optional[str]:
+    """Why a file or folder name cannot be kept as text (its bytes are not UTF-8: ``os`` hands them over as
+    lone surrogates, which no index, JSON or terminal takes); None for a name that is fine."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the name is not valid UTF-8; not read"
+    return None
+
+
+def shown_name(name: str) -> str:
+    """``name`` as text that can always be stored and printed: bytes that are not UTF-8 as ``\\xNN``."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+class RefusedName(NamedTuple):
+    """A stream file or a rank/node folder whose name traceml cannot use (:func:`name_problem`)."""
+
+    rel: str
+    problem: str
+
+
+class Listing(NamedTuple):
+    """What :meth:`RunDir.scan` found: streams and side files to read, and names refused."""
+
+    streams: list[StreamFile]
+    sides: list[SideFile]
+    refused: list[RefusedName]
+
+
 class SideFile(NamedTuple):
     """A JSON side file of a run, relative to the run directory."""
 
     rel: str
-    kind: str  # manifest | summary | outcome | request | claim | receipt | failure
-    key: Optional[str]  # checkpoint id (backlog) or node rank (outcome)
+    kind: str  # manifest | summary | outcome | lease | request | claim | receipt | failure
+    key: Optional[str]  # checkpoint id (backlog) or node rank (outcome, lease)
     size: int
     mtime_ns: int
 
@@ -211,12 +263,17 @@ def _real_dir(base: Path, *parts: str) -> Optional[Path]:
     return path
 
 
-def _numbered_dirs(parent: Path, parse) -> list[tuple[int, os.DirEntry]]:
+def _numbered_dirs(parent: Path, parse, refused: Optional[list] = None,
+                   kind: str = "") -> list[tuple[int, os.DirEntry]]:
+    """``(number, entry)`` of the numbered folders under ``parent``, by number; a folder whose name's
+    number is out of range goes to ``refused`` (as a :class:`RefusedName` under ``kind``'s folder)."""
     out = []
     for entry in _scandir(parent):
         n = parse(entry.name)
         if n is not None and _is_dir(entry):
             out.append((n, entry))
+        elif n is None and refused is not None and (problem := name_problem(entry.name, kind)) is not None:
+            refused.append(RefusedName(f"{parent.name}/{entry.name}", problem))
     return sorted(out, key=lambda t: t[0])
 
 
@@ -361,6 +418,10 @@ class RunDir:
     def outcome(self, node_rank: int) -> Path:
         return self.node_dir(node_rank) / OUTCOME
 
+    def lease(self, node_rank: int) -> Path:
+        """The node launcher's heartbeat file (core/lease.py): replaced atomically every few seconds."""
+        return self.node_dir(node_rank) / LEASE
+
     def system(self, node_rank: int) -> Path:
         return self.node_dir(node_rank) / SYSTEM
 
@@ -460,10 +521,12 @@ class RunDir:
         return sorted(out)
 
     # -- one listing of everything the daemon ingests
-    def scan(self) -> tuple[list[StreamFile], list[SideFile]]:
-        """The run's JSONL streams and JSON side files, relative to it (regular files only, no links)."""
+    def scan(self) -> Listing:
+        """The run's JSONL streams and JSON side files, relative to it (regular files only, no links), and
+        the stream, rank and node names it refuses (:func:`name_problem`)."""
         streams: list[StreamFile] = []
         sides: list[SideFile] = []
+        refused: list[RefusedName] = []
 
         def side(entry: os.DirEntry, rel: str, kind: str, key: Optional[str]) -> None:
             st = _regular_stat(entry)
@@ -475,24 +538,33 @@ class RunDir:
                 side(entry, MANIFEST, "manifest", None)
             elif entry.name == SUMMARY_JSON:
                 side(entry, SUMMARY_JSON, "summary", None)
-        for rank, rank_entry in _numbered_dirs(self.ranks, parse_rank_name):
+        for rank, rank_entry in _numbered_dirs(self.ranks, parse_rank_name, refused, "rank"):
             for f in _scandir(rank_entry.path):
                 attempt = parse_steps_name(f.name)
                 if attempt is not None and _regular_stat(f) is not None:
                     streams.append(StreamFile(f"{RANKS}/{rank_entry.name}/{f.name}", "steps", rank, attempt, None))
-        for node, node_entry in _numbered_dirs(self.nodes, parse_node_name):
+                elif attempt is None and (problem := name_problem(f.name, "attempt")) is not None:
+                    refused.append(RefusedName(f"{RANKS}/{rank_entry.name}/{f.name}", problem))
+        for node, node_entry in _numbered_dirs(self.nodes, parse_node_name, refused, "node"):
             for f in _scandir(node_entry.path):
                 rel = f"{NODES}/{node_entry.name}/{f.name}"
                 if f.name == SYSTEM and _regular_stat(f) is not None:
                     streams.append(StreamFile(rel, "system", None, None, node))
                 elif f.name == OUTCOME:
                     side(f, rel, "outcome", str(node))
+                elif f.name == LEASE:
+                    side(f, rel, "lease", str(node))
         for folder, kind in BACKLOG_KINDS.items():
             real = _real_dir(self.path, VALIDATION, folder)
             for f in _scandir(real) if real is not None else ():
                 if f.name.endswith(".json") and not f.name.startswith("."):
-                    side(f, f"{VALIDATION}/{folder}/{f.name}", kind, f.name[: -len(".json")])
-        return streams, sides
+                    rel = f"{VALIDATION}/{folder}/{f.name}"
+                    problem = name_not_utf8(f.name)
+                    if problem is None:
+                        side(f, rel, kind, f.name[: -len(".json")])
+                    else:
+                        refused.append(RefusedName(rel, problem))
+        return Listing(streams, sides, refused)
 
 
 def discover_runs(root: os.PathLike[str] | str, max_depth: int = 4) -> Iterator[str]:

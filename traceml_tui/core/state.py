@@ -24,6 +24,21 @@ The rules (docs/contracts.md, "state rules"):
   the culprit and not its peers that failed in the all-reduce after it.
 * A run with no final word whose ranks all ended, one of them by SIGTERM, and
   stayed so for the stall limit has lost its launcher: it is ``lost``.
+* Runs whose launchers keep a lease (``nodes/node_<k>/launcher.lease``,
+  core/lease.py; :class:`LeaseFacts`) are judged by it instead: without a final
+  word, a run whose every lease expired (none live, none done) is ``lost``,
+  with or without rank records; a rank without an end record on a node whose
+  lease expired is ``lost``; while a lease lives the launcher is at work, so
+  the ranks alone never give the run a final word it did not write: ranks
+  that all ended cleanly or were stopped from outside, or a failure that came
+  only after a rank was stopped from outside (a dying launcher's SIGTERM),
+  leave the run ``running`` until the launcher's word or the lease's expiry;
+  a lost rank leaves it ``stalled`` (another node's launcher lives, so it is
+  not over); and a silent rank whose peers all ended is ``stalled``, not
+  ``lost``. A node
+  whose lease expired while another's did not is named
+  (:func:`lost_nodes`). Runs without a lease file (written before leases, or
+  by a bare ``traceml.init()``) keep the rules above.
 * A rank that has not ended is **stalled** when it has been silent for the
   stall limit — ``max(STALL_FLOOR_S, STALL_INTERVALS × median step interval)`` —
   measured by record time against the run's newest record (the others go on
@@ -200,6 +215,78 @@ def _final_word(facts: RunFacts) -> Optional[RunStatus]:
 
 
 @dataclass(frozen=True)
+class LeaseFacts:
+    """One node launcher's lease as its reader (the daemon) saw it, by the reader's own clock (core/lease.py)."""
+
+    node: int
+    done: bool  # its last beat says the launcher finished (it wrote its final word)
+    changed_at: float  # when the reader last saw the lease's bytes change
+    checked_at: float  # when the reader last looked at them
+    lease_s: float  # the lease length its launcher declared
+
+    @property
+    def expired(self) -> bool:
+        """Not seen to change for longer than its lease (and not done): the launcher or its node is gone.
+
+        Both times are the reader's own, so no clock of another node is involved; and a reader that stopped
+        looking (a stopped daemon) never makes a lease expire.
+        """
+        return not self.done and self.checked_at - self.changed_at > self.lease_s
+
+
+#: What the leases of a run say about its launchers (None: the run has no lease; see :func:`launchers`).
+LAUNCHERS_LIVE = "live"  # at least one launcher still beats: the launcher is at work
+LAUNCHERS_GONE = "gone"  # none beats and none finished cleanly … at least one expired
+LAUNCHERS_DONE = "done"  # every launcher finished
+
+
+def launchers(leases: Sequence[LeaseFacts]) -> Optional[str]:
+    """:data:`LAUNCHERS_LIVE`, :data:`LAUNCHERS_GONE` or :data:`LAUNCHERS_DONE` for a run's leases; None for none.
+
+    Gone: no lease lives and one expired (a finished node 1 does not keep a run whose node 0 died alive).
+    """
+    if not leases:
+        return None
+    if any(not lease.done and not lease.expired for lease in leases):
+        return LAUNCHERS_LIVE
+    if any(lease.expired for lease in leases):
+        return LAUNCHERS_GONE
+    return LAUNCHERS_DONE
+
+
+def lost_nodes(leases: Sequence[LeaseFacts]) -> tuple[int, ...]:
+    """The nodes whose lease expired while another node's did not (ascending): named beside the run's word.
+
+    When every lease expired, none is named: the run's own word (``lost``) says it.
+    """
+    expired = sorted({lease.node for lease in leases if lease.expired})
+    if not expired or len(expired) == len({lease.node for lease in leases}):
+        return ()
+    return tuple(expired)
+
+
+def describe(status: str, ranks: Sequence[int] = (), nodes: Sequence[int] = ()) -> str:
+    """A run's word with what explains it, as every surface prints it: ``failed r0 · lost node 1``.
+
+    ``ranks`` are the ranks named beside the word (``RunSummary.explaining_ranks``), ``nodes`` the
+    :func:`lost_nodes`.
+    """
+    text = str(status)
+    if ranks:
+        text += " " + ",".join(f"r{r}" for r in ranks)
+    if nodes:
+        text += " · " + lost_nodes_text(nodes)
+    return text
+
+
+def lost_nodes_text(nodes: Sequence[int]) -> str:
+    """``lost node 1``, ``lost nodes 1,2`` ("" for none)."""
+    if not nodes:
+        return ""
+    return ("lost node " if len(nodes) == 1 else "lost nodes ") + ",".join(str(n) for n in nodes)
+
+
+@dataclass(frozen=True)
 class RankFacts:
     """What is known about one rank's newest attempt (from its records and the files around it)."""
 
@@ -210,6 +297,7 @@ class RankFacts:
     end_ts: Optional[float] = None
     node_outcome_written: bool = False  # its node's guard outcome exists (the launcher of that node is done)
     last_seen: Optional[float] = None  # when the ingester stored its newest record (it had read the file to its end)
+    node: Optional[int] = None  # the node it ran on (its stream header's node_rank), when known
 
 
 @dataclass(frozen=True)
@@ -227,6 +315,7 @@ class RunFacts:
     outcome_failed: int = 0  # node outcomes that report a failure
     missing: bool = False
     stall_floor_s: float = STALL_FLOOR_S
+    leases: tuple[LeaseFacts, ...] = ()  # the node launchers' leases (none: a run written before leases)
 
 
 @dataclass(frozen=True)
@@ -250,6 +339,8 @@ def decide_ranks(facts: RunFacts) -> tuple[RankState, ...]:
     newest = max(stamps) if stamps else None
     ingest_idle = facts.last_ingest is None or facts.now - facts.last_ingest > limit
     ended = [r for r in facts.ranks if r.end_status is not None]
+    state = launchers(facts.leases)
+    expired = {lease.node for lease in facts.leases if lease.expired}
     out = []
     for r in facts.ranks:
         if r.end_status is not None:
@@ -258,8 +349,12 @@ def decide_ranks(facts: RunFacts) -> tuple[RankState, ...]:
         if final or r.node_outcome_written:
             out.append(RankState.LOST)
             continue
+        if r.node in expired or (r.node is None and state == LAUNCHERS_GONE):  # its launcher (or node) is gone
+            out.append(RankState.LOST)
+            continue
         others = [o for o in ended if o.rank != r.rank]
-        if others and len(others) == len(facts.ranks) - 1:
+        # While a launcher beats, torchrun is still waiting on a silent rank: it is stalled, not lost.
+        if state != LAUNCHERS_LIVE and others and len(others) == len(facts.ranks) - 1:
             since = max([o.end_ts or o.last_ts or 0.0 for o in others] + [r.last_ts or 0.0])
             if facts.now - since > limit and ingest_idle:
                 out.append(RankState.LOST)
@@ -326,7 +421,7 @@ def launcher_lost(facts: RunFacts) -> bool:
     one of them terminated, with no final word for the stall limit after the
     last end (and nothing new ingested meanwhile) has lost its launcher.
     """
-    if _final_word(facts) or not facts.ranks:
+    if _final_word(facts) or not facts.ranks or launchers(facts.leases) == LAUNCHERS_LIVE:
         return False
     if any(r.end_status is None for r in facts.ranks) or not any(r.end_status == "terminated" for r in facts.ranks):
         return False
@@ -356,6 +451,11 @@ def decide_run(facts: RunFacts) -> RunVerdict:
         if word is RunStatus.COMPLETED and (guard_bad or RankState.FAILED in ranks or RankState.ABORTED in ranks):
             return RunVerdict(RunStatus.FAILED, ranks)
         return RunVerdict(word, ranks)
+    state = launchers(facts.leases)
+    if state == LAUNCHERS_GONE:  # every launcher died without a final word, whether ranks wrote or not
+        return RunVerdict(RunStatus.LOST, ranks)
+    if state == LAUNCHERS_LIVE:
+        return RunVerdict(_while_launcher_lives(facts, ranks), ranks)
     if launcher_lost(facts):
         return RunVerdict(RunStatus.LOST, ranks)
     if RankState.FAILED in ranks or RankState.ABORTED in ranks or facts.outcome_failed > 0:
@@ -369,6 +469,27 @@ def decide_run(facts: RunFacts) -> RunVerdict:
     if RankState.STALLED in ranks:
         return RunVerdict(RunStatus.STALLED, ranks)
     return RunVerdict(RunStatus.RUNNING, ranks)
+
+
+def _while_launcher_lives(facts: RunFacts, ranks: Sequence[RankState]) -> RunStatus:
+    """A run's word while a launcher lease lives and no final word is written (see the module docstring).
+
+    A rank's own failure is ``failed`` at once (the launcher will say so too); a lost rank (its node's lease
+    expired) or a silent one makes it ``stalled`` (it cannot go on without them, and it is not over). Ends that only the launcher can judge — every rank ended
+    cleanly or stopped from outside, or failures that came after a rank was stopped from outside (its peers
+    torn down by the same stop fail in their collectives) — are ``running`` until the launcher's word.
+    """
+    failing = [i for i, s in enumerate(ranks) if s in (RankState.FAILED, RankState.ABORTED)]
+    if failing or facts.outcome_failed > 0:
+        first = first_failure(facts.ranks, ranks)
+        since = failure_time(facts.ranks[first]) if first is not None else None
+        stops = [failure_time(r) for r, s in zip(facts.ranks, ranks) if s is RankState.INTERRUPTED]
+        after_stop = since is not None and any(t is not None and t <= since for t in stops)
+        if not after_stop or facts.outcome_failed > 0:
+            return RunStatus.FAILED
+    if RankState.LOST in ranks or RankState.STALLED in ranks:  # the run cannot go on without them; not over yet
+        return RunStatus.STALLED
+    return RunStatus.RUNNING
 
 
 def outcome_failed(status: Optional[str], exit_code: Optional[int]) -> bool:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
-from traceml_tui.core import atomic
-from traceml_tui.core.jsonsafe import loads_bounded
+import msgspec
+
+from traceml_tui.core import atomic, hygiene_files, jsonsafe
 from traceml_tui.core.rundir import RunDir
 
-CURSOR_VERSION = 1
+CURSOR_VERSION = hygiene_files.CURSOR_VERSION
 
 
 @dataclass
@@ -75,21 +76,42 @@ def cursor_path(run_dir: Path, project: str, cursor_dir: Optional[Path] = None,
 
 
 def load(path: Path) -> Cursor:
-    """Read a cursor; a missing file is a fresh cursor, an unreadable one is an error (never silently reset)."""
+    """Read a cursor; a missing file is a fresh cursor, an unreadable or damaged one is an error (never reset).
+
+    Decoded by :func:`traceml_tui.core.hygiene_files.decode_cursor` (offsets and counts
+    within ``[0, 2^63)``, expected shapes): a damaged cursor is refused with one
+    line naming it, and nothing is overwritten — a bad offset never silently
+    stops the export of a file for good.
+    """
     try:
-        raw = loads_bounded(Path(path).read_bytes())
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         return Cursor()
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"export cursor {path.name} is unreadable ({exc}); move it aside to re-export") from None
-    if not isinstance(raw, dict) or raw.get("version") != CURSOR_VERSION:
+    except OSError as exc:
+        raise ValueError(f"export cursor {path.name} is unreadable ({exc.strerror or exc}); "
+                         "move it aside to re-export") from None
+    try:  # a cursor of another version is not damaged, just not ours to read
+        version = jsonsafe.decode_bounded(data, type=_Version).version
+    except (msgspec.ValidationError, msgspec.DecodeError, jsonsafe.NestingError):
+        version = None  # the full decode below says what is wrong
+    if version is not None and version != CURSOR_VERSION:
         raise ValueError(f"export cursor {path.name} has an unknown version")
-    return Cursor(files=dict(raw.get("files") or {}), train_step=int(raw.get("train_step") or 0),
-                  delivered=set(raw.get("delivered") or ()), grids=set(raw.get("grids") or ()),
-                  curve=raw.get("curve"), tables=dict(raw.get("tables") or {}),
-                  counters=dict(raw.get("counters") or {}), readouts=dict(raw.get("readouts") or {}),
-                  experiment_dir=_text(raw.get("experiment_dir")), run_name=_text(raw.get("run_name")),
-                  registration=raw.get("registration") if isinstance(raw.get("registration"), dict) else None)
+    try:
+        raw = hygiene_files.decode_cursor(data)
+    except hygiene_files.DamagedFile as exc:
+        raise ValueError(f"export cursor {path.name} is damaged ({exc}); move it aside to re-export") from None
+    if raw.version != CURSOR_VERSION:
+        raise ValueError(f"export cursor {path.name} has an unknown version")
+    return Cursor(files={rel: {"head": mark.head, "offset": mark.offset} for rel, mark in raw.files.items()},
+                  train_step=raw.train_step, delivered=set(raw.delivered), grids=set(raw.grids),
+                  curve=raw.curve, tables=dict(raw.tables), counters=hygiene_files.as_dict(raw.counters),
+                  readouts={k: list(v) for k, v in raw.readouts.items()},
+                  experiment_dir=_text(raw.experiment_dir), run_name=_text(raw.run_name),
+                  registration=hygiene_files.as_dict(raw.registration) if raw.registration is not None else None)
+
+
+class _Version(msgspec.Struct):
+    version: Any = CURSOR_VERSION
 
 
 def _text(value: object) -> Optional[str]:

@@ -1,22 +1,29 @@
 """The metric mapping of the Trackio export: records → namespaced metric keys. Pure.
 
-Keys name the quantity, then the role: ``loss/train``, ``loss/eval``,
-``ratio/<component>/train`` (the scale-free ratio, 1.0 = no skill),
-``<metric>/train`` and ``<metric>/eval`` for task metrics, ``lr/train``,
-``grad_norm/train`` and ``qc/field/<name>/<statistic>`` for latent field QC.
-An incoming ``/val`` (or ``/validation``) role is written as ``/eval`` here and
-nowhere else, so one endpoint never splits across two charts. The step of
-every point is the optimizer update count (``STEP_METRIC``). Counters
-(updates, examples seen, batch size, pending readouts) go to an information
-table, never to charts. A missing score is never sent as a number.
+One key rule (docs/export.md, "One key per quantity"): a key is the quantity,
+then the role, ``<quantity>/<role>``, so the train and eval values of one
+quantity share a chart: ``loss/train`` + ``loss/eval``, ``mse/train`` +
+``mse/eval`` (a loss component's physical value), ``mse_ratio/train`` +
+``mse_ratio/eval`` (its scale-free ratio, 1.0 = no skill; the ``_ratio`` suffix
+the validation worker and the learning curve use), ``r2/train`` + ``r2/eval``
+for task metrics, ``lr/train``, ``grad_norm/train``, and
+``qc/field/<name>/<statistic>`` for latent field QC. An incoming ``/val`` (or
+``/validation``) role is written as ``/eval`` here and nowhere else, so one
+endpoint never splits across two charts; two source keys of one record that
+would land on one key (``auc`` and ``auc/val``) are refused
+(:class:`KeyCollision`), never merged. The step of every point is the optimizer
+update count (``STEP_METRIC``). Counters (updates, examples seen, batch size,
+pending readouts) go to an information table, never to charts. A missing score
+is never sent as a number.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from traceml_tui.core import records
+from traceml_tui.hygiene.curve import RATIO_SUFFIX  # one spelling of "a component's ratio" (curve, worker, keys)
 
 STEP_METRIC = "optimizer_updates"
 ROLES = ("train", "eval", "test")
@@ -28,8 +35,8 @@ _KEY_PART_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
 #: what the exporter publishes, by record source (recorded in the run config and checked by --validate-only)
 MAPPING: dict[str, str] = {
     "step.loss": "loss/train",
-    "step.components.<c>.ratio": "ratio/<c>/train",
-    "step.components.<c>.value": "loss/<c>/train",
+    "step.components.<c>.value": "<c>/train",
+    "step.components.<c>.ratio": "<c>_ratio/train",
     "step.metrics.<m>": "<m>/train",
     "step.lr": "lr/train",
     "step.grad_norm": "grad_norm/train",
@@ -84,41 +91,107 @@ def validate_mapping(keys: Iterable[str] = MAPPING.values()) -> list[str]:
     return problems
 
 
-def _put(points: dict[str, float], key: str, value: Any) -> None:
-    number = records.finite_or_none(value)
-    if number is not None:  # a missing value stays missing: never a 0
-        points[key] = number
+class KeyCollision(ValueError):
+    """Two source keys of one record would publish one Trackio key: one value would silently replace the other."""
+
+
+def _publish(entries: Iterable[tuple[str, str, Any]]) -> dict[str, float]:
+    """Chart points of one record from ``(source, key, value)``; refuses two sources on one key.
+
+    The refusal holds whether or not the values are present: the names collide,
+    so a later record with both values would lose one of them.
+    """
+    entries = list(entries)
+    clash = collision((source, key) for source, key, _ in entries)
+    if clash is not None:
+        raise KeyCollision(clash)
+    points: dict[str, float] = {}
+    for _, key, value in entries:
+        number = records.finite_or_none(value)
+        if number is not None:  # a missing value stays missing: never a 0
+            points[key] = number
+    return points
+
+
+def component_keys(name: str) -> tuple[str, str]:
+    """The train keys of one loss component: its physical value and its scale-free ratio."""
+    quantity = _clean(name)
+    return f"{quantity}/train", f"{quantity}{RATIO_SUFFIX}/train"
+
+
+def step_sources(rec: records.Step) -> Iterator[tuple[str, str, Any]]:
+    """``(source, key, value)`` of one training step record (source: how a message names it)."""
+    yield "step loss", "loss/train", rec.loss
+    yield "step lr", "lr/train", rec.lr
+    yield "step grad_norm", "grad_norm/train", rec.grad_norm
+    for name, comp in (rec.components or {}).items():
+        value_key, ratio_key = component_keys(name)
+        yield f"step component {name!r} (value)", value_key, comp.value
+        yield f"step component {name!r} (ratio)", ratio_key, comp.ratio
+    for name, value in (rec.metrics or {}).items():
+        yield f"step metric {name!r}", metric_key(name, "train"), value
 
 
 def step_points(rec: records.Step) -> dict[str, float]:
-    """Chart points of one training step record."""
-    points: dict[str, float] = {}
-    _put(points, "loss/train", rec.loss)
-    _put(points, "lr/train", rec.lr)
-    _put(points, "grad_norm/train", rec.grad_norm)
-    for name, comp in (rec.components or {}).items():
-        _put(points, f"ratio/{_clean(name)}/train", comp.ratio)
-        _put(points, f"loss/{_clean(name)}/train", comp.value)
-    for name, value in (rec.metrics or {}).items():
-        _put(points, metric_key(name, "train"), value)
-    return points
+    """Chart points of one training step record; :class:`KeyCollision` when two of its sources share a key."""
+    return _publish(step_sources(rec))
+
+
+def eval_sources(metrics: dict[str, Any], role: str = "eval") -> Iterator[tuple[str, str, Any]]:
+    """``(source, key, value)`` of one completed evaluation's metrics."""
+    where = "eval metric" if normalize_role(role) == "eval" else f"{normalize_role(role)} metric"
+    for name, value in (metrics or {}).items():
+        yield f"{where} {name!r}", metric_key(name, role), value
 
 
 def eval_points(metrics: dict[str, Any], role: str = "eval") -> dict[str, float]:
-    """Chart points of one completed evaluation (an eval record or a validation receipt)."""
-    points: dict[str, float] = {}
-    for name, value in (metrics or {}).items():
-        _put(points, metric_key(name, role), value)
-    return points
+    """Chart points of one completed evaluation (an eval record or a validation receipt).
+
+    :class:`KeyCollision` when two of its metrics publish one key (``auc`` and ``auc/val``).
+    """
+    return _publish(eval_sources(metrics, role))
+
+
+def planned_sources(components: Iterable[str] = (), train_metrics: Iterable[str] = (),
+                    eval_metrics: Iterable[str] = ()) -> Iterator[tuple[str, str]]:
+    """``(source, key)`` of what a run plans to log, by the rules that publish its records (the ``--check``).
+
+    The fixed training keys (loss, lr, grad_norm) come first; a metric of a
+    refused role raises ``ValueError`` (one line naming it).
+    """
+    yield "step loss", "loss/train"
+    yield "step lr", "lr/train"
+    yield "step grad_norm", "grad_norm/train"
+    for name in components:
+        value_key, ratio_key = component_keys(name)
+        yield f"step component {name!r} (value)", value_key
+        yield f"step component {name!r} (ratio)", ratio_key
+    for role, names in (("train", train_metrics), ("eval", eval_metrics)):
+        for name in names:
+            source = f"{'step' if role == 'train' else 'eval'} metric {name!r}"
+            try:
+                key = metric_key(name, role)
+            except ValueError as exc:  # a refused role
+                raise ValueError(f"{source} is not mapped: {exc}") from None
+            yield source, key
+
+
+def collision(sources: Iterable[tuple[str, str]]) -> Optional[str]:
+    """The one line naming the first two sources that share a key, None when every key has one source."""
+    owner: dict[str, str] = {}
+    for source, key in sources:
+        first = owner.setdefault(key, source)
+        if first != source:
+            return (f"{first} and {source} would both publish {key!r}: rename one of them where the run logs it "
+                    "(one key per quantity and role, docs/export.md)")
+    return None
 
 
 def field_points(rec: records.FieldStats) -> dict[str, float]:
     """Chart points of one latent field QC record (statistics in the field's own space)."""
     base = f"qc/field/{_clean(rec.name)}"
-    points: dict[str, float] = {}
-    for stat in ("median", "p_low", "p_high", "occupancy"):
-        _put(points, f"{base}/{stat}", getattr(rec, stat))
-    return points
+    return _publish((f"field {rec.name!r} {stat}", f"{base}/{stat}", getattr(rec, stat))
+                    for stat in ("median", "p_low", "p_high", "occupancy"))
 
 
 def registration_problems(project: Any, group: Any, description: Any) -> list[str]:

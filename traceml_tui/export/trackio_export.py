@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from traceml_tui.core import records
-from traceml_tui.core.jsonsafe import loads_bounded
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import BacklogState
 from traceml_tui.export import cursor as cursor_mod
-from traceml_tui.export import mapping
+from traceml_tui.export import mapping, readback
 
 #: Readout statuses counted as pending or failed: eval records' ``pending``/``failed`` and the backlog's words.
 _PENDING = frozenset({BacklogState.PENDING.value, BacklogState.CLAIMED.value, BacklogState.STALE_CLAIM.value})
@@ -95,14 +94,6 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        value = loads_bounded(path.read_bytes())
-    except (OSError, ValueError):  # ValueError includes JSON nested deeper than jsonsafe.MAX_DEPTH
-        return None
-    return value if isinstance(value, dict) else None
-
-
 #: Columns of the readouts table; "examples evaluated" is the readout's denominator (seed 004).
 READOUT_COLUMNS = ("checkpoint", "step", "role", "split", "status", "metrics", "examples evaluated")
 #: The metric key a validation worker (or ``traceml.log_eval``) reports its denominator under.
@@ -115,6 +106,14 @@ def denominator(metrics: Optional[dict]) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
         return str(int(value)) if float(value).is_integer() else str(value)
     return "unavailable"
+
+
+def _at(step: int, points: Any, *args: Any) -> dict[str, float]:
+    """``points(*args)``, a key collision naming the step of the record it is in (the line says where to look)."""
+    try:
+        return points(*args)
+    except mapping.KeyCollision as exc:
+        raise mapping.KeyCollision(f"step {step}: {exc}; nothing of this run was published") from None
 
 
 def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor_mod.Cursor]:
@@ -144,7 +143,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
                 continue
             if isinstance(rec, records.Step):
                 if rec.step > new.train_step:
-                    out.add(rec.step, mapping.step_points(rec))
+                    out.add(rec.step, _at(rec.step, mapping.step_points, rec))
                     new.train_step = rec.step
                 last_step = max(last_step, rec.step)
                 if rec.examples is not None:
@@ -154,7 +153,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
             elif isinstance(rec, records.Eval):
                 role = mapping.normalize_role(rec.role)
                 if rec.status == "completed":
-                    for key, value in mapping.eval_points(rec.metrics, role).items():
+                    for key, value in _at(rec.step, mapping.eval_points, rec.metrics, role).items():
                         if f"{key}@{rec.step}" not in new.delivered:
                             out.add(rec.step, {key: value})
                             new.delivered.add(f"{key}@{rec.step}")
@@ -185,7 +184,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
         status = row["state"]
         if status == BacklogState.COMPLETED:
             metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
-            for key, value in mapping.eval_points(metrics, "eval").items():
+            for key, value in _at(step, mapping.eval_points, metrics, "eval").items():
                 if f"{key}@{step}" not in new.delivered:
                     out.add(step, {key: value})
                     new.delivered.add(f"{key}@{step}")
@@ -198,7 +197,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
     # counters and readouts: information tables, re-sent only when their content changes
     pending = sum(1 for row in readouts.values() if row[4] in _PENDING)
     failed = sum(1 for row in readouts.values() if row[4] in _FAILED)
-    stopping = _read_json(layout.early_stopping) or {}
+    stopping = backlog.read_early_stopping(layout.early_stopping) or {}
     qc = field_qc.summarize_records(field_qc.load_field_records(run_dir)) if any(
         k.startswith("qc/field/") for k in new.delivered) else {"failed_fields": []}
     info_rows = [
@@ -252,8 +251,11 @@ def export_run(run_dir: Path, registration: Registration, sink: Sink, *,
     :class:`IdentityCollision` before sending anything when that Trackio run or
     its cursor belongs to another run directory, :class:`SinkUnavailable` when
     the destination fails (the cursor then stays where it was, so nothing is
-    lost and nothing is skipped), and :class:`DescriptionMismatch` when the
-    description or group read back is not the one given.
+    lost and nothing is skipped), :class:`DescriptionMismatch` when the
+    description or group read back is not the one given, :class:`MeasurementMismatch`
+    when the first measurements read back differ from those sent, and
+    :class:`mapping.KeyCollision` (before sending anything) when two source keys
+    of one record would publish one key.
     """
     run_dir = Path(run_dir)
     here = str(run_dir.resolve())
@@ -293,20 +295,55 @@ def export_run(run_dir: Path, registration: Registration, sink: Sink, *,
     except Exception as exc:  # noqa: BLE001 - any failure of the destination is an outage to retry
         raise SinkUnavailable(f"{type(exc).__name__}: {exc}") from None
     cursor_mod.save(path, new)  # what was delivered stays delivered, whatever the read-back says
-    read_back = getattr(sink, "saved_config", None)
-    saved = read_back(registration.project, name) if read_back is not None else None
-    if saved is not None:
+    # the first measurements: the first delivery that holds points (a --follow pass before the first step
+    # sends only tables, and the steps come later)
+    first = cur.train_step == 0 and not cur.delivered
+    verified, differ = _read_back(sink, registration, name, delivery, first=first)
+    new.registration = registered  # read back: a later export need not send the registration again
+    cursor_mod.save(path, new)
+    if differ:  # said once, after the first publish; what was delivered stays delivered
+        raise MeasurementMismatch(differ)
+    counts = delivery.counts()
+    counts["registration"] = int(cur.registration is not None and cur.registration != registered)
+    counts["verified"] = verified
+    return counts
+
+
+def _read_back(sink: Sink, registration: Registration, name: str, delivery: Delivery, *,
+               first: bool) -> tuple[int, str]:
+    """Check, through Trackio's API, the stored description and group, and (``first``) the first measurements.
+
+    Returns how many measurements were read back equal, and the one line that
+    says how they differ ("" when they do not). Raises :class:`DescriptionMismatch`
+    when Trackio stored another description or group, :class:`SinkUnavailable`
+    when it could not be asked (the cursor then keeps the old registration, so
+    the next export asks again). A sink that cannot be read back (a test double)
+    is not checked.
+    """
+    read_config = getattr(sink, "saved_config", None)
+    read_values = getattr(sink, "stored_values", None)
+    if read_config is None:
+        return 0, ""
+    project = registration.project
+    try:
+        saved = read_config(project, name)
         wrong = [f"{what} {str(saved.get(key))[:80]!r}" for what, key, want in
                  (("description", "description", registration.description), ("group", GROUP_KEY, registration.group))
                  if saved.get(key) != want]
         if wrong:  # the cursor keeps the old registration: the next export sends it again
             raise DescriptionMismatch(f"Trackio stored the {' and the '.join(wrong)}, not the one given; "
                                       "the run's config was not updated")
-    new.registration = registered
-    cursor_mod.save(path, new)
-    counts = delivery.counts()
-    counts["registration"] = int(cur.registration is not None and cur.registration != registered)
-    return counts
+        if not (first and read_values is not None and delivery.points):
+            return 0, ""
+        step = min(delivery.points)  # the first measurements this run published (seed 004: verify them)
+        sent = delivery.points[step]
+        differ = readback.differences(sent, read_values(project, name, step))
+    except readback.ReadBackUnavailable as exc:
+        raise SinkUnavailable(f"delivered, but Trackio could not be read back ({exc})") from None
+    if differ:
+        more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+        return 0, f"Trackio's first measurements (step {step}) differ from those sent: {differ[0]}{more}"
+    return len(sent), ""
 
 
 #: Where Trackio keeps a run's group inside its stored config (trackio 0.43 ``Run.__init__``).
@@ -325,9 +362,12 @@ def _check_cursor(cur: cursor_mod.Cursor, path: Path, here: str, name: str, proj
 
 
 def _check_store(sink: Sink, project: str, name: str, here: str) -> None:
-    """Refuse to publish into a Trackio run that another run directory already fills (local store only)."""
+    """Refuse to publish into a Trackio run that another run directory already fills (read through Trackio's API)."""
     read_back = getattr(sink, "saved_config", None)
-    saved = read_back(project, name) if read_back is not None else None
+    try:
+        saved = read_back(project, name) if read_back is not None else None
+    except readback.ReadBackUnavailable as exc:
+        raise SinkUnavailable(str(exc)) from None
     owner = saved.get("experiment_dir") if isinstance(saved, dict) else None
     if isinstance(owner, str) and owner != here:
         raise IdentityCollision(f"Trackio run {name!r} of {project} is already published from {owner}, not from "
@@ -362,6 +402,7 @@ class TrackioSink:
 
     def __init__(self, server_url: Optional[str] = None) -> None:
         self.server_url = server_url
+        self.reader = readback.TrackioReader(server_url)
         self._run: Any = None
         self._chatter = io.StringIO()
         self._warnings: Optional[contextlib.ExitStack] = None
@@ -404,19 +445,16 @@ class TrackioSink:
         with self._quiet():
             self._run.log({key: linked_image(self._trackio, path, caption)}, step=int(step))
 
-    def saved_config(self, project: str, run: str) -> Optional[dict]:
-        """The config Trackio stored for the run, read back through its own storage (local store only).
+    def saved_config(self, project: str, run: str) -> dict:
+        """The config Trackio stored for the run, read back through Trackio's API (``{}``: no such run).
 
-        ``{}`` when the store has no such run; None when it cannot be read from
-        here (a remote server: its store is not this machine's).
+        Raises :class:`readback.ReadBackUnavailable` when Trackio cannot be asked.
         """
-        if self.server_url is not None:
-            return None
-        with self._quiet():
-            from trackio.sqlite_storage import SQLiteStorage
+        return self.reader.run_config(project, run)
 
-            config = SQLiteStorage.get_run_config(project, run)
-        return config if isinstance(config, dict) else {}
+    def stored_values(self, project: str, run: str, step: int) -> dict[str, Any]:
+        """The metrics Trackio stored for the run at ``step``, read back through Trackio's API."""
+        return self.reader.values_at(project, run, step)
 
     def close(self) -> None:
         try:
@@ -460,6 +498,10 @@ def linked_image(trackio: Any, path: Path, caption: str) -> Any:
 
 class DescriptionMismatch(ValueError):
     """The description or group Trackio stored differs from the one registered (the tooltip would mislead)."""
+
+
+class MeasurementMismatch(ValueError):
+    """The first measurements Trackio stored differ from those sent (read back through Trackio's API)."""
 
 
 class IdentityCollision(ValueError):

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from traceml_tui.core.hygiene_files import MAX_SECONDS
 from traceml_tui.guard.contract import (
     ContractError,
     _type_name,  # one wording for type errors in both files
@@ -163,6 +164,32 @@ def _duplicate_key(node: yaml.Node, field: str, seen_nodes: set[int] | None = No
     return None
 
 
+#: YAML tags no setting can take: PyYAML would build a date, bytes, a set or pairs from them (and raise
+#: a bare Python error on a malformed date). Plain text, numbers, Booleans, lists and mappings are all a
+#: ``traceml.yaml`` holds.
+_REFUSED_TAGS = {f"tag:yaml.org,2002:{name}": f"!!{name}" for name in ("timestamp", "binary", "set", "omap", "pairs")}
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+
+
+def _refused_tag(node: yaml.Node, field: str) -> tuple[str, str, int] | None:
+    """The first node under ``node`` tagged with a refused tag, as (field path, tag, line)."""
+    stack = [(node, field)]
+    while stack:  # iterative: a deeply nested file must not exhaust the recursion limit here
+        current, where = stack.pop()
+        if current.tag in _REFUSED_TAGS:
+            return where, _REFUSED_TAGS[current.tag], current.start_mark.line + 1
+        if isinstance(current, yaml.MappingNode):
+            for key_node, value_node in reversed(current.value):
+                name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+                name = name if name.isprintable() else ascii(name)
+                if key_node.tag in _REFUSED_TAGS:
+                    stack.append((key_node, where or "(a key)"))
+                stack.append((value_node, f"{where}.{name}" if where else name))
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend((item, where) for item in reversed(current.value))
+    return None
+
+
 def _key_name(key: str) -> str:
     """A user-supplied name on one line, escaped and at most 80 characters."""
     name = ascii(key[:80])[1:-1]
@@ -185,6 +212,14 @@ class _Loader(yaml.SafeLoader):
                 event.start_mark,
             )
         return super().compose_node(parent, index)
+
+
+# An unquoted date (``2024-01-01``) stays the text it is: no setting takes a date, and an error about a
+# string names the setting, where a date object would surprise every check after the loader.
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 
 
 _KIND_NAMES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
@@ -236,6 +271,10 @@ def _parse_yaml(path: Path) -> Any:
         duplicate = _duplicate_key(root, "") if root is not None else None
         if duplicate:
             raise ConfigError(path, duplicate[0], f"duplicate key at line {duplicate[1]}")
+        refused = _refused_tag(root, "") if root is not None else None
+        if refused:
+            raise ConfigError(path, refused[0] or None, f"the YAML tag {refused[1]} at line {refused[2]} is not "
+                                                        "allowed (write plain text, a number or a Boolean)")
         return yaml.load(source, Loader=_Loader)  # noqa: S506 - a SafeLoader (without aliases)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -259,12 +298,21 @@ def _bool(path: Path, key: str, value: Any) -> bool:
     raise ConfigError(path, key, f"must be a Boolean (true/false), not {_type_name(value)}")
 
 
+def _as_float(value: int | float) -> float:
+    """``float(value)``; infinity for an integer beyond a double (never an ``OverflowError``)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def _positive_number(path: Path, key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(path, key, f"must be a number, not {_type_name(value)}")
-    number = float(value)
-    if not math.isfinite(number) or number <= 0:
-        raise ConfigError(path, key, f"must be a finite number greater than 0 (got {show_value(value)})")
+    number = _as_float(value)
+    if not math.isfinite(number) or number <= 0 or number > MAX_SECONDS:
+        raise ConfigError(path, key, f"must be a finite number greater than 0 and at most {MAX_SECONDS:g} "
+                                     f"(got {show_value(value)})")
     return number
 
 
@@ -273,7 +321,7 @@ def _retention_seconds(path: Path, value: Any) -> int:
     if isinstance(value, bool):
         raise ConfigError(path, key, "must be a duration in seconds or like 30m, 2h, 1d, not a Boolean")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        seconds = _as_float(value)
     elif isinstance(value, str):
         match = _DURATION.fullmatch(value)
         if match is None:
@@ -281,8 +329,9 @@ def _retention_seconds(path: Path, value: Any) -> int:
         seconds = float(match.group("value")) * _UNIT_SECONDS[match.group("unit").lower()]
     else:
         raise ConfigError(path, key, f"must be a duration in seconds or like 30m, not {_type_name(value)}")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(path, key, f"must be a finite positive duration (got {show_value(value)})")
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_SECONDS:
+        raise ConfigError(path, key, f"must be a finite positive duration of at most {MAX_SECONDS:g} s "
+                                     f"(got {show_value(value)})")
     return math.ceil(seconds)
 
 

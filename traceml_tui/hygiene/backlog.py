@@ -21,6 +21,7 @@ whether a claim's owner lives from :func:`traceml_tui.core.owner.probe_owner`.
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import signal
 import socket
@@ -29,11 +30,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.core import artifacts, state
+from traceml_tui.core import artifacts, hygiene_files, state
 from traceml_tui.core import owner as core_owner
 from traceml_tui.core.atomic import atomic_write_json, dumps_json, fsync_dir
-from traceml_tui.core.jsonsafe import loads_bounded
-from traceml_tui.core.rundir import BACKLOG_KINDS, RunDir
+from traceml_tui.core.jsonsafe import decode_bounded, loads_bounded
+from traceml_tui.core.rundir import BACKLOG_KINDS, EARLY_STOPPING, VALIDATION, RunDir
 from traceml_tui.core.state import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -50,7 +51,7 @@ def ensure_dirs(run_dir: Path) -> None:
 
 
 def read_json(path: Path) -> Optional[dict]:
-    """Read one side file; ``None`` when missing or unreadable (never half written)."""
+    """Any JSON object file, untyped; ``None`` when missing or unreadable (backlog files: :func:`read_backlog_file`)."""
     try:
         with open(path, "rb") as handle:
             value = loads_bounded(handle.read())
@@ -59,6 +60,60 @@ def read_json(path: Path) -> Optional[dict]:
     except (OSError, ValueError):  # includes JSON nested deeper than jsonsafe.MAX_DEPTH
         return None
     return value if isinstance(value, dict) else None
+
+
+def read_backlog_file(path: Path, folder: str, errors: Optional[list[str]] = None) -> Optional[dict]:
+    """One backlog file of ``folder`` decoded by :mod:`traceml_tui.core.hygiene_files` (bounds checked).
+
+    ``None`` when it is missing or damaged; a damaged one (not JSON, a value out of
+    bounds, a checkpoint other than its file's name) adds one line to ``errors``
+    — ``validation/<folder>/<name>: <what is wrong>`` — so a report shows it
+    beside the files that are fine.
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        _damaged(errors, folder, path, f"cannot read: {exc.strerror or exc}")
+        return None
+    try:
+        return hygiene_files.as_dict(hygiene_files.decode_named(folder, path.name, data))
+    except hygiene_files.DamagedFile as exc:
+        _damaged(errors, folder, path, str(exc))
+        return None
+
+
+def _damaged(errors: Optional[list[str]], folder: str, path: Path, why: str) -> None:
+    if errors is not None:
+        errors.append(f"{VALIDATION}/{folder}/{path.name}: {why}")
+
+
+def read_early_stopping(path: Path, errors: Optional[list[str]] = None) -> Optional[dict]:
+    """``early_stopping.json`` (:mod:`traceml_tui.hygiene.early_stopping`) as written, once
+    :func:`traceml_tui.core.hygiene_files.decode_early_stopping` accepted it (finite numbers, bounded
+    integers, expected shapes): the one reader of that file, for early stopping, the summary, the curve
+    and the export (here, not in ``early_stopping``, which imports torch when it broadcasts).
+
+    None when it is missing or damaged; a damaged one adds one line to ``errors``.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if errors is not None:
+            errors.append(f"{EARLY_STOPPING}: cannot read: {exc.strerror or exc}")
+        return None
+    try:
+        hygiene_files.decode_early_stopping(data)
+    except hygiene_files.DamagedFile as exc:
+        if errors is not None:
+            errors.append(f"{EARLY_STOPPING}: {exc}")
+        return None
+    # Checked above: the same bytes as plain values, exactly as written (what the summary shows).
+    return decode_bounded(data)
 
 
 def order_key(request: dict) -> tuple:
@@ -72,43 +127,52 @@ def order_key(request: dict) -> tuple:
     )
 
 
-def list_requests(run_dir: Path) -> list[dict]:
-    """All readable requests, in checkpoint order."""
+def list_requests(run_dir: Path, errors: Optional[list[str]] = None) -> list[dict]:
+    """All readable requests, in checkpoint order (damaged ones reported in ``errors``)."""
     requests = []
     for path in RunDir(run_dir).backlog_files("requests"):
-        request = read_json(path)
-        if request is not None and request.get("checkpoint") == path.stem:
+        request = read_backlog_file(path, "requests", errors)
+        if request is not None:
             requests.append(request)
     requests.sort(key=order_key)
     return requests
 
 
 def read_receipt(run_dir: Path, checkpoint: str) -> Optional[dict]:
-    receipt = read_json(RunDir(run_dir).receipt(checkpoint))
-    if receipt is None or receipt.get("checkpoint") != checkpoint:
-        return None
-    return receipt
+    return read_backlog_file(RunDir(run_dir).receipt(checkpoint), "receipts")
 
 
-def list_receipts(run_dir: Path) -> dict[str, dict]:
+def list_receipts(run_dir: Path, errors: Optional[list[str]] = None) -> dict[str, dict]:
     receipts = {}
     for path in RunDir(run_dir).backlog_files("receipts"):
-        receipt = read_json(path)
-        if receipt is not None and receipt.get("checkpoint") == path.stem:
+        receipt = read_backlog_file(path, "receipts", errors)
+        if receipt is not None:
             receipts[path.stem] = receipt
     return receipts
 
 
-def list_failures(run_dir: Path) -> dict[str, list[dict]]:
+def _failure_record(path: Path, errors: Optional[list[str]] = None) -> Optional[dict]:
+    """One failure file; a damaged one still counts as the failed attempt its name says (never as none)."""
+    checkpoint = hygiene_files.checkpoint_of("failures", path.name)
+    record = read_backlog_file(path, "failures", errors)
+    if record is None and checkpoint is not None:
+        record = {"checkpoint": checkpoint, "attempt": None, "error": "the failure record is damaged", "failed": None}
+    return record
+
+
+def _attempt_key(record: dict) -> int:
+    return record["attempt"] if isinstance(record.get("attempt"), int) else 0
+
+
+def list_failures(run_dir: Path, errors: Optional[list[str]] = None) -> dict[str, list[dict]]:
     """Failure records grouped by checkpoint, oldest attempt first."""
     grouped: dict[str, list[dict]] = {}
     for path in RunDir(run_dir).backlog_files("failures"):
-        record = read_json(path)
-        if record is None or not isinstance(record.get("checkpoint"), str):
-            continue
-        grouped.setdefault(record["checkpoint"], []).append(record)
+        record = _failure_record(path, errors)
+        if record is not None:
+            grouped.setdefault(record["checkpoint"], []).append(record)
     for records in grouped.values():
-        records.sort(key=lambda r: r.get("attempt") if isinstance(r.get("attempt"), int) else 0)
+        records.sort(key=_attempt_key)
     return grouped
 
 
@@ -118,9 +182,9 @@ def failures_of(run_dir: Path, checkpoint: str) -> list[dict]:
     records = []
     for path in RunDir(run_dir).backlog_files("failures"):
         if path.stem.startswith(prefix) and path.stem[len(prefix):].isdigit():
-            record = read_json(path)
+            record = _failure_record(path)
             records.append(record if record is not None else {"checkpoint": checkpoint})
-    records.sort(key=lambda r: r.get("attempt") if isinstance(r.get("attempt"), int) else 0)
+    records.sort(key=_attempt_key)
     return records
 
 
@@ -139,8 +203,8 @@ def failure_count(run_dir: Path, checkpoint: str) -> int:
     return count
 
 
-def read_claim(run_dir: Path, checkpoint: str) -> Optional[dict]:
-    return read_json(RunDir(run_dir).claim(checkpoint))
+def read_claim(run_dir: Path, checkpoint: str, errors: Optional[list[str]] = None) -> Optional[dict]:
+    return read_backlog_file(RunDir(run_dir).claim(checkpoint), "claims", errors)
 
 
 # --------------------------------------------------------------------------- owners
@@ -150,7 +214,13 @@ current_owner = core_owner.current_owner
 
 
 def _seconds(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond a double: no time at all
+        return None
+    return number if math.isfinite(number) else None
 
 
 def claim_is_stale(claim: dict, *, now: Optional[float] = None) -> bool:
@@ -380,8 +450,8 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
         except FileNotFoundError:
             return True  # already gone: the caller may claim
         try:
-            existing = loads_bounded(raw)
-        except ValueError:
+            existing: Optional[dict] = hygiene_files.as_dict(hygiene_files.decode_backlog("claims", raw))
+        except hygiene_files.DamagedFile:
             existing = None
         # A torn or foreign file cannot be a live claim: claims are never written in place.
         if isinstance(existing, dict) and not claim_is_stale(existing):
@@ -502,9 +572,11 @@ def declared_validation(run_dir: Path) -> dict[str, float]:
     block = block if isinstance(block, dict) else {}
 
     def number(key: str, default: float, *, zero_ok: bool = False) -> float:
-        value = block.get(key)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > 0 or (zero_ok and value == 0))
-        return float(value) if ok else default
+        # Within the bounds traceml.yaml allows (hygiene/config.py), so a lease written into a claim is one the
+        # claim's decoder accepts; anything else (an edited manifest) falls back on the default.
+        value = _seconds(block.get(key))
+        ok = value is not None and (value > 0 or (zero_ok and value == 0)) and value <= hygiene_files.MAX_SECONDS
+        return value if ok else default
 
     attempts = manifest.max_validation_attempts if manifest is not None else None
     return {
@@ -527,7 +599,8 @@ def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Op
     ``blocked`` (every allowed attempt failed) or ``completed``, decided by
     :func:`traceml_tui.core.state.decide_backlog`.
 
-    Returns ``{requests: [...], newest_completed, latest_requested, counts, outstanding}``;
+    Returns ``{requests: [...], newest_completed, latest_requested, counts, outstanding, errors}``;
+    ``errors`` holds one line per damaged backlog file (:func:`read_backlog_file`), which is left out of the rest;
     ``counts`` follows :data:`~traceml_tui.core.state.BACKLOG_ORDER`; ``outstanding``
     lists every request that has no receipt (a pending or failed request is never a result).
     ``max_attempts`` defaults to the run's declared value (:func:`declared_max_attempts`).
@@ -536,9 +609,10 @@ def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Op
     declared = declared_validation(run_dir)
     if max_attempts is None:
         max_attempts = int(declared["max_attempts"])
-    requests = list_requests(run_dir)
-    receipts = list_receipts(run_dir)
-    failures = list_failures(run_dir)
+    errors: list[str] = []  # one line per damaged backlog file; every other file is still reported
+    requests = list_requests(run_dir, errors)
+    receipts = list_receipts(run_dir, errors)
+    failures = list_failures(run_dir, errors)
     rows = []
     newest = None
     for request in requests:
@@ -552,7 +626,7 @@ def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Op
             "last_error": fails[-1].get("error") if fails else None,
         }
         receipt = receipts.get(ckpt)
-        claim = read_claim(run_dir, ckpt) if receipt is None else None
+        claim = read_claim(run_dir, ckpt, errors) if receipt is None else None
         word = state.decide_backlog(
             has_receipt=receipt is not None,
             has_claim=claim is not None,
@@ -582,4 +656,5 @@ def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Op
         "outstanding": [{"checkpoint": r["checkpoint"], "step": r["step"], "state": r["state"],
                          "failures": r["failures"], "last_error": r["last_error"], "retry_at": r["retry_at"]}
                         for r in outstanding],
+        "errors": errors,
     }

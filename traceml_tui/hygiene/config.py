@@ -13,6 +13,8 @@ Shape (all cadences are in optimizer updates)::
       history:
         schema: 1                    # step record version (traceml_tui.core.records.RECORD_VERSION)
         output: ranks                # the append-only history's folder: always ranks (the run directory layout)
+        components: [mse]            # optional: the loss components the run logs (planned Trackio keys)
+        metrics: [r2]                # optional: the training task metrics it logs
       curve:
         cadence: 50                  # re-render learning_curve.png every N updates
       validation:
@@ -21,6 +23,7 @@ Shape (all cadences are in optimizer updates)::
         first_evaluation: 0          # first checkpoint step (0 = at initialization)
         worker: [python, validate.py, --checkpoint, "{checkpoint}"]
         dispatcher: launcher         # or external (optional; default launcher)
+        metrics: [r2, mse, mse_ratio]  # optional: the metrics the worker reports (planned Trackio keys)
       early_stopping:
         metric: r2
         direction: max               # min | max
@@ -42,6 +45,7 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
+from traceml_tui.core.hygiene_files import INT64_MAX, MAX_SECONDS
 from traceml_tui.core.records import RECORD_VERSION
 from traceml_tui.core.rundir import LEARNING_CURVE, RANKS
 from traceml_tui.core.state import (
@@ -95,15 +99,21 @@ def _int(value: Any, path: str, *, minimum: int) -> int:
         raise HygieneConfigError(path, f"must be an integer, got {show_value(value)}")
     if value < minimum:
         raise HygieneConfigError(path, f"must be >= {minimum}, got {show_value(value)}")
+    if value > INT64_MAX:  # it is written into manifests, claims and the index: SQLite's integer range
+        raise HygieneConfigError(path, f"must fit in a signed 64-bit integer, got {show_value(value)}")
     return int(value)
 
 
-def _number(value: Any, path: str, *, minimum: float) -> float:
+def _number(value: Any, path: str, *, minimum: float, maximum: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HygieneConfigError(path, f"must be a number, got {show_value(value)}")
-    number = float(value)
-    if not math.isfinite(number) or number < minimum:
-        raise HygieneConfigError(path, f"must be a finite number >= {minimum:g}, got {show_value(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond a double
+        number = math.inf
+    if not math.isfinite(number) or number < minimum or number > maximum:
+        bound = f" and <= {maximum:g}" if math.isfinite(maximum) else ""
+        raise HygieneConfigError(path, f"must be a finite number >= {minimum:g}{bound}, got {show_value(value)}")
     return number
 
 
@@ -146,10 +156,30 @@ def _worker(value: Any, path: str) -> list[str]:
     return argv
 
 
+def _names(value: Any, path: str) -> list[str]:
+    """A declared list of metric or component names: nonempty strings, each once."""
+    if not isinstance(value, list) or not value:
+        raise HygieneConfigError(path, "must be a nonempty list of names")
+    names = [_text(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise HygieneConfigError(f"{path}[{i}]", f"{show_value(name)} is listed twice")
+    return names
+
+
+def _planned(block: dict, keys: tuple[str, ...], path: str) -> dict:
+    """The optional planned names of a section (``history.components``, ``validation.metrics``...).
+
+    Only what is declared is recorded, so a block that declares none normalizes as before.
+    What they are for: docs/export.md, "Check before launch".
+    """
+    return {key: _names(block[key], f"{path}.{key}") for key in keys if block.get(key) is not None}
+
+
 def _history(raw: Any) -> dict:
     path = "hygiene.history"
     block = _mapping(raw, path)
-    _unknown_keys(block, ("schema", "output"), path)
+    _unknown_keys(block, ("schema", "output", "components", "metrics"), path)
     schema = _required(block, "schema", path)
     if isinstance(schema, str) and schema.lower().lstrip("v").isdigit():
         schema = int(schema.lower().lstrip("v"))
@@ -164,7 +194,7 @@ def _history(raw: Any) -> dict:
             f"{path}.output",
             f"must be {RANKS} (the history is always ranks/rank_<r>/steps-<attempt>.jsonl), got {show_value(output)}",
         )
-    return {"schema": schema, "output": output}
+    return {"schema": schema, "output": output, **_planned(block, ("components", "metrics"), path)}
 
 
 def _curve(raw: Any) -> dict:
@@ -179,15 +209,17 @@ def _validation(raw: Any) -> dict:
     path = "hygiene.validation"
     block = _mapping(raw, path)
     _unknown_keys(block, ("recipe", "cadence", "first_evaluation", "worker", "lease_s", "max_attempts", "dispatcher",
-                          "retry_backoff_s", "timeout_s"), path)
+                          "retry_backoff_s", "timeout_s", "metrics"), path)
     recipe = _text(_required(block, "recipe", path), f"{path}.recipe")
     cadence = _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)
     first = _int(_required(block, "first_evaluation", path), f"{path}.first_evaluation", minimum=0)
     worker = _worker(_required(block, "worker", path), f"{path}.worker")
-    lease = _number(block.get("lease_s", DEFAULT_LEASE_S), f"{path}.lease_s", minimum=1)
+    lease = _number(block.get("lease_s", DEFAULT_LEASE_S), f"{path}.lease_s", minimum=1, maximum=MAX_SECONDS)
     attempts = _int(block.get("max_attempts", DEFAULT_MAX_ATTEMPTS), f"{path}.max_attempts", minimum=1)
-    backoff = _number(block.get("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S), f"{path}.retry_backoff_s", minimum=0)
-    timeout = _number(block.get("timeout_s", DEFAULT_WORKER_TIMEOUT_S), f"{path}.timeout_s", minimum=1)
+    backoff = _number(block.get("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S), f"{path}.retry_backoff_s", minimum=0,
+                      maximum=MAX_SECONDS)
+    timeout = _number(block.get("timeout_s", DEFAULT_WORKER_TIMEOUT_S), f"{path}.timeout_s", minimum=1,
+                      maximum=MAX_SECONDS)
     dispatcher = block.get("dispatcher", DISPATCH_LAUNCHER)
     if dispatcher not in DISPATCHERS:
         raise HygieneConfigError(f"{path}.dispatcher", f"must be one of {', '.join(DISPATCHERS)}, got {show_value(dispatcher)}")
@@ -201,6 +233,7 @@ def _validation(raw: Any) -> dict:
         "retry_backoff_s": backoff,
         "timeout_s": timeout,
         "dispatcher": dispatcher,
+        **_planned(block, ("metrics",), path),
     }
 
 

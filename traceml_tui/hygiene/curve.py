@@ -118,7 +118,7 @@ def load_curve_data(run_dir: Path) -> CurveData:
     key = lambda item: (item["step"] if isinstance(item["step"], int) else -1, item["checkpoint"])  # noqa: E731
     return CurveData(run=run_name, attempts=attempts, evals=sorted(evals.values(), key=key),
                      unfinished=sorted(unfinished.values(), key=key),
-                     early_stopping=backlog.read_json(layout.early_stopping))
+                     early_stopping=backlog.read_early_stopping(layout.early_stopping))
 
 
 def _add_step(series: AttemptSeries, rec: records.Step) -> None:

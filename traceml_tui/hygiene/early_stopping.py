@@ -155,7 +155,12 @@ class EarlyStopping:
         }
 
     def _load(self) -> dict:
-        state = backlog.read_json(self.path)
+        errors: list[str] = []
+        state = backlog.read_early_stopping(self.path, errors)
+        if errors:
+            # Never start afresh over a damaged state: patience already spent would be forgotten and
+            # the file overwritten (docs/hygiene.md).
+            raise ValueError(f"{errors[0]}; move it aside to start early stopping afresh")
         if state is None:
             return self._fresh_state()
         frozen = state.get("policy", {})

@@ -36,7 +36,7 @@ def _count_key(word: BacklogState) -> str:
 
 def _early_stopping(run_dir: Path, declared: dict) -> Optional[dict[str, Any]]:
     """The early-stopping state as recorded (``early_stopping.json``), else what was declared."""
-    state = backlog.read_json(RunDir(run_dir).early_stopping)
+    state = backlog.read_early_stopping(RunDir(run_dir).early_stopping)
     policy = (state or {}).get("policy") if isinstance((state or {}).get("policy"), dict) else {}
     policy = policy or declared
     if not policy and state is None:
@@ -128,7 +128,7 @@ def validation_report(run_dir: Path, hygiene: Optional[dict] = None) -> Optional
     es_declared = hygiene.get("early_stopping") if isinstance(hygiene.get("early_stopping"), dict) else {}
     early = _early_stopping(run_dir, es_declared)
     best = None
-    es_state = backlog.read_json(layout.early_stopping) or {}
+    es_state = backlog.read_early_stopping(layout.early_stopping) or {}
     if isinstance(es_state.get("best_checkpoint"), str):
         ckpt = es_state["best_checkpoint"]
         best = {

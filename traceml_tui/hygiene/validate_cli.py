@@ -10,20 +10,25 @@ or a RUN_DIR that is not a run directory,
 and 2 when a request is bound to another validation config than the recipe and
 command it runs (nothing claimed, no receipt; ``--recipe-override`` runs it and
 records the override in the receipt).
+`status` prints the backlog (text or ``--json``) and exits 0; 1 when a backlog
+file is damaged (one line each on stderr, every other file still reported).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 from traceml_tui.core.cliargs import EXIT_USAGE, RaisingParser, UsageError, positive_seconds, seconds, usage_line
+from traceml_tui.core.jsonsafe import dumps_valid
 from traceml_tui.core.rundir import run_dir_problem
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
+
+#: ``validate status`` found a damaged backlog file (reported on stderr, the other files on stdout).
+EXIT_DAMAGED = 1
 
 USAGE = "usage: traceml validate drain RUN_DIR [options] -- CMD ... | traceml validate status RUN_DIR [--json]"
 
@@ -49,6 +54,16 @@ def _attempts(text: str) -> int:
     return value
 
 
+def _lease(text: str) -> float:
+    """``--lease``: seconds above zero, at most what a claim may record (core/hygiene_files.py ``MAX_SECONDS``)."""
+    from traceml_tui.core.hygiene_files import MAX_SECONDS
+
+    value = positive_seconds(text)
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_SECONDS:g} seconds")
+    return value
+
+
 def _drain(argv: list[str]) -> int:
     if "--" in argv:
         split = argv.index("--")
@@ -60,7 +75,7 @@ def _drain(argv: list[str]) -> int:
     parser.add_argument("--max-runtime", type=positive_seconds, default=None, help="seconds this worker may run")
     # Unset options take the run's declared hygiene.validation settings (backlog.declared_validation),
     # so a manual drainer retries, leases and times out exactly as every other surface counts.
-    parser.add_argument("--lease", type=positive_seconds, default=None,
+    parser.add_argument("--lease", type=_lease, default=None,
                         help="claim lease in seconds, heartbeat every lease/3 (default: the run's declared lease_s)")
     parser.add_argument("--max-attempts", type=_attempts, default=None,
                         help="failures after which a request is blocked (default: the run's declared max_attempts)")
@@ -166,11 +181,14 @@ def _status(argv: list[str]) -> int:
 
     status = backlog_status(run_dir, max_attempts=args.max_attempts)
     if args.json:
-        keys = ("requests", "newest_completed", "latest_requested", "counts", "outstanding")
-        print(json.dumps({k: status[k] for k in keys}, indent=2))
-        return 0
-    print(format_status(status))
-    return 0
+        keys = ("requests", "newest_completed", "latest_requested", "counts", "outstanding", "errors")
+        print(dumps_valid({k: status[k] for k in keys}, indent=2))
+    else:
+        print(format_status(status))
+    # A damaged backlog file: one line each, the rest still reported above, and a non-zero exit (docs/hygiene.md).
+    for line in status["errors"]:
+        _fail(f"damaged backlog file {line}")
+    return EXIT_DAMAGED if status["errors"] else 0
 
 
 def format_status(status: dict) -> str:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional
 
+from traceml_tui.core import lease as core_lease
 from traceml_tui.core.cliargs import EXIT_USAGE, OneLineParser
 from traceml_tui.core.rundir import validate_run_name
 from traceml_tui.run.options import LaunchError, LaunchOptions
@@ -122,6 +123,10 @@ def parse_options(argv: list[str], config_logs_dir: Optional[str] = None, config
     except ValueError as exc:
         raise LaunchError(f"--run-name: {exc}") from None
     logs_dir = Path(ns.logs_dir or config_logs_dir or "logs")
+    try:
+        lease_s = core_lease.lease_from_env(environ or {})
+    except core_lease.LeaseConfigError as exc:
+        raise LaunchError(str(exc)) from None
     return LaunchOptions(
         script=script,
         script_args=tuple(script_args),
@@ -137,6 +142,7 @@ def parse_options(argv: list[str], config_logs_dir: Optional[str] = None, config
         resume=bool(ns.resume),
         default_name=not ns.run_name,
         auto_attach=not ns.no_auto_attach,
+        lease_s=lease_s,
     )
 
 

@@ -4,7 +4,10 @@ Order of events (seed 000 "Saved artifacts and completion checks"):
 
 1. node 0 writes ``manifest.json`` (exclusively: an existing run is never
    touched) and prints the "Measurement contract captured" confirmation; a
-   fresh run also gets its reproduction bundle (``run/provenance.py``);
+   fresh run also gets its reproduction bundle (``run/provenance.py``); every
+   node's launcher beats its lease ``nodes/node_<k>/launcher.lease``
+   (``run/lease.py``) from then until its final word (node 0: right after the
+   manifest), so that a dead launcher or node is seen (docs/run.md);
 2. the training command starts — the script itself for one process, else
    ``torch.distributed.run`` — with the run directory in its environment and
    a parent-death signal (``run/lifeline.py``: SIGTERM when the launcher dies);
@@ -34,6 +37,7 @@ import msgspec
 from traceml_tui.core import artifacts, atomic, coverage
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
 from traceml_tui.run import lifeline
+from traceml_tui.run.lease import LeaseKeeper
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.sdk import env as sdk_env
 
@@ -89,6 +93,13 @@ class Launcher:
         self.interrupted = False
         self.stop_signal: Optional[int] = None  # the first SIGINT/SIGTERM this launcher forwarded to training
         self.child: Optional[subprocess.Popen] = None
+        self.lease: Optional[LeaseKeeper] = None  # beats from the end of prepare() until the final word
+
+    def _start_lease(self) -> None:
+        """Start beating this node's launcher lease (run/lease.py); the run folder is ours from here on."""
+        if self.lease is None:
+            self.lease = LeaseKeeper(self.layout.lease(self.options.node_rank), self.options.node_rank,
+                                     self.options.lease_s).start()
 
     # -- before anything starts -------------------------------------------------------------
     def prepare(self) -> None:
@@ -122,6 +133,7 @@ class Launcher:
 
             self.digest = contract_digest(self.config.guard)
         if opts.node_rank != 0:
+            self._start_lease()
             return
         if opts.resume:
             try:
@@ -144,6 +156,7 @@ class Launcher:
             self._keep_recorded_hygiene(previous)
             self.manifest = msgspec.structs.replace(previous, attempts=previous.attempts + 1, status="running")
             atomic.atomic_write_json(manifest_path, artifacts.to_builtins(self.manifest))
+            self._start_lease()
             return
         self.manifest = self._initial_manifest()
         try:
@@ -154,6 +167,7 @@ class Launcher:
             ) from None
         except OSError as exc:
             raise LaunchError(f"cannot write {manifest_path}: {exc.strerror}") from None
+        self._start_lease()  # at once: a launcher killed from here on leaves a lease that expires
         if self.guarded:
             contract = self.config.guard
             measurement = contract["measurement"]
@@ -402,13 +416,15 @@ class Launcher:
             sampler.stop()
             if curve is not None:
                 curve.set()
-        if validation is not None:
-            self._drain_after_training(*validation)
         try:
+            if validation is not None:
+                self._drain_after_training(*validation)
             self.finalize(exit_code)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self.lease is not None:  # the final word is written (or never will be by us): stop beating
+                self.lease.finish()
         return exit_code
 
     # -- after training ---------------------------------------------------------------------

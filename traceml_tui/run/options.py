@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from traceml_tui.core.lease import DEFAULT_LEASE_S
+
 
 class LaunchError(Exception):
     """A refusal before launch; ``str()`` is the one line shown to the user."""
@@ -36,6 +38,8 @@ class LaunchOptions:
     default_name: bool = False
     # Ranks start through traceml_tui.integrations.bootstrap, which attaches trainer callbacks (docs/trainers.md).
     auto_attach: bool = True
+    # Seconds of the launcher lease (core/lease.py; TRACEML_LAUNCHER_LEASE_S): beats every lease_s / 6.
+    lease_s: float = DEFAULT_LEASE_S
 
     @property
     def run_dir(self) -> Path:

@@ -34,6 +34,7 @@ class RunRow:
     status: str  # one of RUN_STATES
     silent_ranks: tuple[int, ...] = ()
     explaining_ranks: tuple[int, ...] = ()  # named beside the status word, as `traceml status` names them
+    lost_nodes: tuple[int, ...] = ()  # nodes whose launcher lease expired while another's did not (`lost node 1`)
     workload: Optional[str] = None
     nodes: Optional[int] = None
     procs_per_node: Optional[int] = None

@@ -454,7 +454,7 @@ class IndexSource:
             step = run.last_step
             rows.append(RunRow(
                 run_id=rid, name=run.name, status=str(run.status), silent_ranks=run.silent_ranks,
-                explaining_ranks=run.explaining_ranks,
+                explaining_ranks=run.explaining_ranks, lost_nodes=run.lost_nodes,
                 first_failed=_first_failed(run),
                 workload=parts["workload"], nodes=run.nnodes,
                 procs_per_node=run.nproc_per_node or (run.ranks or None),
@@ -690,8 +690,9 @@ def _failure_from_ranks(row: RunRow, ranks: list[RankRow]) -> Optional[FailureIn
     """Before the launcher's summary (or without one: the launcher died), who failed first as the states say."""
     first = next((r for r in ranks if r.rank == row.first_failed), None)
     if first is None:
-        # lost with no lost rank: every rank ended and the launcher never finalized (core/state.py launcher_lost)
-        if row.status == "lost" and ranks and all(r.ended is not None for r in ranks):
+        # lost with no lost rank: every rank ended (or none ever wrote: its lease expired first) and the launcher
+        # never finalized (core/state.py launcher_lost and the launcher-lease rules)
+        if row.status == "lost" and all(r.ended is not None for r in ranks):
             return FailureInfo(cause="launcher-lost", cause_text=forensics.CAUSE_TEXT["launcher-lost"])
         return None
     return FailureInfo(cause="unknown", cause_text=PENDING_CAUSE, rank=first.rank, node=first.node,

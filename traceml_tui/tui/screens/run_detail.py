@@ -12,7 +12,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
-from traceml_tui.core.state import LIVE_RUN_STATES
+from traceml_tui.core.state import LIVE_RUN_STATES, describe
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RunDetail
@@ -29,9 +29,8 @@ from traceml_tui.tui.widgets.text_chart import ChartData, TextChart
 def headline(detail: RunDetail) -> list:
     """One-line run status plus facts, as InfoPanel lines."""
     r = detail.run
-    status = r.status.upper()
-    if r.explaining_ranks:  # the ranks the Runs table and `traceml status` name beside the word
-        status += " " + ",".join(f"r{n}" for n in r.explaining_ranks)
+    # the ranks and lost nodes the Runs table and `traceml status` name beside the word (core/state.py describe)
+    status = describe(r.status.upper(), r.explaining_ranks, r.lost_nodes)
     facts = [f"step {r.step if r.step is not None else '–'}" + (f"/{r.declared_steps}" if r.declared_steps else ""),
              f"median {textplot.fmt_num(r.median_step_ms)} ms",
              f"{textplot.fmt_num(r.steps_per_s)} steps/s", f"{textplot.fmt_num(r.examples_per_s)} ex/s"]

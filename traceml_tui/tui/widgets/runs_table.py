@@ -6,6 +6,7 @@ from typing import Any, Optional, Sequence
 
 from rich.text import Text
 
+from traceml_tui.core.state import describe
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RUN_STATES, RunRow
@@ -59,9 +60,8 @@ def sort_key(label: str):
 
 
 def status_text(row: RunRow) -> Text:
-    label = run_label(row.status)
-    if row.explaining_ranks:
-        label += " " + ",".join(f"r{r}" for r in row.explaining_ranks)
+    # the word with the ranks and lost nodes that explain it, as `traceml status` prints it (core/state.py)
+    label = run_label(row.status, describe(row.status, row.explaining_ranks, row.lost_nodes))
     return Text(label, style=STATUS_STYLE.get(row.status, ""))
 
 
