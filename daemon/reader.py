@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.core import artifacts, hygiene_files
+from traceml_tui.core import artifacts, coverage, hygiene_files
 from traceml_tui.core import hang as hangs_mod
 from traceml_tui.core.owner import probe_owner
 from traceml_tui.core.rundir import RunDir
@@ -782,6 +782,20 @@ class Reader:
         rows = self._rows(f"SELECT kind, rank, attempt, step, ts, body FROM events WHERE {where}"
                           " ORDER BY step DESC, ts DESC LIMIT ?", (*params, limit))
         return tuple(Event(k, r, a, st, ts, json.loads(body)) for k, r, a, st, ts, body in reversed(rows))
+
+    def unmeasured(self, run_id: int) -> tuple[dict[str, Any], ...]:
+        """The run's dark streams as the summary lists them (``integration.unmeasured``: rank, stream, reason).
+
+        From the ``unmeasured`` records in the ``events`` table (looked up by its ``(run_id, kind)`` index);
+        folded by :func:`traceml_tui.core.coverage.unmeasured_entries`, the summary's own rule.
+        """
+        found = []
+        for rank, body in self._rows("SELECT rank, body FROM events WHERE run_id = ? AND kind = 'unmeasured'"
+                                     " ORDER BY ts, offset", (run_id,)):
+            data = _loads(body)
+            if isinstance(rank, int) and isinstance(data, dict):
+                found.append((rank, data.get("stream", ""), data.get("reason", "")))
+        return tuple(coverage.unmeasured_entries(found))
 
     def ingest_progress(self, now: Optional[float] = None) -> Optional[IngestProgress]:
         """The backlog being indexed now, or None (none, finished, or left by a stopped ingester)."""

@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from traceml_tui.core import artifacts, jsonsafe
+from traceml_tui.core import artifacts, coverage, jsonsafe
 from traceml_tui.core.cliargs import OneLineParser, seconds
 from traceml_tui.core.rundir import middle_cut
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RunStatus, count_states, lost_nodes_text
@@ -23,6 +23,8 @@ _ONELINE_ACTIVE = (RunStatus.FAILED, RunStatus.LOST, RunStatus.STALLED, RunStatu
 
 #: Widest run-name column of the status table (longer names are cut in the middle).
 NAME_WIDTH_MAX = 40
+#: Widest cell of the UNMEASURED column (the dark streams' names; --json has each rank's reason).
+UNMEASURED_WIDTH_MAX = 24
 #: Widest status cell (``failed r0,r3,r17,…`` is cut in the middle past it; --json has every rank).
 STATUS_WIDTH_MAX = 32
 
@@ -124,6 +126,8 @@ def main(argv: list[str]) -> int:
                 # who failed first, where and why: the summary's failure section (docs/run.md "Failure forensics")
                 failure = reader.failure(r.run_id) if r.status in (RunStatus.FAILED, RunStatus.LOST) else None
                 d["failure"] = artifacts.to_builtins(failure) if failure is not None else None
+                # streams a rank reported it does not measure, and why (docs/run.md "Unmeasured streams")
+                d["unmeasured"] = list(reader.unmeasured(r.run_id))
                 out["runs"].append(d)
             print(jsonsafe.dumps_valid(out, indent=2))  # valid JSON always: an overflowed figure is null
             return 0
@@ -136,10 +140,15 @@ def main(argv: list[str]) -> int:
         # middle past STATUS_WIDTH_MAX, so the columns after it stay aligned.
         cells = [_status_cell(r) for r in runs]
         status_width = min(max(10, *(len(c) for c in cells)), STATUS_WIDTH_MAX)
-        print(f"{'RUN':<{width}} {'STATUS':<{status_width}} {'RANKS':>5} {'STEP':>8} {'STEPS/S':>8} {'ERRORS':>6}  DIR")
-        for r, cell in zip(runs, cells):
+        # Which runs have dark streams, named in the summary's words (core/coverage.py); `-` when none.
+        dark = [",".join(coverage.dark_streams(reader.unmeasured(r.run_id))) or "-" for r in runs]
+        dark_width = min(max(len("UNMEASURED"), *(len(c) for c in dark)), UNMEASURED_WIDTH_MAX)
+        print(f"{'RUN':<{width}} {'STATUS':<{status_width}} {'RANKS':>5} {'STEP':>8} {'STEPS/S':>8} {'ERRORS':>6} "
+              f"{'UNMEASURED':<{dark_width}}  DIR")
+        for r, cell, streams in zip(runs, cells, dark):
             print(f"{middle_cut(r.name, width):<{width}} {middle_cut(cell, status_width):<{status_width}} "
-                  f"{r.ranks:>5} {_fmt(r.last_step):>8} {_fmt(r.steps_per_s, '.2f'):>8} {r.errors:>6}  {r.dir}")
+                  f"{r.ranks:>5} {_fmt(r.last_step):>8} {_fmt(r.steps_per_s, '.2f'):>8} {r.errors:>6} "
+                  f"{middle_cut(streams, dark_width):<{dark_width}}  {r.dir}")
         for r in runs:  # a hang's one line under the table: who never arrived, where, who waits (core/hang.py)
             if r.hang is not None:
                 print(f"  hang {middle_cut(r.name, NAME_WIDTH_MAX)}: {r.hang.text}")

@@ -436,10 +436,10 @@ def test_publishing_a_missing_file_is_one_clear_error_and_writes_nothing(tmp_pat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError) as info:
         publish_checkpoint(run_dir, "ckpt/model_10.pt", step=10, config_digest=DIGEST)
-    assert str(info.value) == ("publish_checkpoint: checkpoint file not found: ckpt/model_10.pt "
+    assert str(info.value) == ("publish_checkpoint: checkpoint file or folder not found: ckpt/model_10.pt "
                                "(a relative path is read from the folder the script runs in)")
     (tmp_path / "ckpt").mkdir()
-    with pytest.raises(ValueError, match=r"^publish_checkpoint: not a file: ckpt "):
+    with pytest.raises(ValueError, match=r"^publish_checkpoint: the checkpoint folder has no files: ckpt$"):
         publish_checkpoint(run_dir, "ckpt", step=10, config_digest=DIGEST)
     assert not run_dir.exists()
 

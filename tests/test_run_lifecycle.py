@@ -145,12 +145,15 @@ def test_fresh_run_refuses_a_folder_holding_an_unmanaged_processes_steps(tmp_pat
     run_dir = tmp_path / "logs" / "gsdk"
     assert (run_dir / "ranks/rank_0/steps-0.jsonl").is_file() and not (run_dir / "manifest.json").exists()
     before = _digest(tmp_path / "logs")
+    # what the plain process left: its steps and the summary its rank 0 wrote at exit (docs/run.md)
+    listing = ["final_summary.json", "final_summary.txt", "ranks"]
+    assert sorted(os.listdir(run_dir)) == listing
     for extra in ([], ["--resume"]):  # nothing to resume either: no manifest
         proc = _run(["train.py", "--run-name", "gsdk", *extra, "--args", "2"], tmp_path)
         assert proc.returncode == 1, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert ("already exists" if not extra else "no run 'gsdk' to resume") in proc.stderr
-        assert _digest(tmp_path / "logs") == before and sorted(os.listdir(run_dir)) == ["ranks"]
+        assert _digest(tmp_path / "logs") == before and sorted(os.listdir(run_dir)) == listing
     # an empty folder is not a run: a fresh run may use it
     (tmp_path / "logs" / "empty").mkdir()
     assert _run(["train.py", "--run-name", "empty", "--args", "2"], tmp_path).returncode == 0

@@ -34,6 +34,7 @@ _SDK_NAMES = (
     "save_recovery",
     "restore_recovery",
     "record_split",
+    "report_unmeasured",
 )
 
 

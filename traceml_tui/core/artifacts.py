@@ -290,6 +290,21 @@ class _ValidationOnly(msgspec.Struct):
     validation: Optional[ValidationSection] = None
 
 
+class UnmeasuredEntry(msgspec.Struct):
+    """A stream one rank did not measure, and why (``core/coverage.py``)."""
+
+    rank: Count
+    stream: str
+    reason: str = ""
+
+
+class IntegrationSection(msgspec.Struct):
+    """The summary's ``integration`` section: were steps traced, which streams are dark (docs/run.md)."""
+
+    steps_traced: Optional[bool] = None
+    unmeasured: list[UnmeasuredEntry] = msgspec.field(default_factory=list)
+
+
 class Summary(msgspec.Struct, omit_defaults=False):
     """``final_summary.json``: the published schema-1.9 layout plus our own sections.
 
@@ -316,6 +331,7 @@ class Summary(msgspec.Struct, omit_defaults=False):
     hygiene_warnings: list[str] = msgspec.field(default_factory=list)
     environment: Optional[dict[str, Any]] = None
     failure: Optional[FailureSection] = None
+    integration: Optional[IntegrationSection] = None
     text: str = ""
 
     @property

@@ -14,6 +14,10 @@ file unique, followed by one JSON object per line:
   cannot see ``sys.exit(n)``, so ``exit_code`` is null), ``completed`` (``traceml.finish()``),
   ``failed`` (an uncaught exception) or ``interrupted`` (Ctrl-C); the word each stands for is
   decided by :func:`traceml_tui.core.state.rank_end_state`
+* ``unmeasured``  — a stream this rank does not measure and why (``stream``, ``reason``): written
+  once per stream per rank session by :func:`traceml_tui.sdk.report_unmeasured` (a trainer
+  integration that could not attach, a phase it cannot split); ``stream`` is one of
+  :data:`UNMEASURED_STREAMS` or ``all`` (nothing is measured); both strings are bounded
 * ``system``      — one node sample in ``system.jsonl`` (see :class:`SystemSample`)
 * ``hang``        — written once per hang by the rank's watchdog thread when a step overran (see :class:`Hang`):
   where the main thread is (innermost frames first) and whether it waits in a ``torch.distributed`` collective
@@ -27,7 +31,7 @@ Readers keep unknown keys (forward compatible); a new major shape bumps ``v``.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 import msgspec
 
@@ -211,6 +215,29 @@ class Hang(msgspec.Struct, tag="hang", tag_field="kind"):
     stack: list[Frame] = msgspec.field(default_factory=list)
 
 
+#: The streams an ``unmeasured`` record may name (others are kept: a newer writer may know more);
+#: ``all`` says the integration could not attach at all.
+UNMEASURED_STREAMS: tuple[str, ...] = (
+    "all", "input_wait", "forward", "backward", "optimizer", "loss", "lr", "grad_norm", "examples", "eval",
+    "checkpoints",
+)
+#: Longest ``stream`` / ``reason`` an ``unmeasured`` record may carry (characters); writers cut, readers refuse.
+MAX_STREAM_CHARS = 40
+MAX_REASON_CHARS = 300
+
+
+class Unmeasured(msgspec.Struct, tag="unmeasured", tag_field="kind"):
+    """A stream this rank cannot measure, and why: written once per ``stream`` per rank session."""
+
+    v: int
+    run: str
+    rank: int
+    attempt: int
+    ts: float
+    stream: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STREAM_CHARS)]
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)] = ""
+
+
 class GpuSample(msgspec.Struct):
     index: int
     util_pct: Optional[float] = None
@@ -231,7 +258,7 @@ class SystemSample(msgspec.Struct, tag="system", tag_field="kind"):
     gpus: list[GpuSample] = msgspec.field(default_factory=list)
 
 
-Record = Union[Header, Step, Eval, Checkpoint, FieldStats, RankEnd, SystemSample, Hang]
+Record = Union[Header, Step, Eval, Checkpoint, FieldStats, RankEnd, Unmeasured, SystemSample, Hang]
 
 
 # Step records and their parts are ``gc=False``: they never form reference cycles, and a

@@ -16,7 +16,7 @@ from typing import IO, Any, Callable
 
 from traceml_tui.core.atomic import atomic_write_json, fsync_dir
 from traceml_tui.core.rundir import CHECKPOINTS, RunDir
-from traceml_tui.hygiene import backlog
+from traceml_tui.hygiene import backlog, folders
 
 CHECKPOINT_DIR = CHECKPOINTS  # relative to the run directory
 
@@ -79,16 +79,17 @@ def _copy_of(source: Path) -> Callable[[IO[bytes]], None]:
     return write
 
 
-def _source_file(path: "str | os.PathLike[str]") -> Path:
-    """The checkpoint file a script named: a relative path is the script's own (its current folder)."""
+def _source(path: "str | os.PathLike[str]") -> Path:
+    """The checkpoint file or folder a script named: a relative path is the script's own (its current folder)."""
     source = Path(os.path.abspath(path))
     if not source.exists():
         raise FileNotFoundError(
-            f"publish_checkpoint: checkpoint file not found: {os.fspath(path)} "
+            f"publish_checkpoint: checkpoint file or folder not found: {os.fspath(path)} "
             "(a relative path is read from the folder the script runs in)"
         )
-    if not source.is_file():
-        raise ValueError(f"publish_checkpoint: not a file: {os.fspath(path)} (publish one checkpoint file or a state object)")
+    if not source.is_file() and not source.is_dir():
+        raise ValueError(f"publish_checkpoint: not a file or a folder: {os.fspath(path)} "
+                         "(publish one checkpoint file, a checkpoint folder or a state object)")
     return source
 
 
@@ -100,21 +101,28 @@ def publish_checkpoint(run_dir: Path, path_or_state: Any, *, step: int, config_d
 def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_digest: str) -> dict:
     """Publish one checkpoint and its validation request; returns the request as written.
 
-    ``path_or_state`` is either a checkpoint file the script wrote (a relative
-    path is read from the script's current folder), which is copied, or a
-    state object saved with ``torch.save``. Either way the checkpoint becomes
-    ``<run_dir>/checkpoints/<id><suffix>`` (a file keeps its suffix, a state
-    gets ``.pt``), written once and read-only, so the script may overwrite or
-    delete its own file afterwards without changing what is validated. The
+    ``path_or_state`` is a checkpoint file or folder the script wrote (a
+    relative path is read from the script's current folder), which is copied,
+    or a state object saved with ``torch.save``. Either way the checkpoint
+    becomes ``<run_dir>/checkpoints/<id><suffix>`` (a file keeps its suffix, a
+    state gets ``.pt``, a folder — Hugging Face's ``checkpoint-N/`` — becomes
+    the folder ``checkpoints/<id>/``, :mod:`traceml_tui.hygiene.folders`),
+    written once with read-only files, so the script may overwrite or delete
+    its own copy afterwards without changing what is validated. The
     request ``validation/requests/<id>.json`` is written once, atomically, with
     the checkpoint's path relative to ``run_dir``.
     """
     run_dir = Path(run_dir)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    tree = None
     if isinstance(path_or_state, (str, os.PathLike)):
-        source = _source_file(path_or_state)  # before anything is written
-        suffix, write = source.suffix or ".pt", _copy_of(source)
+        source = _source(path_or_state)  # before anything is written
+        if source.is_dir():
+            tree = folders.scan(source, os.fspath(path_or_state))  # refuses links and empty folders up front
+            suffix, write = "", None
+        else:
+            suffix, write = source.suffix or ".pt", _copy_of(source)
     else:
         suffix, write = ".pt", _torch_save(path_or_state)
     backlog.ensure_dirs(run_dir)
@@ -122,7 +130,10 @@ def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_dige
         ckpt = _free_id(run_dir, step, suffix)
         target = RunDir(run_dir).checkpoint_file(ckpt, suffix)
         try:
-            _write_once(target, write)
+            if tree is not None:
+                folders.copy_once(tree, target)
+            else:
+                _write_once(target, write)
         except FileExistsError:
             continue  # a concurrent publisher took this id; pick the next one
         request = {
@@ -147,6 +158,6 @@ def last_published_step(run_dir: Path) -> "int | None":
 
 
 def resolve_checkpoint_path(run_dir: Path, request: dict) -> Path:
-    """Absolute path of a request's checkpoint file."""
+    """Absolute path of a request's checkpoint (a file, or the folder of a published folder checkpoint)."""
     path = Path(str(request.get("path", "")))
     return path if path.is_absolute() else (Path(run_dir) / path).resolve()

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace-max-steps", type=int, help="record at most this many steps per rank")
     parser.add_argument("--finalize-timeout", type=float, help="seconds node 0 waits for node outcomes (default 60)")
     parser.add_argument("--resume", action="store_true", help="continue an existing unguarded run directory as a new attempt")
+    parser.add_argument("--no-auto-attach", action="store_true",
+                        help="run the script as is: no traceml callback on Hugging Face / Lightning trainers "
+                             "(also TRACEML_AUTO_ATTACH=0)")
     return parser
 
 
@@ -138,6 +141,7 @@ def parse_options(argv: list[str], config_logs_dir: Optional[str] = None, config
         finalize_timeout=float(timeout),
         resume=bool(ns.resume),
         default_name=not ns.run_name,
+        auto_attach=not ns.no_auto_attach,
         lease_s=lease_s,
     )
 

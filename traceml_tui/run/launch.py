@@ -34,11 +34,14 @@ from typing import IO, Any, Optional
 
 import msgspec
 
-from traceml_tui.core import artifacts, atomic, lifeline
+from traceml_tui.core import artifacts, atomic, coverage, lifeline
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
 from traceml_tui.run.lease import LeaseKeeper
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.sdk import env as sdk_env
+
+#: The module each rank starts through unless --no-auto-attach (docs/trainers.md); never imported here.
+BOOTSTRAP = "traceml_tui.integrations.bootstrap"
 
 
 def _warn(message: str) -> None:
@@ -306,6 +309,8 @@ class Launcher:
     def command(self) -> list[str]:
         opts = self.options
         script = [str(opts.script), *opts.script_args]
+        if opts.auto_attach:  # each rank starts through the bootstrap that attaches trainer callbacks
+            script = ["-m", BOOTSTRAP, *script]
         if opts.world_size == 1:
             return [sys.executable, "-u", *script]
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc_per_node}"]
@@ -554,6 +559,9 @@ class Launcher:
                 _warn(f"early stopping: {note}")
         for line in summary.get("hygiene_warnings") or []:  # worded once: hygiene/warnings.py
             _warn(line)
+        if (summary.get("integration") or {}).get("steps_traced") is False:
+            # the summary decided it (summary/build.py integration_section); the words are core/coverage.py's
+            print(f"traceml run: {coverage.NO_STEP_LINE}", file=sys.stderr, flush=True)
 
     def _failure_section(self) -> Optional[dict]:
         """Who failed first, where and why (run/failure.py); None for a clean run or when it cannot be told."""

@@ -36,6 +36,8 @@ class LaunchOptions:
     resume: bool = False
     # The name is <script>-<timestamp>, not the user's: a clash picks the next free one instead of refusing.
     default_name: bool = False
+    # Ranks start through traceml_tui.integrations.bootstrap, which attaches trainer callbacks (docs/trainers.md).
+    auto_attach: bool = True
     # Seconds of the launcher lease (core/lease.py; TRACEML_LAUNCHER_LEASE_S): beats every lease_s / 6.
     lease_s: float = DEFAULT_LEASE_S
 

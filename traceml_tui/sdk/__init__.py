@@ -6,6 +6,7 @@
   ``sdk/loader.py``); a plain ``torch.utils.data.DataLoader`` is timed without either.
 * :func:`log` — loss, lr, grad norm, examples and scale-free loss components of the current step.
 * :func:`log_eval`, :func:`publish_checkpoint`, :func:`finish`, :func:`current_run`.
+* :func:`report_unmeasured` — name a stream this rank cannot measure, and why (fail-open).
 * :func:`declare_input` — an input's relative name and digest in the run's provenance bundle.
 * :func:`log_batch_grid`, :func:`log_field_stats` — input batch grid and latent field QC (``sdk/qc.py``).
 * :func:`save_recovery`, :func:`restore_recovery` — rolling recovery saves a resume continues from
@@ -17,13 +18,14 @@ torch is never imported here; phase hooks import it only when a model is passed.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import weakref
 from time import perf_counter
 from typing import Any, Optional
 
 from traceml_tui.core import records
-from traceml_tui.sdk import env
+from traceml_tui.sdk import direct, env
 from traceml_tui.sdk import watchdog as _watchdog
 from traceml_tui.sdk.qc import log_batch_grid, log_field_stats  # noqa: F401 - re-exported
 from traceml_tui.sdk.session import Session, _mean_square, detect_rank, register_exit, resolve_run
@@ -73,7 +75,7 @@ def init(
     max_steps_env = os.environ.get(env.TRACE_MAX_STEPS)
     max_steps = int(max_steps_env) if max_steps_env and max_steps_env.isdigit() else None
     _session = Session(run_dir, name, rank=rank, world_size=world, start_step=start_step, max_steps=max_steps)
-    register_exit(_session)
+    register_exit(_session, after=direct.write_summary_at_exit)
     if _watchdog.enabled():  # a thread that sleeps until a step overruns (sdk/watchdog.py): nothing per step
         _session.watchdog = _watchdog.Watchdog(_session).start()
     if not _loader.enabled(time_dataloader):
@@ -166,7 +168,8 @@ def log(
     session = _session if _session is not None else init()
     values = session.current.values if session.current is not None else session.carry
     if loss is not None:
-        values["loss"] = loss.detach() if hasattr(loss, "detach") else loss
+        # A tensor that needs no grad (a trainer's detached copy) is kept as is: no extra op per step.
+        values["loss"] = loss.detach() if getattr(loss, "requires_grad", False) else loss
     if lr is not None:
         values["lr"] = lr
     if grad_norm is not None:
@@ -223,10 +226,11 @@ def log_eval(
 def publish_checkpoint(path_or_state: Any, *, step: Optional[int] = None) -> str:
     """Publish an immutable checkpoint and a durable validation request (rank 0 writes).
 
-    ``path_or_state`` is a checkpoint file already written (a relative path
-    is read from the current folder; the file is copied into the run's
-    ``checkpoints/``) or a state object saved with ``torch.save``. Returns the
-    checkpoint id on every rank.
+    ``path_or_state`` is a checkpoint file or folder already written (a
+    relative path is read from the current folder; it is copied into the run's
+    ``checkpoints/``, a folder such as Hugging Face's ``checkpoint-N/`` as a
+    folder with read-only files, docs/hygiene.md) or a state object saved with
+    ``torch.save``. Returns the checkpoint id on every rank.
     """
     from traceml_tui.hygiene import checkpoints
 
@@ -287,6 +291,45 @@ def record_split(name: str, members: Any, *, policy: str) -> dict:
 
     session = _session if _session is not None else init()
     return split.record(session.run_dir, name, members, policy=policy, write=session.rank == 0)
+
+
+def report_unmeasured(stream: str, reason: str) -> None:
+    """Record that this rank does not measure ``stream``, and why; never raises.
+
+    For integrations that attach themselves and cannot measure everything: a
+    part of the step (``input_wait``, ``forward``, ``backward``, ``optimizer``),
+    a value (``loss``, ``lr``, ``grad_norm``, ``examples``), ``eval``,
+    ``checkpoints``, or ``all`` when nothing could be attached. Writes one
+    ``unmeasured`` record per stream per rank session (a repeat is ignored) and,
+    on rank 0, prints the one line every surface uses
+    (:func:`traceml_tui.core.coverage.unmeasured_line`) on stderr. Works before
+    :func:`init` (it starts the session like :func:`log`); after
+    :func:`finish` it does nothing. Both strings are cut to the record's bounds.
+    """
+    try:
+        from traceml_tui.core import coverage
+
+        session = _session if _session is not None else init()
+        name = coverage.clip_stream(stream)
+        if session.closed or not name or name in session.unmeasured:
+            return
+        text = coverage.clip_reason(reason)
+        session.write(
+            records.Unmeasured(
+                v=records.RECORD_VERSION,
+                run=session.run_name,
+                rank=session.rank,
+                attempt=session.attempt,
+                ts=time.time(),
+                stream=name,
+                reason=text,
+            )
+        )
+        session.unmeasured.add(name)
+        if session.rank == 0:
+            print(f"traceml: {coverage.unmeasured_line(name, text)}", file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - fail-open: a report about missing data must never stop training
+        return
 
 
 def declare_input(path: "str | os.PathLike[str]") -> dict:

@@ -12,3 +12,5 @@ TRACE_MAX_STEPS = "TRACEML_TRACE_MAX_STEPS"
 VALIDATION_DIGEST = "TRACEML_VALIDATION_DIGEST"
 #: Set by the user, not the launcher: ``0`` leaves plain ``torch.utils.data.DataLoader``s untimed.
 TIME_DATALOADER = "TRACEML_TIME_DATALOADER"
+#: Set by the user (or `traceml run --no-auto-attach`): ``0`` stops the bootstrap attaching trainer callbacks.
+AUTO_ATTACH = "TRACEML_AUTO_ATTACH"

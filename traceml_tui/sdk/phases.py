@@ -145,7 +145,7 @@ def attach(model: Any, current: Callable[[], Any]) -> bool:
 
         def optimizer_pre(_opt: Any, _args: Any, _kwargs: Any) -> None:
             state = current()
-            if state is None:
+            if state is None or state.opt_manual:
                 return
             state.opt_start = perf_counter()
             if state.gpu is not None:
@@ -153,7 +153,7 @@ def attach(model: Any, current: Callable[[], Any]) -> bool:
 
         def optimizer_post(_opt: Any, _args: Any, _kwargs: Any) -> None:
             state = current()
-            if state is None or state.opt_start is None:
+            if state is None or state.opt_manual or state.opt_start is None:
                 return
             if state.gpu is not None:
                 state.gpu.close_phase("optimizer")
@@ -163,6 +163,40 @@ def attach(model: Any, current: Callable[[], Any]) -> bool:
         torch_optimizer.register_optimizer_step_pre_hook(optimizer_pre)
         torch_optimizer.register_optimizer_step_post_hook(optimizer_post)
     return on_cuda
+
+
+#: The step-state attributes of a phase timed by the caller: (start mark, accumulated milliseconds).
+_PHASE_FIELDS = {
+    "forward": ("fwd_start", "fwd_ms"),
+    "backward": ("bwd_start", "bwd_ms"),
+    "optimizer": ("opt_start", "opt_ms"),
+}
+
+
+def begin_phase(state: Any, phase: str) -> None:
+    """Open ``phase`` (forward, backward or optimizer) of the in-flight step ``state`` at this moment.
+
+    For integrations whose framework announces the phases itself (trainer
+    callbacks, docs/trainers.md) instead of the module and optimizer hooks
+    above. The same fields and CUDA events as the hooks: a phase opened and
+    closed several times in one step (gradient accumulation) adds up.
+    """
+    start_field, _ = _PHASE_FIELDS[phase]
+    setattr(state, start_field, perf_counter())
+    if state.gpu is not None:
+        state.gpu.open(phase)
+
+
+def end_phase(state: Any, phase: str) -> None:
+    """Close ``phase`` of ``state`` opened by :func:`begin_phase` (no-op when it is not open)."""
+    start_field, ms_field = _PHASE_FIELDS[phase]
+    start = getattr(state, start_field)
+    if start is None:
+        return
+    if state.gpu is not None:
+        state.gpu.close_phase(phase)
+    setattr(state, ms_field, (getattr(state, ms_field) or 0.0) + (perf_counter() - start) * 1000.0)
+    setattr(state, start_field, None)
 
 
 def _first_grad_tensor(output: Any) -> Any:

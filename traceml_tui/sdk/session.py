@@ -17,7 +17,7 @@ import uuid as uuid_mod
 from collections import deque
 from pathlib import Path
 from threading import get_ident
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from traceml_tui.core import atomic, records
 from traceml_tui.core.rundir import RunDir, validate_run_name
@@ -171,7 +171,7 @@ class _StepState:
 
     __slots__ = (
         "start", "input_wait_ms", "data_wait", "data_in_step", "fwd_start", "fwd_ms", "bwd_start", "bwd_ms",
-        "opt_start", "opt_ms", "values", "gpu",
+        "opt_start", "opt_ms", "values", "gpu", "opt_manual",
     )
 
     def __init__(self, start: float, input_wait_ms: Optional[float], data_wait: Optional[float]) -> None:
@@ -187,6 +187,9 @@ class _StepState:
         self.opt_ms = None
         self.values: dict[str, Any] = {}
         self.gpu = None  # phases.GpuStepEvents when CUDA timing is active
+        # The optimizer part is timed by the caller (phases.begin_phase/end_phase), not by torch's global
+        # optimizer hooks: under a closure (Lightning, LBFGS) those would count forward and backward too.
+        self.opt_manual = False
 
 
 class Session:
@@ -245,6 +248,7 @@ class Session:
         self._torch: Any = None
         self.gpu_prev_end: Any = None  # CUDA event at the end of the previous step (GPU input wait)
         self.hooked_model: Any = None
+        self.unmeasured: set[str] = set()  # streams already reported dark (one record per stream per session)
         self._rss: Optional[int] = None
         self._rss_at = 0.0
         self.closed = False
@@ -476,8 +480,8 @@ def resolve_run(run_name: Optional[str], logs_dir: Optional[str]) -> tuple[Path,
     return Path(logs_dir or "logs") / run_name, run_name
 
 
-def register_exit(session: Session) -> None:
-    """Write ``rank_end`` at interpreter exit.
+def register_exit(session: Session, after: Optional[Callable[[Session], Any]] = None) -> None:
+    """Write ``rank_end`` at interpreter exit, then call ``after(session)`` (also after ``finish()``).
 
     An uncaught exception marks the rank ``failed`` (``interrupted`` for a
     KeyboardInterrupt). Otherwise the process
@@ -500,11 +504,15 @@ def register_exit(session: Session) -> None:
     sys.excepthook = _excepthook
 
     def _at_exit() -> None:
-        if not session.closed and os.getpid() == owner_pid:
+        if os.getpid() != owner_pid:
+            return
+        if not session.closed:
             if session.failed:
                 session.close("interrupted" if session.interrupted else "failed", 1)
             else:
                 session.close("exited", None)
+        if after is not None:
+            after(session)  # e.g. the summary of a run without a launcher (sdk/direct.py); it never raises
 
     def _in_child() -> None:
         session.closed = True  # one writer per file: the fork's copy must stay silent

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from traceml_tui.core import records, steptime
+from traceml_tui.core import coverage, records, steptime
 from traceml_tui.summary.load import RankSteps, load_ranks, load_system
 
 SCHEMA_VERSION = 1.9
@@ -194,13 +194,25 @@ def _ms_text(value: float) -> str:
     return f"{value:.3g} ms" if value < 100 else f"{value:.0f} ms"
 
 
-def diagnose_step_time(average: dict, median: dict, worst: dict, steps: int, clock: str = "cpu") -> list[dict]:
+def _no_step_issue() -> dict:
+    """NO DATA because no rank recorded any step: the words of ``core/coverage.py`` (``traceml run`` prints them)."""
+    sentence = coverage.NO_STEP_LINE[0].upper() + coverage.NO_STEP_LINE[1:]
+    return _issue("NO_DATA", "NO DATA", "info", sentence + ".", coverage.NO_STEP_ACTION, evidence={"steps_recorded": 0})
+
+
+def diagnose_step_time(average: dict, median: dict, worst: dict, steps: int, clock: str = "cpu",
+                       traced: bool = True) -> list[dict]:
     """Plain rules over the aggregates; the first issue is the section's diagnosis.
+
+    ``traced=False``: no rank recorded any step at all (not merely none in common), said in
+    :data:`traceml_tui.core.coverage.NO_STEP_LINE`'s words.
 
     INPUT-BOUND is decided on data wait (time in an instrumented loader's
     ``next()``) alone; time between steps outside the loader is BETWEEN-STEPS.
     Every issue carries each part's share of step time in ``evidence``.
     """
+    if not traced:
+        return [_no_step_issue()]
     if not steps or average.get("step_time_ms") is None:
         return [_issue("NO_DATA", "NO DATA", "info", "No step was completed on every rank.",
                        "Wrap each optimizer step in traceml.trace_step(model) and launch with traceml run.")]
@@ -321,8 +333,8 @@ def step_sections(ranks: dict[int, RankSteps], window: list[int], topology: dict
                 if row["metrics"][metric] is None:
                     row["metrics"][metric] = 0.0
     average, median, worst = _points(rows, STEP_TIME_METRICS)
-    issues = diagnose_step_time(average, median, worst, len(window), clock)
     latest = max((max(s.steps) for s in ranks.values() if s.steps), default=None)
+    issues = diagnose_step_time(average, median, worst, len(window), clock, traced=latest is not None)
     step_window = {
         "kind": "step_window",
         "alignment": "common_steps",
@@ -520,6 +532,20 @@ def training_section(ranks: dict[int, RankSteps], run_dir: Path) -> dict:
     return out
 
 
+def integration_section(loaded: dict[int, RankSteps]) -> dict:
+    """What the run's integration measured (docs/run.md, "Unmeasured streams").
+
+    ``steps_traced``: whether any rank recorded a step; ``unmeasured``: ``{rank, stream, reason}`` per
+    stream a rank reported dark (``traceml.report_unmeasured``), folded by ``core/coverage.py`` — the
+    rule ``traceml status`` applies to the same records in the index.
+    """
+    found = [(rank, u.stream, u.reason) for rank in sorted(loaded) for u in loaded[rank].unmeasured]
+    return {
+        "steps_traced": any(series.steps for series in loaded.values()),
+        "unmeasured": coverage.unmeasured_entries(found),
+    }
+
+
 def environment_section() -> dict:
     """Software fingerprint of the finalizing node (no host names, no paths)."""
     from importlib import metadata
@@ -620,6 +646,7 @@ def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[floa
         "step_time": step_time,
         "step_memory": step_memory,
         "training": training_section(ranks, run_dir),
+        "integration": integration_section(loaded),
         "qc": _qc_section(loaded),
         "validation": (validation := validation_section(run_dir, manifest)),
         "hygiene_warnings": hygiene_warnings_section(ranks, manifest, validation),

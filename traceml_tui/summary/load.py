@@ -24,6 +24,7 @@ class RankSteps:
     attempts: set[int] = field(default_factory=set)
     evals: list[records.Eval] = field(default_factory=list)
     fields: list[records.FieldStats] = field(default_factory=list)
+    unmeasured: list[records.Unmeasured] = field(default_factory=list)  # streams it reported dark, in order
     ended: Optional[records.RankEnd] = None
 
 
@@ -64,7 +65,9 @@ def load_ranks(run_dir: Path) -> dict[int, RankSteps]:
                     series.fields.append(record)
                 elif isinstance(record, records.RankEnd):
                     series.ended = record
-        if series.steps or series.ended is not None or series.fields:
+                elif isinstance(record, records.Unmeasured):
+                    series.unmeasured.append(record)
+        if series.steps or series.ended is not None or series.fields or series.unmeasured:
             out[rank] = series
     return out
 

@@ -17,14 +17,18 @@ from traceml_tui.core import artifacts, atomic
 from traceml_tui.core.rundir import RunDir
 
 
-def write_summary(run_dir: Path, summary: dict) -> dict:
-    """Render the text card, check the payload readers decode, write both files atomically; returns it."""
+def write_summary(run_dir: Path, summary: dict, *, exclusive: bool = False) -> dict:
+    """Render the text card, check the payload readers decode, write both files atomically; returns it.
+
+    ``exclusive=True`` never overwrites an existing ``final_summary.json`` (``FileExistsError``, nothing
+    written): the summary a run started without ``traceml run`` writes at exit (``sdk/direct.py``).
+    """
     from traceml_tui.summary.text import render_text
 
     summary["text"] = render_text(summary)
     artifacts.check_summary(summary)  # a payload readers could not decode is not published
     layout = RunDir(run_dir)
-    atomic.atomic_write_json(layout.summary_json, summary)
+    atomic.atomic_write_json(layout.summary_json, summary, exclusive=exclusive)
     atomic.atomic_write_bytes(layout.summary_txt, summary["text"].encode("utf-8") + b"\n")
     return summary
 

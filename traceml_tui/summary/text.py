@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from traceml_tui.core import forensics, steptime
+from traceml_tui.core import coverage, forensics, steptime
 
 
 def _ms(value: Optional[float]) -> str:
@@ -86,6 +86,9 @@ def render_text(summary: dict[str, Any]) -> str:
         lines.append(f"  step time by clock: CPU {_ms(cpu)} · GPU {_ms(gpu)}")
     else:
         lines.append("Window:  no step completed on every rank")
+    integration = summary.get("integration") or {}
+    for line in coverage.unmeasured_lines(integration.get("unmeasured") or []):
+        lines.append(f"Unmeasured: {line}")
     training = summary.get("training") or {}
     comps = training.get("components") or {}
     for name, comp in sorted(comps.items()):

@@ -1,0 +1,123 @@
+"""Hugging Face Trainer under `traceml run` with no traceml code (docs/trainers.md), real 2-rank gloo runs.
+
+One module-scoped set of runs, many assertions: two 2-rank runs of examples/hf_trainer (GPT-2 from a tiny
+config, gradient accumulation 2, eval and save every 10 updates, a `hygiene:` validation block) and one
+run of the same Trainer with traceml's explicit callback added by the script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integrations_support import evals, finite, launch, launch_all, measured_fields, prepare, records, steps
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="the hf extra is not installed"),
+]
+
+TRACEML = [sys.executable, "-m", "traceml_tui"]
+DETECTED = "traceml: Hugging Face Trainer detected: traceml callback added"
+UPDATES, GRAD_ACCUM, BATCH, EVERY = 20, 2, 4, 10
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """The runs: ``ref`` and ``cand`` (automatic, 2 ranks), ``explicit`` (the script adds the callback)."""
+    work = prepare(tmp_path_factory.mktemp("hf"), "hf_trainer", "hf_explicit.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
+    env.pop("TRACEML_RUN_DIR", None)
+    env.pop("TRACEML_AUTO_ATTACH", None)
+    plan = {
+        name: ([*TRACEML, "run", script, "--run-name", name, "--nproc-per-node", str(nproc),
+                "--args", "--output-dir", f"out-{name}"], work, env)
+        for name, script, nproc in (("ref", "train.py", 2), ("cand", "train.py", 2), ("explicit", "hf_explicit.py", 1))
+    }
+    runs = {name: (proc, work / "logs" / name) for name, proc in launch_all(plan).items()}
+    return work, env, runs
+
+
+def _history(work: Path, name: str) -> list[dict]:
+    """The Trainer's own log history (rank 0's last checkpoint): cross-rank mean losses, grad norms, eval loss."""
+    state = json.loads((work / f"out-{name}" / f"checkpoint-{UPDATES}" / "trainer_state.json").read_text())
+    return state["log_history"]
+
+
+@pytest.mark.parametrize("name", ["ref", "cand"])
+def test_every_rank_records_every_update(hf, name):
+    work, _, runs = hf
+    proc, run_dir = runs[name]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(DETECTED) == 1  # rank 0 says it once; rank 1 stays quiet
+    for rank in (0, 1):
+        rows = steps(run_dir, rank)
+        assert [r["step"] for r in rows] == list(range(1, UPDATES + 1))  # one record per optimizer update
+        for r in rows:
+            assert finite(r["cpu_ms"]["step"]) and r["cpu_ms"]["step"] > 0
+            assert finite(r["loss"]) and finite(r["lr"]) and finite(r["grad_norm"])
+            for part in ("forward", "backward", "optimizer"):
+                assert finite(r["cpu_ms"][part]), (rank, r["step"], part)
+        assert all(finite(r["cpu_ms"]["data_wait"]) for r in rows[1:])  # the training loader's fetches
+        # examples: per-device batch × accumulation steps per update, cumulative
+        assert [r["examples"] for r in rows] == [BATCH * GRAD_ACCUM * s for s in range(1, UPDATES + 1)]
+        # the lr each update used (linear decay from 1e-3, read before the scheduler steps)
+        assert [r["lr"] for r in rows] == pytest.approx([1e-3 * (1 - s / UPDATES) for s in range(UPDATES)])
+    # per-rank losses: each rank's own, not the cross-rank mean the Trainer logs
+    zero, one = steps(run_dir, 0), steps(run_dir, 1)
+    assert any(a["loss"] != b["loss"] for a, b in zip(zero, one))
+    # ... whose mean over ranks and updates is the Trainer's logged loss: the whole accumulation group counts
+    logged = {h["step"]: h for h in _history(work, name) if "loss" in h}
+    for end in (EVERY, UPDATES):
+        window = [r["loss"] for rows in (zero, one) for r in rows if end - EVERY < r["step"] <= end]
+        assert sum(window) / len(window) == pytest.approx(logged[end]["loss"], rel=1e-4)
+        # the gradient norm the Trainer computed (synchronized by DDP: the same on every rank)
+        assert zero[end - 1]["grad_norm"] == pytest.approx(logged[end]["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["ref", "cand"])
+def test_eval_records_and_published_checkpoints(hf, name):
+    work, _, runs = hf
+    _, run_dir = runs[name]
+    eval_loss = {h["step"]: h["eval_loss"] for h in _history(work, name) if "eval_loss" in h}
+    for rank in (0, 1):
+        rows = evals(run_dir, rank)
+        assert [r["step"] for r in rows] == [EVERY, UPDATES]  # on the step axis of completed updates
+        assert [r["metrics"]["loss"] for r in rows] == pytest.approx([eval_loss[EVERY], eval_loss[UPDATES]])
+    # hygiene declared: every checkpoint-N/ folder the Trainer saved is in the validation backlog (rank 0 only)
+    requests = sorted(p.name for p in (run_dir / "validation" / "requests").iterdir())
+    assert requests == ["step-00000010.json", "step-00000020.json"]
+    published = run_dir / "checkpoints" / "step-00000010"
+    assert (published / "model.safetensors").is_file() and (published / "trainer_state.json").is_file()
+    checkpoint_records = [r for r in records(run_dir, 0) if r["kind"] == "checkpoint"]
+    assert [r["step"] for r in checkpoint_records] == [EVERY, UPDATES]
+    assert not [r for r in records(run_dir, 1) if r["kind"] == "checkpoint"]
+
+
+def test_two_runs_of_one_workload_get_a_verdict(hf):
+    work, env, runs = hf
+    for name in ("ref", "cand"):
+        summary = json.loads((runs[name][1] / "final_summary.json").read_text())
+        assert summary["step_time"]["global"]["window"]["steps_analyzed"] == UPDATES
+    proc = launch([*TRACEML, "compare", str(runs["ref"][1] / "final_summary.json"),
+                   str(runs["cand"][1] / "final_summary.json"), "--max-step-time-regression-pct", "50"], work, env)
+    assert proc.returncode in (0, 4), proc.stdout + proc.stderr  # a verdict, never INCONCLUSIVE (3)
+
+
+def test_explicit_callback_records_what_the_automatic_path_does_once(hf):
+    _, _, runs = hf
+    proc, run_dir = runs["explicit"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert DETECTED not in proc.stderr  # the script's own callback: the import hook adds none
+    explicit, automatic = steps(run_dir), steps(runs["ref"][1])
+    assert [r["step"] for r in explicit] == list(range(1, UPDATES + 1))  # not instrumented twice
+    assert [r["step"] for r in evals(run_dir)] == [r["step"] for r in evals(runs["ref"][1])]
+    assert {frozenset(measured_fields(r)) for r in explicit[1:]} == {frozenset(measured_fields(r)) for r in automatic[1:]}
+    assert [r["lr"] for r in explicit] == pytest.approx([r["lr"] for r in automatic])
+    assert all(not math.isnan(r["loss"]) for r in explicit)

@@ -1,0 +1,146 @@
+"""Lightning ``Trainer.fit`` under `traceml run` with no traceml code (docs/trainers.md), real 2-rank gloo runs.
+
+One module-scoped set of runs, many assertions: a 2-rank run of examples/lightning (validation and
+checkpoint every 10 updates, a `hygiene:` validation block); the same fit with traceml's explicit callback
+started without `traceml run` but through the bootstrap (records under ./logs; never instrumented twice);
+the kill switch, as a flag and as an environment variable; and two limits (manual optimization, a fit
+that starts its own processes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import statistics
+import sys
+
+import pytest
+
+from tests.integrations_support import SCRIPTS, evals, finite, launch_all, measured_fields, prepare, records, steps
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="the lightning extra is not installed"),
+]
+
+TRACEML = [sys.executable, "-m", "traceml_tui"]
+DETECTED = "traceml: Lightning Trainer detected: traceml callback added"
+UPDATES, EVERY, BATCH = 20, 10, 32
+
+
+@pytest.fixture(scope="module")
+def pl(tmp_path_factory):
+    """The runs by name: ``auto`` (2 ranks), ``direct`` (the script adds the callback; started without
+    `traceml run` but through the bootstrap, whose hook must not add a second one), ``flag_off`` and ``env_off`` (the kill switch; 4 updates), ``manual``
+    (manual optimization, 6 updates), ``selfspawn`` (Lightning starts its second process itself)."""
+    work = prepare(tmp_path_factory.mktemp("lightning"), "lightning", "lightning_explicit.py")
+    for script in ("lightning_manual.py", "lightning_selfspawn.py"):
+        shutil.copy(SCRIPTS / script, work / script)
+    env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
+    env.pop("TRACEML_RUN_DIR", None)
+    env.pop("TRACEML_AUTO_ATTACH", None)
+    short = ["--args", "--max-steps", "4"]
+    plan = {
+        "auto": ([*TRACEML, "run", "train.py", "--nproc-per-node", "2", "--args", "--checkpoint-dir", "ckpt-auto"], env),
+        "flag_off": ([*TRACEML, "run", "train.py", "--no-auto-attach", *short], env),
+        "env_off": ([*TRACEML, "run", "train.py", *short], dict(env, TRACEML_AUTO_ATTACH="0")),
+        "manual": ([*TRACEML, "run", "lightning_manual.py", "--args", "6"], env),
+        "selfspawn": ([*TRACEML, "run", "lightning_selfspawn.py"], env),
+    }
+    direct = work / "direct"
+    direct.mkdir()
+    launches = {name: (cmd[:4] + ["--run-name", name] + cmd[4:], work, run_env) for name, (cmd, run_env) in plan.items()}
+    # No launcher, but the bootstrap's import hook in place: the script's own callback is the only one.
+    launches["direct"] = ([sys.executable, "-m", "traceml_tui.integrations.bootstrap", str(work / "lightning_explicit.py")],
+                          direct, env)
+    procs = launch_all(launches)
+    runs = {name: (proc, work / "logs" / name) for name, proc in procs.items() if name != "direct"}
+    found = sorted((direct / "logs").iterdir()) if (direct / "logs").is_dir() else []
+    runs["direct"] = (procs["direct"], found[0] if len(found) == 1 else None)
+    return work, runs
+
+
+def test_every_rank_records_every_update(pl):
+    _, runs = pl
+    proc, run_dir = runs["auto"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(DETECTED) == 1
+    for rank in (0, 1):
+        rows = steps(run_dir, rank)
+        assert [r["step"] for r in rows] == list(range(1, UPDATES + 1))
+        for r in rows:
+            assert finite(r["cpu_ms"]["step"]) and r["cpu_ms"]["step"] > 0 and finite(r["loss"])
+            assert all(finite(r["cpu_ms"][p]) for p in ("forward", "backward", "optimizer"))
+        assert all(finite(r["cpu_ms"]["data_wait"]) for r in rows[1:])
+        assert [r["examples"] for r in rows] == [BATCH * s for s in range(1, UPDATES + 1)]
+        # StepLR(step_size=5, gamma=0.5), stepped every update: the lr each update used, before the scheduler
+        assert [r["lr"] for r in rows] == pytest.approx([0.05 * 0.5 ** ((s - 1) // 5) for s in range(1, UPDATES + 1)])
+        # forward and backward run inside optimizer.step(closure): they are not optimizer time
+        optimizer = statistics.median(r["cpu_ms"]["optimizer"] for r in rows)
+        compute = statistics.median(r["cpu_ms"]["forward"] + r["cpu_ms"]["backward"] for r in rows)
+        assert optimizer < compute, (optimizer, compute)
+    assert any(a["loss"] != b["loss"] for a, b in zip(steps(run_dir, 0), steps(run_dir, 1)))  # each rank's own
+
+
+def test_validation_is_eval_and_checkpoints_are_published(pl):
+    _, runs = pl
+    _, run_dir = runs["auto"]
+    for rank in (0, 1):
+        rows = evals(run_dir, rank)  # the sanity check is not an evaluation
+        assert [r["step"] for r in rows] == [EVERY, UPDATES]
+        assert all(set(r["metrics"]) == {"loss"} and finite(r["metrics"]["loss"]) for r in rows)
+    requests = sorted(p.name for p in (run_dir / "validation" / "requests").iterdir())
+    assert requests == ["step-00000010.json", "step-00000020.json"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-00000010.ckpt", "step-00000020.ckpt"]
+    assert not [r for r in records(run_dir, 1) if r["kind"] == "checkpoint"]
+
+
+def test_explicit_callback_records_what_the_automatic_path_does_once(pl):
+    _, runs = pl
+    proc, run_dir = runs["direct"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert run_dir is not None, "the explicit callback without traceml run wrote no run folder under ./logs"
+    assert DETECTED not in proc.stderr
+    explicit, automatic = steps(run_dir), steps(runs["auto"][1])
+    assert [r["step"] for r in explicit] == list(range(1, UPDATES + 1))  # never instrumented twice
+    assert [r["step"] for r in evals(run_dir)] == [EVERY, UPDATES]
+    assert {frozenset(measured_fields(r)) for r in explicit[1:]} == {frozenset(measured_fields(r)) for r in automatic[1:]}
+    assert [r["lr"] for r in explicit] == pytest.approx([r["lr"] for r in automatic])
+
+
+@pytest.mark.parametrize("name", ["flag_off", "env_off"])
+def test_kill_switch_records_nothing(pl, name):
+    _, runs = pl
+    proc, run_dir = runs[name]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert DETECTED not in proc.stderr
+    assert "Trainer.fit` stopped" in proc.stderr  # it trained
+    assert not (run_dir / "ranks").exists() or not any((run_dir / "ranks").rglob("*.jsonl"))
+
+
+def test_manual_optimization_is_named_unmeasured_never_split_wrongly(pl):
+    _, runs = pl
+    proc, run_dir = runs["manual"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for part in ("forward", "backward", "optimizer"):
+        assert proc.stderr.count(f"traceml: {part} not measured") == 1, proc.stderr[-3000:]
+    unmeasured = {r["stream"]: r["reason"] for r in records(run_dir) if r["kind"] == "unmeasured"}
+    assert set(unmeasured) == {"forward", "backward", "optimizer"}
+    assert all("manual optimization" in reason for reason in unmeasured.values())
+    rows = steps(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 7))  # one per optimizer update, as ever
+    assert all(r["cpu_ms"][p] is None for r in rows for p in ("forward", "backward", "optimizer"))
+    assert all(finite(r["cpu_ms"]["step"]) and finite(r["lr"]) and finite(r["loss"]) for r in rows)
+
+
+def test_a_fit_that_starts_its_own_processes_says_nothing_is_measured(pl):
+    _, runs = pl
+    proc, run_dir = runs["selfspawn"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = "traceml: nothing measured: Lightning Trainer launches its own 2 processes"
+    assert proc.stderr.count(line) == 1, proc.stderr[-3000:]
+    rows = records(run_dir)
+    assert [r["stream"] for r in rows if r["kind"] == "unmeasured"] == ["all"]
+    assert not [r for r in rows if r["kind"] == "step"]  # no half-recorded run: rank 1 was never traced
+    assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank_0"]

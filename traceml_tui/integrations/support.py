@@ -1,0 +1,131 @@
+"""What every trainer integration shares: the kill switch, one-time notices, unmeasured streams, fail-open.
+
+A trainer integration must never stop training (docs/trainers.md, "Fail-open"):
+every callback entry point runs through :func:`guarded`, which turns an
+exception into one stderr line and an ``unmeasured`` report, and switches the
+callback off for the rest of the run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable, TypeVar
+
+from traceml_tui.sdk import env
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_said: set[str] = set()
+
+
+def auto_attach_enabled() -> bool:
+    """Whether the bootstrap attaches trainer callbacks (``TRACEML_AUTO_ATTACH``, default on)."""
+    return os.environ.get(env.AUTO_ATTACH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def is_rank_zero() -> bool:
+    """Rank 0 of the run (torch.distributed when up, else ``RANK``), as the SDK decides it."""
+    from traceml_tui.sdk.session import detect_rank
+
+    return detect_rank()[0] == 0
+
+
+def say(message: str, *, key: str | None = None, all_ranks: bool = False) -> None:
+    """One ``traceml: …`` line on stderr, once per process per ``key`` (rank 0 only unless ``all_ranks``)."""
+    key = key or message
+    if key in _said:
+        return
+    _said.add(key)
+    if all_ranks or is_rank_zero():
+        print(f"traceml: {message}", file=sys.stderr, flush=True)
+
+
+def unmeasured(streams: str, reason: str) -> None:
+    """Name streams the integration cannot measure (``"forward backward"``: several, space-separated).
+
+    Each goes through ``traceml_tui.sdk.report_unmeasured``: one record per
+    stream per rank (what the summary and ``traceml status`` show) and, on rank
+    0, the one stderr line. ``all``: nothing could be attached.
+    """
+    try:
+        from traceml_tui import sdk
+
+        for stream in streams.split():
+            sdk.report_unmeasured(stream, reason)
+    except Exception:  # noqa: BLE001 - reporting a gap must not open another one
+        pass
+
+
+def guarded(integration: str) -> Callable[[F], F]:
+    """Decorate a callback method: an exception switches the callback off and is reported, never raised.
+
+    The instance's ``_traceml_off`` attribute is the switch; a switched-off
+    callback's methods return at once.
+    """
+
+    def decorate(method: F) -> F:
+        @functools.wraps(method)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._traceml_off:
+                return None
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - fail-open: training goes on without traceml
+                self._traceml_off = True
+                try:
+                    self._traceml_abandon()
+                except Exception:  # noqa: BLE001
+                    pass
+                unmeasured("all", f"{integration} callback failed in {method.__name__} "
+                                    f"({type(exc).__name__}: {str(exc)[:200]}); training continues untraced")
+                return None
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def examples_in(batch: Any) -> int | None:
+    """Examples in one batch: the leading size of its first tensor (a tensor, a mapping or a sequence)."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    if isinstance(batch, dict) or hasattr(batch, "values") and hasattr(batch, "keys"):
+        for value in batch.values():
+            found = examples_in(value)
+            if found is not None:
+                return found
+        return None
+    if isinstance(batch, (list, tuple)):
+        for value in batch:
+            found = examples_in(value)
+            if found is not None:
+                return found
+    return None
+
+
+#: What a trainer reports with its evaluation metrics that is speed or position, not a result.
+_NOT_RESULTS = frozenset({"runtime", "samples_per_second", "steps_per_second", "epoch"})
+
+
+def eval_metrics(metrics: Any, *prefixes: str) -> dict[str, Any]:
+    """A trainer's evaluation metrics as eval-record metrics: numbers only, the split prefix dropped.
+
+    ``eval_loss`` (Hugging Face) and ``val_loss`` / ``val/loss`` (Lightning's
+    usual names) become ``loss``, the name the learning curve and early
+    stopping read (docs/trainers.md); timing and epoch entries are left out.
+    """
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = str(key)
+        for prefix in prefixes:
+            if name.startswith(prefix) and len(name) > len(prefix):
+                name = name[len(prefix):]
+                break
+        if name in _NOT_RESULTS or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)) or getattr(value, "ndim", None) == 0:
+            out[name] = value
+    return out
