@@ -14,7 +14,7 @@ from traceml_tui.core.rundir import middle_cut
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RunStatus, count_states, lost_nodes_text
 
 from . import index as idx
-from . import locations
+from . import locations, writer_health
 from .reader import IndexVersionError, Reader
 
 #: Words a status bar shows while anything is going on (finished runs would clutter it).
@@ -95,7 +95,11 @@ def main(argv: list[str]) -> int:
         print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)
         return 1
     try:
-        now = time.time()
+        # With nobody indexing, states are decided as of the last commit, not now: a silent writer is not a
+        # silent rank (docs/daemon.md, "Writer health").
+        clock = time.time()
+        health = writer_health.probe(index_path, reader, clock, args.roots)
+        now = health.as_of(clock)
         runs = reader.list_runs(args.roots or None, now=now)
         # A mistyped ROOT would read as "no runs"; a root deleted since keeps its runs in the index (missing).
         for root in args.roots:
@@ -106,7 +110,8 @@ def main(argv: list[str]) -> int:
             print(_oneline(runs))
             return 0
         if args.json:
-            out = {"index": index_path, "data_version": reader.data_version(), "runs": []}
+            out = {"index": index_path, "data_version": reader.data_version(), "writer": health.to_json(clock),
+                   "runs": []}
             for r in runs:
                 ranks = [
                     {"rank": k.rank, "attempt": k.attempt, "state": None if k.state is None else str(k.state),
@@ -127,8 +132,9 @@ def main(argv: list[str]) -> int:
                 out["runs"].append(d)
             print(jsonsafe.dumps_valid(out, indent=2))  # valid JSON always: an overflowed figure is null
             return 0
+        note = health.status_line()  # under the table, like the hang lines: "no writer — states as of 14:02:31"
         if not runs:
-            print(f"no runs in {index_path}")
+            print(f"no runs in {index_path}" + (f"\n{note}" if note else ""))
             return 0
         # Names are cut in the middle, never at the end: runs named alike differ in their last characters.
         width = min(max(len(r.name) for r in runs), NAME_WIDTH_MAX)
@@ -143,6 +149,8 @@ def main(argv: list[str]) -> int:
         for r in runs:  # a hang's one line under the table: who never arrived, where, who waits (core/hang.py)
             if r.hang is not None:
                 print(f"  hang {middle_cut(r.name, NAME_WIDTH_MAX)}: {r.hang.text}")
+        if note:
+            print(note)
         return 0
     except sqlite3.DatabaseError as exc:
         print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)
