@@ -119,6 +119,13 @@ class WriterHealth:
                 "current": self.current, "decided_at": self.as_of(now)}
 
 
+def kind_of(info: Optional[DaemonInfo]) -> str:
+    """The ``WRITER_*`` word of a lock holder (None: nobody): a ``traceml watch``'s ingester, else a daemon."""
+    if info is None:
+        return WRITER_NONE
+    return WRITER_WATCH if info.mode == "watch" else WRITER_DAEMON
+
+
 def _caught_up(started: Optional[float], last_commit: Optional[float], now: float) -> bool:
     """Whether a writer has read what was written before it started: it committed since, or it has run for
     :data:`NEW_WRITER_GRACE_S` (an idle index gives it nothing to commit)."""
@@ -137,9 +144,8 @@ def of_holder(info: Optional[DaemonInfo], last_commit: Optional[float], now: flo
     roots = tuple(str(r) for r in info.roots)
     unwatched = tuple(r for r in asked if roots and not under(r, roots))
     started = _time(info.started)
-    return WriterHealth(WRITER_WATCH if info.mode == "watch" else WRITER_DAEMON, info.pid, roots, unwatched, started,
-                        last, catching_up=not _caught_up(started, last, now),
-                        covers=not asked or len(unwatched) < len(asked))
+    return WriterHealth(kind_of(info), info.pid, roots, unwatched, started, last,
+                        catching_up=not _caught_up(started, last, now), covers=not asked or len(unwatched) < len(asked))
 
 
 def embedded(pid: int, roots: Iterable[str], started: Optional[float], last_commit: Optional[float],

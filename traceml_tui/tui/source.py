@@ -40,10 +40,8 @@ from traceml_tui.core.state import (
 )
 from traceml_tui.tui.snapshots import (
     BACKLOG_STATES,
-    WRITER_DAEMON,
     WRITER_EMBEDDED,
     WRITER_NONE,
-    WRITER_WATCH,
     BacklogItem,
     BacklogSnapshot,
     CompareSnapshot,
@@ -344,7 +342,7 @@ class IndexSource:
                 self.ingester = ingester
                 self._ingester_started = started
             return WRITER_EMBEDDED, os.getpid()
-        return (WRITER_WATCH if running.mode == "watch" else WRITER_DAEMON), running.pid
+        return writer_health.kind_of(running), running.pid
 
     def _health(self, writer: WriterHealth, summaries: Any, now: float) -> Optional[SourceHealth]:
         if self.probe is None and self.ingester is None:
