@@ -73,6 +73,13 @@ def _oneline(runs) -> str:
     return "traceml: " + (" · ".join(done) if done else "no runs")
 
 
+def _note(note) -> None:
+    """The writer-health line, after what stdout shows (docs/daemon.md, "Writer health")."""
+    if note:
+        sys.stdout.flush()
+        print(note, file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``traceml status``."""
     args = _parser().parse_args(argv)
@@ -132,9 +139,10 @@ def main(argv: list[str]) -> int:
                 out["runs"].append(d)
             print(jsonsafe.dumps_valid(out, indent=2))  # valid JSON always: an overflowed figure is null
             return 0
-        note = health.status_line()  # under the table, like the hang lines: "no writer — states as of 14:02:31"
+        note = health.status_line()  # "no writer — states as of 14:02:31": on stderr, the table stays the table
         if not runs:
-            print(f"no runs in {index_path}" + (f"\n{note}" if note else ""))
+            print(f"no runs in {index_path}")
+            _note(note)
             return 0
         # Names are cut in the middle, never at the end: runs named alike differ in their last characters.
         width = min(max(len(r.name) for r in runs), NAME_WIDTH_MAX)
@@ -149,8 +157,7 @@ def main(argv: list[str]) -> int:
         for r in runs:  # a hang's one line under the table: who never arrived, where, who waits (core/hang.py)
             if r.hang is not None:
                 print(f"  hang {middle_cut(r.name, NAME_WIDTH_MAX)}: {r.hang.text}")
-        if note:
-            print(note)
+        _note(note)
         return 0
     except sqlite3.DatabaseError as exc:
         print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)
