@@ -14,7 +14,7 @@ from traceml_tui.core.rundir import middle_cut
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RunStatus, count_states, lost_nodes_text
 
 from . import index as idx
-from . import locations
+from . import locations, writer_health
 from .reader import IndexVersionError, Reader
 
 #: Words a status bar shows while anything is going on (finished runs would clutter it).
@@ -75,6 +75,13 @@ def _oneline(runs) -> str:
     return "traceml: " + (" · ".join(done) if done else "no runs")
 
 
+def _note(note) -> None:
+    """The writer-health line, after what stdout shows (docs/daemon.md, "Writer health")."""
+    if note:
+        sys.stdout.flush()
+        print(note, file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``traceml status``."""
     args = _parser().parse_args(argv)
@@ -97,7 +104,11 @@ def main(argv: list[str]) -> int:
         print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)
         return 1
     try:
-        now = time.time()
+        # With nobody indexing, states are decided as of the last commit, not now: a silent writer is not a
+        # silent rank (docs/daemon.md, "Writer health").
+        clock = time.time()
+        health = writer_health.probe(index_path, reader, clock, args.roots)
+        now = health.as_of(clock)
         runs = reader.list_runs(args.roots or None, now=now)
         # A mistyped ROOT would read as "no runs"; a root deleted since keeps its runs in the index (missing).
         for root in args.roots:
@@ -108,7 +119,8 @@ def main(argv: list[str]) -> int:
             print(_oneline(runs))
             return 0
         if args.json:
-            out = {"index": index_path, "data_version": reader.data_version(), "runs": []}
+            out = {"index": index_path, "data_version": reader.data_version(), "writer": health.to_json(clock),
+                   "runs": []}
             for r in runs:
                 ranks = [
                     {"rank": k.rank, "attempt": k.attempt, "state": None if k.state is None else str(k.state),
@@ -131,8 +143,10 @@ def main(argv: list[str]) -> int:
                 out["runs"].append(d)
             print(jsonsafe.dumps_valid(out, indent=2))  # valid JSON always: an overflowed figure is null
             return 0
+        note = health.status_line()  # "no writer — states as of 14:02:31": on stderr, the table stays the table
         if not runs:
             print(f"no runs in {index_path}")
+            _note(note)
             return 0
         # Names are cut in the middle, never at the end: runs named alike differ in their last characters.
         width = min(max(len(r.name) for r in runs), NAME_WIDTH_MAX)
@@ -152,6 +166,7 @@ def main(argv: list[str]) -> int:
         for r in runs:  # a hang's one line under the table: who never arrived, where, who waits (core/hang.py)
             if r.hang is not None:
                 print(f"  hang {middle_cut(r.name, NAME_WIDTH_MAX)}: {r.hang.text}")
+        _note(note)
         return 0
     except sqlite3.DatabaseError as exc:
         print(f"traceml status: {idx.damaged_message(index_path, f'cannot be read ({exc})')}", file=sys.stderr)

@@ -9,7 +9,9 @@ after that, so snapshots and screenshots do not move between machines.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -63,3 +65,33 @@ def stop_hygiene_early(root: Path) -> dict:
         raise AssertionError("the hygiene run's receipts no longer exhaust patience 1 on r2")
     manifest = json.loads((run_dir / "manifest.json").read_text())
     return refresh_validation(run_dir, manifest)["validation"]  # the one rebuild of the section
+
+
+def live_copy(root: Path, case: str = "hung") -> Path:
+    """A copy of a committed real run (the hung DDP run: two ranks, no end record) under ``root``."""
+    run = root / name_of(case)
+    shutil.copytree(FIXTURE_RUNS / name_of(case), run)
+    return run
+
+
+def extend(run: Path, steps: int = 1, ts: Optional[float] = None) -> int:
+    """Append ``steps`` step records to every rank of a copied real run, as its ranks would go on writing: each
+    a copy of the rank's own newest step record with the next step number, stamped ``ts`` (default now).
+    Returns the newest step written."""
+    from traceml_tui.core import atomic
+    from traceml_tui.core.rundir import RunDir
+
+    newest = 0
+    for rank_dir in sorted((run / "ranks").iterdir()):
+        rank = int(rank_dir.name.split("_")[1])
+        path = RunDir(run).steps_file(rank, 0)
+        last = json.loads(path.read_bytes().splitlines()[-1])
+        fd = atomic.open_append(path)
+        try:
+            for _ in range(steps):
+                last = dict(last, step=last["step"] + 1, ts=time.time() if ts is None else ts)
+                atomic.append_line(fd, json.dumps(last).encode() + b"\n")
+        finally:
+            os.close(fd)
+        newest = last["step"]
+    return newest

@@ -5,7 +5,6 @@ ingester (embedded, as a watch holds it) and a real `traceml daemon` process, th
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import shutil
@@ -20,11 +19,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import fixture_runs as fr  # noqa: E402
 import tui_data as d  # noqa: E402
+from fixture_runs import extend, live_copy  # noqa: E402
 
 from daemon import service  # noqa: E402
 from daemon.lock import DaemonInfo, find_running_daemon  # noqa: E402
-from traceml_tui.core import atomic  # noqa: E402
-from traceml_tui.core.rundir import RunDir  # noqa: E402
 from traceml_tui.core.state import commit_overdue  # noqa: E402
 from traceml_tui.tui import cli as watch_cli  # noqa: E402
 from traceml_tui.tui.app import create_app  # noqa: E402
@@ -35,33 +33,6 @@ pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("lasting_toasts")
 
 
 aio = d.aio
-
-
-def live_copy(root: Path, case: str = "hung") -> Path:
-    """A copy of a committed real run (the hung DDP run: two ranks, no end record) under ``root``."""
-    run = root / fr.name_of(case)
-    shutil.copytree(fr.FIXTURE_RUNS / fr.name_of(case), run)
-    return run
-
-
-def extend(run: Path, steps: int = 1, ts: float | None = None) -> int:
-    """Append ``steps`` step records to every rank of a copied real run, as its ranks would go on writing: each
-    a copy of the rank's own newest step record with the next step number, stamped ``ts`` (default now).
-    Returns the newest step written."""
-    newest = 0
-    for rank_dir in sorted((run / "ranks").iterdir()):
-        rank = int(rank_dir.name.split("_")[1])
-        path = RunDir(run).steps_file(rank, 0)
-        last = json.loads(path.read_bytes().splitlines()[-1])
-        fd = atomic.open_append(path)
-        try:
-            for _ in range(steps):
-                last = dict(last, step=last["step"] + 1, ts=time.time() if ts is None else ts)
-                atomic.append_line(fd, json.dumps(last).encode() + b"\n")
-        finally:
-            os.close(fd)
-        newest = last["step"]
-    return newest
 
 
 def title(app) -> str:

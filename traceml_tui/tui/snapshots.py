@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from daemon.reader import IngestError  # one ingest-error type: the reader's, shown as it is
+from daemon.writer_health import WRITER_DAEMON, WRITER_EMBEDDED, WRITER_NONE, WRITER_WATCH  # noqa: F401 - the words
 from traceml_tui.core.state import ALERT_STATES, BACKLOG_ORDER, RUN_ATTENTION
 from traceml_tui.tui.textplot import duration
 
@@ -70,8 +71,6 @@ class RunsSnapshot:
     health: Optional["SourceHealth"] = None  # who writes the index and how fresh it is (None: not known)
 
 
-#: Who writes the index, as :class:`SourceHealth` names it.
-WRITER_EMBEDDED, WRITER_DAEMON, WRITER_WATCH, WRITER_NONE = "this watch", "daemon", "watch", "none"
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,10 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
+from daemon import writer_health
+from daemon.writer_health import WriterHealth
 from traceml_tui.core import forensics, steptime
 from traceml_tui.core.state import (
     LIVE_RUN_STATES,
@@ -38,10 +40,8 @@ from traceml_tui.core.state import (
 )
 from traceml_tui.tui.snapshots import (
     BACKLOG_STATES,
-    WRITER_DAEMON,
     WRITER_EMBEDDED,
     WRITER_NONE,
-    WRITER_WATCH,
     BacklogItem,
     BacklogSnapshot,
     CompareSnapshot,
@@ -231,24 +231,6 @@ def _training_ratio(summary: dict) -> Optional[float]:
 # --------------------------------------------------------------------------- the index adapter
 
 
-class _Writer(NamedTuple):
-    kind: str  # WRITER_EMBEDDED | WRITER_DAEMON | WRITER_WATCH | WRITER_NONE
-    pid: Optional[int]
-    roots: tuple[str, ...]
-    unwatched: tuple[str, ...]  # this watch's roots that the writer does not index
-    started: Optional[float]  # when it took the lock (None: not known)
-
-
-#: A writer that has just taken the lock is catching up until it commits, or for this long (docs/watch.md).
-NEW_WRITER_GRACE_S = 10.0
-
-
-def _under(path: str, roots: Any) -> bool:
-    """Whether ``path`` is one of ``roots`` or inside one (real paths, as the ingester keeps them)."""
-    real = os.path.realpath(path)
-    return any(real == r or real.startswith(os.path.realpath(r).rstrip(os.sep) + os.sep) for r in roots)
-
-
 def _serialized(method):
     """Run one source call at a time: the refresh worker's query and ``close`` never overlap (a connection
     closed under a running query crashes SQLite's C code, not just Python)."""
@@ -287,10 +269,8 @@ class IndexSource:
         self.takeover = takeover
         self.ingest_roots = [os.path.realpath(r) for r in (ingest_roots or roots or ())]
         self.poll_s = poll_s
-        self._covered_at: Optional[float] = None  # when a writer was last seen indexing this watch's roots
-        self._last_writer_roots: tuple[str, ...] = ()  # the roots of the writer last seen (a takeover keeps them)
+        self._coverage = writer_health.Coverage()  # when this watch's roots were last indexed; the writer's roots
         self._ingester_started: Optional[float] = None  # when this source took over (None: given an ingester)
-        self._covering = False  # whether the writer of the last check indexes this watch's roots, caught up
         self._taking_over = False
         self._lock = threading.RLock()
         self._closed = False  # after close() the index is never reopened (a late refresh gets "no index")
@@ -319,37 +299,18 @@ class IndexSource:
     def now(self) -> float:
         return self.clock()
 
-    # -- the writer
-    def _writer(self, reader: Any, now: float) -> _Writer:
-        """Who writes the index now — this watch's own ingester first, else whoever holds the lock — and which of
-        this watch's roots it does not index. Remembers when this watch's roots were last being indexed by a
-        writer that had caught up (a writer that has just started has not read the files yet)."""
+    # -- the writer (the facts are daemon.writer_health's; this source only remembers its looks)
+    def _writer(self, reader: Any, now: float) -> WriterHealth:
+        """Who writes the index now — this watch's own ingester first, else whoever holds the lock — and whether
+        it indexes this watch's roots, caught up (remembered in ``_coverage``)."""
+        last = reader.last_commit()
         if self.ingester is not None:
-            writer = _Writer(WRITER_EMBEDDED, os.getpid(), tuple(self.ingest_roots), (), self._ingester_started)
+            health = writer_health.embedded(os.getpid(), self.ingest_roots, self._ingester_started, last, now)
         else:
             info = self.probe() if self.probe is not None else None
-            if info is None:
-                self._covering = False
-                return _Writer(WRITER_NONE, None, (), (), None)
-            roots = tuple(str(r) for r in info.roots)
-            self._last_writer_roots = roots
-            unwatched = tuple(r for r in self.ingest_roots if roots and not _under(r, roots))
-            started = _num(info.started)
-            writer = _Writer(WRITER_WATCH if info.mode == "watch" else WRITER_DAEMON, info.pid, roots, unwatched,
-                             started)
-        self._covering = (not self.ingest_roots or len(writer.unwatched) < len(self.ingest_roots)) and \
-            self._caught_up(reader, writer, now)
-        if self._covering:
-            self._covered_at = now
-        return writer
-
-    def _caught_up(self, reader: Any, writer: _Writer, now: float) -> bool:
-        """Whether the writer has read what was written before it started: it committed since, or it has run
-        for :data:`NEW_WRITER_GRACE_S` (an idle index gives it nothing to commit)."""
-        if writer.started is None or now - writer.started > NEW_WRITER_GRACE_S:
-            return True
-        last = reader.last_commit()
-        return last is not None and last >= writer.started
+            health = writer_health.of_holder(info, last, now, self.ingest_roots)
+        self._coverage.observe(health, now)
+        return health
 
     def can_take_over(self) -> bool:
         """Whether this source may start its own ingester now (it has roots, a way to, and none running)."""
@@ -366,8 +327,7 @@ class IndexSource:
         """
         if not self.can_take_over():
             return WRITER_EMBEDDED if self.ingester is not None else WRITER_NONE, None
-        roots = list(self.ingest_roots)
-        roots += [r for r in self._last_writer_roots if not _under(r, roots) and os.path.isdir(r)]
+        roots = self._coverage.takeover_roots(self.ingest_roots)
         self._taking_over = True
         started = self.clock()
         try:
@@ -382,31 +342,18 @@ class IndexSource:
                 self.ingester = ingester
                 self._ingester_started = started
             return WRITER_EMBEDDED, os.getpid()
-        return (WRITER_WATCH if running.mode == "watch" else WRITER_DAEMON), running.pid
+        return writer_health.kind_of(running), running.pid
 
-    def _health(self, reader: Any, writer: _Writer, summaries: Any, now: float) -> Optional[SourceHealth]:
+    def _health(self, writer: WriterHealth, summaries: Any, now: float) -> Optional[SourceHealth]:
         if self.probe is None and self.ingester is None:
             return None  # a plain reader: who writes is not known
-        last = reader.last_commit()
-        age = None if last is None else max(0.0, now - last)
+        age = None if writer.last_commit is None else max(0.0, now - writer.last_commit)
         live = [r.median_interval_s for r in summaries if r.status is RunStatus.RUNNING]
         return SourceHealth(
-            writer=writer.kind, pid=writer.pid, commit_age_s=age,
-            overdue=writer.kind != WRITER_NONE and commit_overdue(age, self.poll_s, live),
-            stale_since=self._covered_at if self._frozen(writer) else None, unwatched=writer.unwatched,
-            taking_over=writer.kind == WRITER_NONE and self._taking_over)
-
-    def _frozen(self, writer: _Writer) -> bool:
-        """Whether nobody indexes this watch's roots now (no writer, another root set, or a writer that has not
-        caught up yet), though a writer did earlier in this session."""
-        return self._covered_at is not None and not self._covering
-
-    def _decide_at(self, writer: _Writer, now: float) -> float:
-        """The time states are decided at: now, or — when the writer seen earlier is gone — when this watch's
-        roots were last indexed, so that the gap before a new writer shows as stale data, not stalled ranks."""
-        if self._frozen(writer):
-            return min(now, self._covered_at)
-        return now
+            writer=writer.writer, pid=writer.pid, commit_age_s=age,
+            overdue=writer.running and commit_overdue(age, self.poll_s, live),
+            stale_since=self._coverage.covered_at if self._coverage.frozen else None, unwatched=writer.unwatched,
+            taking_over=not writer.running and self._taking_over)
 
     @_serialized
     def close(self) -> None:
@@ -439,7 +386,7 @@ class IndexSource:
             return RunsSnapshot((), now, -1, index_ready=False, note=f"waiting for the index {self.index_path.name}")
         version = reader.data_version()
         writer = self._writer(reader, now)
-        summaries = reader.list_runs(roots=self.roots, now=self._decide_at(writer, now))
+        summaries = reader.list_runs(roots=self.roots, now=self._coverage.decide_at(now))
         backlog = reader.backlog_outstanding()
         rows = []
         for run in summaries:
@@ -470,7 +417,7 @@ class IndexSource:
         rows.sort(key=lambda r: (-(r.last_ts or 0.0), r.name))
         progress = reader.ingest_progress()  # wall clock: the row's age says whether its ingester still runs
         indexing = progress.text() if progress is not None else None
-        health = self._health(reader, writer, summaries, now)
+        health = self._health(writer, summaries, now)
         return RunsSnapshot(tuple(rows), now, version, indexing=indexing,
                             note=None if rows else indexing or _empty_note(health), health=health)
 
@@ -497,7 +444,8 @@ class IndexSource:
         row = next((r for r in (runs or self.runs()).rows if r.run_id == run_id), None)
         if row is None:
             return None
-        base = reader.run_detail(run_id, now=self._decide_at(self._writer(reader, now), now))
+        self._writer(reader, now)
+        base = reader.run_detail(run_id, now=self._coverage.decide_at(now))
         if base is None:
             return None
         latest = [r for r in base.ranks if r.latest]
