@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 
 def _umask() -> int:
@@ -45,6 +45,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, exclusive: 
     ``FileExistsError`` when ``path`` already exists, so an existing file is
     never overwritten (used for manifests of guarded runs).
     """
+    atomic_write_with(path, lambda handle: handle.write(data), exclusive=exclusive)
+
+
+def atomic_write_with(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object], *,
+                      exclusive: bool = False) -> None:
+    """:func:`atomic_write_bytes` for a writer that streams into a binary handle (``torch.save(obj, handle)``)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -52,7 +58,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, exclusive: 
         # mkstemp creates 0600; side files are read by other nodes' launchers and the daemon
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         if exclusive:

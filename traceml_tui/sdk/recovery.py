@@ -20,13 +20,12 @@ import os
 import random
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from traceml_tui.core.atomic import fsync_dir
+from traceml_tui.core import atomic
 from traceml_tui.core.rundir import RECOVERY, RunDir
 from traceml_tui.sdk.errors import Refused
 
@@ -112,23 +111,8 @@ def write_save(run_dir: Path, rank: int, step: int, attempt: int, payload: dict)
     """Write one save atomically (temporary file, fsync, rename) and return its path."""
     import torch
 
-    folder = RunDir(run_dir).recovery_dir(rank)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / save_name(step, attempt)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(folder)
+    target = RunDir(run_dir).recovery_dir(rank) / save_name(step, attempt)
+    atomic.atomic_write_with(target, lambda handle: torch.save(payload, handle))
     return target
 
 
