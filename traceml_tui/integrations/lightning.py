@@ -35,7 +35,7 @@ import weakref
 from typing import Any, Optional
 
 from traceml_tui import sdk
-from traceml_tui.integrations.support import eval_metrics, examples_in, guarded, say, unmeasured
+from traceml_tui.integrations.support import attach_on_init, eval_metrics, examples_in, guarded, unmeasured
 from traceml_tui.sdk import env
 from traceml_tui.sdk.phases import begin_phase, end_phase
 
@@ -301,20 +301,4 @@ def attach(trainer: Any, namespace: str) -> bool:
 def activate(module: Any) -> None:
     """Patch ``module.Trainer.__init__`` (a Lightning trainer module) so every Trainer built gets the callback."""
     namespace = "pytorch_lightning" if module.__name__.startswith("pytorch_lightning") else "lightning.pytorch"
-    trainer_cls = module.Trainer
-    original = trainer_cls.__init__
-    if getattr(original, "_traceml_of", None) is not None:
-        return
-
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - replaces the constructor
-        original(self, *args, **kwargs)
-        try:
-            if attach(self, namespace):
-                say(f"{NAME} detected: traceml callback added", key="lightning-attached")
-        except Exception as exc:  # noqa: BLE001 - fail-open: the Trainer works without traceml
-            unmeasured("all", f"adding the traceml callback to the {NAME} failed ({type(exc).__name__}: "
-                                f"{str(exc)[:200]}); training continues untraced")
-
-    __init__._traceml_of = original  # type: ignore[attr-defined]
-    trainer_cls.__init__ = __init__
+    attach_on_init(module.Trainer, lambda trainer: attach(trainer, namespace), NAME, "lightning-attached")

@@ -87,6 +87,31 @@ def guarded(integration: str) -> Callable[[F], F]:
     return decorate
 
 
+def attach_on_init(trainer_cls: type, attach: Callable[[Any], bool], name: str, key: str) -> None:
+    """Wrap ``trainer_cls.__init__`` so every trainer built gets the traceml callback (once; fail-open).
+
+    ``attach(trainer)`` adds the callback and says whether it did (False: the script added one itself);
+    rank 0 then prints "``name`` detected: traceml callback added" once. A failure is reported as the
+    ``all`` stream unmeasured and the trainer works on without traceml.
+    """
+    original = trainer_cls.__init__
+    if getattr(original, "_traceml_of", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - replaces the constructor
+        original(self, *args, **kwargs)
+        try:
+            if attach(self):
+                say(f"{name} detected: traceml callback added", key=key)
+        except Exception as exc:  # noqa: BLE001 - fail-open: the Trainer works without traceml
+            unmeasured("all", f"adding the traceml callback to the {name} failed ({type(exc).__name__}: "
+                                f"{str(exc)[:200]}); training continues untraced")
+
+    __init__._traceml_of = original  # type: ignore[attr-defined]
+    trainer_cls.__init__ = __init__
+
+
 def examples_in(batch: Any) -> int | None:
     """Examples in one batch: the leading size of its first tensor (a tensor, a mapping or a sequence)."""
     shape = getattr(batch, "shape", None)
