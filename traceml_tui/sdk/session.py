@@ -252,7 +252,9 @@ class Session:
         self._rss: Optional[int] = None
         self._rss_at = 0.0
         self.closed = False
-        self._aside_lock = threading.Lock()  # close() vs the watchdog's write (sdk/watchdog.py); never per step
+        # close() vs the watchdog's write (sdk/watchdog.py); never per step. Re-entrant: the SIGTERM handler
+        # closes the session on the main thread, which the signal may have interrupted inside close() itself.
+        self._aside_lock = threading.RLock()
         self.watchdog: Any = None  # sdk.watchdog.Watchdog, started by traceml.init()
         self.failed = False
         self.interrupted = False  # the uncaught exception was a KeyboardInterrupt (Ctrl-C)
