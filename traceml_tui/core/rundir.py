@@ -18,6 +18,7 @@
   checkpoints/                          published, immutable checkpoints
   recovery/rank_<r>/step-<n>.attempt-<a>.pt  rolling recovery saves (traceml.save_recovery)
   qc/batch_grid/<name>/step-<n>.json
+  qc/gallery/<name>/step-<n>.json       exemplar galleries (sidecar; pages step-<n>[-p<k>of<m>].png)
 ```
 
 Listing never follows a symbolic link and reports regular files only (see
@@ -55,6 +56,7 @@ CHECKPOINTS = "checkpoints"
 RECOVERY = "recovery"
 SPLITS = "splits"
 BATCH_GRID = "qc/batch_grid"
+GALLERY = "qc/gallery"
 OUTCOME = "guard_outcome.json"
 LEASE = "launcher.lease"
 SYSTEM = "system.jsonl"
@@ -404,10 +406,21 @@ class RunDir:
         """A published checkpoint's file (immutable once published)."""
         return self.checkpoints / f"{checkpoint}{suffix}"
 
+    @property
+    def gallery(self) -> Path:
+        return self.path / GALLERY
+
     def grid_files(self) -> list[Path]:
         """Every batch-grid page description (``qc/batch_grid/<name>/step-<n>.json``), by path; no links."""
+        return self._figure_files(BATCH_GRID)
+
+    def gallery_files(self) -> list[Path]:
+        """Every exemplar gallery's sidecar (``qc/gallery/<name>/step-<n>.json``), by path; no links."""
+        return self._figure_files(GALLERY)
+
+    def _figure_files(self, folder: str) -> list[Path]:
         out = []
-        grid = _real_dir(self.path, *BATCH_GRID.split("/"))
+        grid = _real_dir(self.path, *folder.split("/"))
         for name in _scandir(grid) if grid is not None else ():
             if not _is_dir(name):
                 continue

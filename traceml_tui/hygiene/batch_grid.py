@@ -40,7 +40,7 @@ MIN_CELL, MAX_CELL = 48, 160
 BLOCK_CELL = 64  # largest tile of a page with several blocks: 64 members stay one readable image
 PAD = 4
 TITLE_H, HEADER_H, LABEL_W = 22, 20, 44
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: "$" would accept a trailing newline
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # fullmatch: "$" would accept a trailing newline
 
 
 class BatchGridError(ValueError):
@@ -76,7 +76,7 @@ class GridLayout:
 # --------------------------------------------------------------------------- batch → roles
 
 
-def _as_numpy(value: Any):
+def as_numpy(value: Any):
     import numpy as np
 
     if hasattr(value, "detach"):  # torch tensor, without importing torch
@@ -105,14 +105,14 @@ def split_roles(batch: Any, roles: Optional[Sequence[str]] = None) -> dict[str, 
         missing = [k for k in keys if k not in batch]
         if missing:
             raise BatchGridError(f"roles not in the batch: {', '.join(missing)}")
-        out = {str(k): _as_numpy(batch[k]) for k in keys}
+        out = {str(k): as_numpy(batch[k]) for k in keys}
     elif isinstance(batch, (list, tuple)):
         names = list(roles) if roles is not None else [f"input{i}" for i in range(len(batch))]
         if len(names) != len(batch):
             raise BatchGridError(f"{len(names)} roles for {len(batch)} batch inputs")
-        out = {str(n): _as_numpy(x) for n, x in zip(names, batch)}
+        out = {str(n): as_numpy(x) for n, x in zip(names, batch)}
     else:
-        array = _as_numpy(batch)
+        array = as_numpy(batch)
         names = list(roles) if roles is not None else ["input"]
         if len(names) == 1:
             out = {str(names[0]): array}
@@ -272,8 +272,20 @@ def choose_cell(inputs: dict[str, Any]) -> int:
     return int(min(MAX_CELL, max(MIN_CELL, extent)))
 
 
-def render_pages(layout: GridLayout, inputs: dict[str, Any], *, title: str) -> list[bytes]:
-    """Render each page of the grid as PNG bytes (matplotlib Agg; no display)."""
+def thumbnail(img, side: int):
+    """A small square view of one tile image (letterboxed like the tiles): what the pixel-space measures compare."""
+    return _fit(img, side)
+
+
+def render_canvas(width: int, height: int, cell: int, tiles: Sequence[tuple[tuple[int, int, int, int], Any]],
+                  texts: Sequence[tuple[float, float, str, dict]]) -> bytes:
+    """The shared grid renderer: tiles and labels on one white page, as PNG bytes (matplotlib Agg).
+
+    ``tiles``: ``(box, image)`` with ``box = (x0, y0, x1, y1)`` in page pixels and
+    ``image`` from :func:`to_image` (fitted into the ``cell`` square, aspect kept);
+    ``texts``: ``(x, y, text, matplotlib text options)`` at pixel positions, 7 pt.
+    The batch grid and the exemplar galleries (``gallery.py``) both draw through it.
+    """
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -281,39 +293,42 @@ def render_pages(layout: GridLayout, inputs: dict[str, Any], *, title: str) -> l
     from matplotlib.figure import Figure
 
     dpi = 100
+    canvas = np.ones((height, width, 3))
+    for (x0, y0, x1, y1), img in tiles:
+        canvas[y0:y0 + cell, x0:x0 + cell] = _fit(img, cell)
+    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
+    fig.figimage(canvas, xo=0, yo=0, origin="upper")
+    for x, y, s, kw in texts:
+        fig.text(x / width, 1.0 - y / height, s, fontsize=7, va="center", **kw)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def render_pages(layout: GridLayout, inputs: dict[str, Any], *, title: str) -> list[bytes]:
+    """Render each page of the grid as PNG bytes (through :func:`render_canvas`; no display)."""
     pages: list[bytes] = []
     for page in range(1, layout.pages + 1):
-        canvas = np.ones((layout.height, layout.width, 3))
         tiles = [t for t in layout.tiles if t.page == page]
-        for t in tiles:
-            x0, y0, x1, y1 = t.box
-            canvas[y0:y1, x0:x1] = _fit(to_image(inputs[t.role][t.member]), layout.cell)
-        fig = Figure(figsize=(layout.width / dpi, layout.height / dpi), dpi=dpi)
-        fig.figimage(canvas, xo=0, yo=0, origin="upper")
-        W, H = layout.width, layout.height
-
-        def text(x: float, y: float, s: str, fig: Figure = fig, W: int = W, H: int = H, **kw: Any) -> None:
-            fig.text(x / W, 1.0 - y / H, s, fontsize=7, va="center", **kw)
-
-        text(PAD, TITLE_H / 2, f"{title}   page {page}/{layout.pages}", ha="left", weight="bold")
+        texts: list[tuple[float, float, str, dict]] = [
+            (PAD, TITLE_H / 2, f"{title}   page {page}/{layout.pages}", {"ha": "left", "weight": "bold"})]
         blocks_here = -(-len({t.member for t in tiles}) // layout.rows_per_block)
         for block in range(blocks_here):
             for col, role in enumerate(layout.roles):
-                text(block * layout.block_width + LABEL_W + col * (layout.cell + PAD) + layout.cell / 2,
-                     TITLE_H + HEADER_H / 2, role, ha="center")
+                texts.append((block * layout.block_width + LABEL_W + col * (layout.cell + PAD) + layout.cell / 2,
+                              TITLE_H + HEADER_H / 2, role, {"ha": "center"}))
         for t in tiles:
             if t.role == layout.roles[0]:
-                text(t.box[0] - PAD, (t.box[1] + t.box[3]) / 2, f"#{t.member}", ha="right")
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=dpi)
-        pages.append(buf.getvalue())
+                texts.append((t.box[0] - PAD, (t.box[1] + t.box[3]) / 2, f"#{t.member}", {"ha": "right"}))
+        cells = [(t.box, to_image(inputs[t.role][t.member])) for t in tiles]
+        pages.append(render_canvas(layout.width, layout.height, layout.cell, cells, texts))
     return pages
 
 
 # --------------------------------------------------------------------------- files
 
 
-def _free_stem(folder: Path, step: int) -> str:
+def free_stem(folder: Path, step: int) -> str:
     stem = f"step-{step:08d}"
     serial = 1
     while (folder / f"{stem if serial == 1 else f'{stem}-{serial}'}.json").exists():
@@ -321,20 +336,70 @@ def _free_stem(folder: Path, step: int) -> str:
     return stem if serial == 1 else f"{stem}-{serial}"
 
 
+def member_sources(inputs: dict[str, Any]) -> list[str]:
+    """A content identity per batch member (all its roles' bytes): the source id when none is given."""
+    out = []
+    for member in range(next(iter(inputs.values())).shape[0]):
+        h = hashlib.sha256()
+        for array in inputs.values():
+            h.update(array[member].tobytes())
+        out.append("content:" + h.hexdigest()[:16])
+    return out
+
+
+def grid_measures(inputs: dict[str, Any], *, sources: Optional[Sequence[Any]] = None,
+                  eligible: Optional[int] = None, distance: Any = None) -> dict[str, Any]:
+    """The health measures of one batch grid (``hygiene/qc_measures.py``), one example per member.
+
+    ``sources``: the members' source ids (default: their content, so a member
+    repeated in the batch counts once); ``eligible``: how many sources the QC
+    batch draws from (default: the batch size). A declared ``distance`` compares
+    members as ``{role: array}``; the default compares their thumbnails.
+    """
+    import numpy as np
+
+    from traceml_tui.hygiene import qc_measures
+
+    members = next(iter(inputs.values())).shape[0]
+    if sources is None:
+        ids = member_sources(inputs)
+    else:
+        ids = [str(s) for s in sources]
+        if len(ids) != members:
+            raise BatchGridError(f"{len(ids)} source ids for {members} batch members")
+    if eligible is not None and (isinstance(eligible, bool) or not isinstance(eligible, int) or eligible < 0):
+        raise BatchGridError(f"eligible must be a count >= 0, got {eligible!r}")
+    total = members if eligible is None else eligible
+    if total < len(set(ids)):
+        raise BatchGridError(f"eligible={total} is below the {len(set(ids))} distinct sources in the batch")
+    thumbs = None
+    items = None
+    if distance is None:
+        thumbs = np.stack([np.concatenate([thumbnail(to_image(a[m]), qc_measures.THUMBNAIL).ravel()
+                                           for a in inputs.values()]) for m in range(members)])
+    else:
+        items = [{role: a[m] for role, a in inputs.items()} for m in range(members)]
+    return qc_measures.figure_measures(ids, eligible=total, thumbnails=thumbs, items=items, distance=distance)
+
+
 def save_batch_grid(run_dir: Path, batch: Any, *, step: int, name: str = "inputs",
                     roles: Optional[Sequence[str]] = None, batch_id: Optional[str] = None,
-                    rows_per_page: int = ROWS_PER_PAGE) -> Path:
+                    rows_per_page: int = ROWS_PER_PAGE, sources: Optional[Sequence[Any]] = None,
+                    eligible: Optional[int] = None, distance: Any = None) -> Path:
     """Render one complete batch and save it under ``run_dir/qc/batch_grid/<name>/``.
 
     Returns the path of the layout JSON (which lists the page PNGs, relative
     to the run directory). ``batch_id`` names the fixed QC batch (default: the
     grid name); the content digest is recorded too, so a batch that changes
-    between QC points is visible.
+    between QC points is visible. The JSON also holds the grid's health
+    ``measures`` (:func:`grid_measures`, given ``sources``, ``eligible`` and
+    ``distance``).
     """
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise BatchGridError(f"grid name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
     inputs = split_roles(batch, roles)
     members = next(iter(inputs.values())).shape[0]
+    measures = grid_measures(inputs, sources=sources, eligible=eligible, distance=distance)
     ident = batch_id or name
     title = f"{name} · step {step} · batch {ident} · {members} members"
     cell = choose_cell(inputs)
@@ -347,7 +412,7 @@ def save_batch_grid(run_dir: Path, batch: Any, *, step: int, name: str = "inputs
     pngs = render_pages(layout, inputs, title=title)
     folder = RunDir(run_dir).batch_grid / name
     folder.mkdir(parents=True, exist_ok=True)
-    stem = _free_stem(folder, step)
+    stem = free_stem(folder, step)
     files = []
     for page, data in enumerate(pngs, start=1):
         file = folder / (f"{stem}.png" if layout.pages == 1 else f"{stem}-p{page}of{layout.pages}.png")
@@ -361,6 +426,7 @@ def save_batch_grid(run_dir: Path, batch: Any, *, step: int, name: str = "inputs
         "batch_digest": digest,
         "created": time.time(),
         "files": files,
+        "measures": measures,
         **{k: v for k, v in asdict(layout).items() if k != "name"},
     }
     meta_path = folder / f"{stem}.json"
