@@ -29,6 +29,7 @@ _SDK_NAMES = (
     "finish",
     "current_run",
     "log_batch_grid",
+    "log_gallery",
     "log_field_stats",
     "declare_input",
     "save_recovery",

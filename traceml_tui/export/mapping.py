@@ -6,8 +6,11 @@ quantity share a chart: ``loss/train`` + ``loss/eval``, ``mse/train`` +
 ``mse/eval`` (a loss component's physical value), ``mse_ratio/train`` +
 ``mse_ratio/eval`` (its scale-free ratio, 1.0 = no skill; the ``_ratio`` suffix
 the validation worker and the learning curve use), ``r2/train`` + ``r2/eval``
-for task metrics, ``lr/train``, ``grad_norm/train``, and
-``qc/field/<name>/<statistic>`` for latent field QC. An incoming ``/val`` (or
+for task metrics, ``lr/train``, ``grad_norm/train``,
+``qc/field/<name>/<statistic>`` for latent field QC, and the health measures
+of each QC figure as metrics of the ``qc`` role:
+``<figure kind>/<name>/<measure>/qc`` (``gallery/latents/coverage/qc``,
+``batch_grid/inputs/gini/qc``). An incoming ``/val`` (or
 ``/validation``) role is written as ``/eval`` here and nowhere else, so one
 endpoint never splits across two charts; two source keys of one record that
 would land on one key (``auc`` and ``auc/val``) are refused
@@ -26,7 +29,8 @@ from traceml_tui.core import records
 from traceml_tui.hygiene.curve import RATIO_SUFFIX  # one spelling of "a component's ratio" (curve, worker, keys)
 
 STEP_METRIC = "optimizer_updates"
-ROLES = ("train", "eval", "test")
+QC_ROLE = "qc"
+ROLES = ("train", "eval", "test", QC_ROLE)
 _ROLE_ALIASES = {"val": "eval", "valid": "eval", "validation": "eval", "eval": "eval", "train": "train",
                  "training": "train", "test": "test"}
 PROJECT_RE = re.compile(r"([a-z0-9][a-z0-9_]*)-([a-z0-9][a-z0-9_-]*)")  # fullmatch only ("$" accepts "\n")
@@ -45,6 +49,9 @@ MAPPING: dict[str, str] = {
     "field_stats.<f>.<stat>": "qc/field/<f>/<stat>",
     "learning_curve.png": "curve/learning_curve",
     "qc/batch_grid/<name>": "qc/batch_grid/<name>",
+    "qc/gallery/<name>": "qc/gallery/<name>",
+    "batch_grid <name> measures.<measure>": "batch_grid/<name>/<measure>/qc",
+    "gallery <name> measures.overall.<measure>": "gallery/<name>/<measure>/qc",
     "counters, readouts": "info/run, info/readouts (tables)",
 }
 
@@ -192,6 +199,21 @@ def field_points(rec: records.FieldStats) -> dict[str, float]:
     base = f"qc/field/{_clean(rec.name)}"
     return _publish((f"field {rec.name!r} {stat}", f"{base}/{stat}", getattr(rec, stat))
                     for stat in ("median", "p_low", "p_high", "occupancy"))
+
+
+def measure_points(kind: str, name: str, measures: Any) -> dict[str, float]:
+    """Chart points of one QC figure's health measures (``hygiene/qc_measures.py``), role ``qc``.
+
+    ``kind``: ``batch_grid`` or ``gallery``; ``measures``: the figure's
+    ``measures`` object (a gallery's ``overall``). A measure that is not a
+    number (an empty group's coverage) is not sent: never a substituted zero.
+    """
+    from traceml_tui.hygiene.qc_measures import headline
+
+    if not isinstance(measures, dict):
+        return {}
+    return _publish((f"{kind} {name!r} {measure}", f"{_clean(kind)}/{_clean(name)}/{measure}/{QC_ROLE}", value)
+                    for measure, value in headline(measures).items())
 
 
 def registration_problems(project: Any, group: Any, description: Any) -> list[str]:

@@ -239,8 +239,37 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
             caption = f"batch {grid.get('batch_id')} ({grid.get('members')} members), page {page}/{grid.get('pages')}"
             out.images.append((f"qc/batch_grid/{grid.get('name')}", run_dir / rel, int(grid.get("step") or 0),
                                caption))
+        _add_measures(out, new, "batch_grid", grid, grid.get("measures"))
+        new.grids.add(ident)
+    from traceml_tui.hygiene import gallery  # exemplar galleries: their pages, and their measures as qc metrics
+
+    for shown in gallery.list_galleries(run_dir):
+        ident = shown["sidecar_file"]
+        if ident in new.grids:
+            continue
+        counts = ", ".join(f"{g.get('name')} {g.get('available')}" for g in shown.get("groups") or []
+                           if isinstance(g, dict))
+        for page, rel in enumerate(shown.get("files") or [], start=1):
+            out.images.append((f"qc/gallery/{shown.get('name')}", run_dir / rel, _step_of(shown),
+                               f"available: {counts}; page {page}/{shown.get('pages')}"))
+        measures = shown.get("measures") if isinstance(shown.get("measures"), dict) else {}
+        _add_measures(out, new, "gallery", shown, measures.get("overall"))
         new.grids.add(ident)
     return out, new
+
+
+def _step_of(figure: dict) -> int:
+    step = figure.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
+
+
+def _add_measures(out: Delivery, new: cursor_mod.Cursor, kind: str, figure: dict, measures: Any) -> None:
+    """A QC figure's health measures as ``qc``-role points at its step, each delivered once."""
+    step = _step_of(figure)
+    for key, value in _at(step, mapping.measure_points, kind, str(figure.get("name")), measures).items():
+        if f"{key}@{step}" not in new.delivered:
+            out.add(step, {key: value})
+            new.delivered.add(f"{key}@{step}")
 
 
 def export_run(run_dir: Path, registration: Registration, sink: Sink, *,

@@ -294,7 +294,7 @@ def render_canvas(width: int, height: int, cell: int, tiles: Sequence[tuple[tupl
 
     dpi = 100
     canvas = np.ones((height, width, 3))
-    for (x0, y0, x1, y1), img in tiles:
+    for (x0, y0, _x1, _y1), img in tiles:
         canvas[y0:y0 + cell, x0:x0 + cell] = _fit(img, cell)
     fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
     fig.figimage(canvas, xo=0, yo=0, origin="upper")

@@ -34,6 +34,11 @@ Shape (all cadences are in optimizer updates)::
         # or: enabled: false + reason: "exact reproduction of …"
       qc:
         cadence: 100
+        owner: vanguard-hal          # optional together: owner, output, roster, items (hygiene/qc_block.py)
+        output: qc
+        roster: {name: val-fixed-64, members: [case-001, …], selection: "…"}
+        items: {batch_grid: required, field_stats: required, galleries: required,
+                worker_qc: {inapplicable: "…"}}
       recovery:                      # optional: rolling recovery saves (traceml.save_recovery)
         every: 50                    # recovery cadence in updates, apart from validation.cadence
         keep: 2                      # saves kept per rank (referenced ones are never removed)
@@ -58,6 +63,7 @@ from traceml_tui.core.state import (
     DEFAULT_WORKER_TIMEOUT_S,
 )
 from traceml_tui.guard.contract import show_key, show_value  # user values in messages: one line, <= 80 chars
+from traceml_tui.hygiene import qc_block
 
 DIRECTIONS = ("min", "max")
 SECTIONS = ("history", "curve", "validation", "early_stopping", "qc", "recovery")
@@ -281,13 +287,17 @@ def _early_stopping(raw: Any) -> dict:
 def _qc(raw: Any) -> dict:
     path = "hygiene.qc"
     block = _mapping(raw, path)
-    _unknown_keys(block, ("cadence", "collapse_factor"), path)
+    _unknown_keys(block, ("cadence", "collapse_factor", *qc_block.BINDING_KEYS), path)
     out = {"cadence": _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)}
     if "collapse_factor" in block:
         factor = block["collapse_factor"]
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 < factor < 1.0:
             raise HygieneConfigError(f"{path}.collapse_factor", f"must be a number between 0 and 1 (got {show_value(factor)})")
         out["collapse_factor"] = float(factor)
+    try:  # owner, output root, roster and required items: bound before launch (hygiene/qc_block.py)
+        out.update(qc_block.parse_binding(block, path))
+    except qc_block.QcBlockError as exc:
+        raise HygieneConfigError(exc.path, exc.problem) from None
     return out
 
 

@@ -8,7 +8,8 @@
 * :func:`log_eval`, :func:`publish_checkpoint`, :func:`finish`, :func:`current_run`.
 * :func:`report_unmeasured` — name a stream this rank cannot measure, and why (fail-open).
 * :func:`declare_input` — an input's relative name and digest in the run's provenance bundle.
-* :func:`log_batch_grid`, :func:`log_field_stats` — input batch grid and latent field QC (``sdk/qc.py``).
+* :func:`log_batch_grid`, :func:`log_gallery`, :func:`log_field_stats` — input batch grid, exemplar
+  galleries and latent field QC (``sdk/qc.py``).
 * :func:`save_recovery`, :func:`restore_recovery` — rolling recovery saves a resume continues from
   (``sdk/recovery.py``); :func:`record_split` — a split's membership in provenance (``sdk/split.py``).
 
@@ -27,7 +28,7 @@ from typing import Any, Optional
 from traceml_tui.core import records
 from traceml_tui.sdk import direct, env
 from traceml_tui.sdk import watchdog as _watchdog
-from traceml_tui.sdk.qc import log_batch_grid, log_field_stats  # noqa: F401 - re-exported
+from traceml_tui.sdk.qc import log_batch_grid, log_field_stats, log_gallery  # noqa: F401 - re-exported
 from traceml_tui.sdk.session import Session, _mean_square, detect_rank, register_exit, resolve_run
 
 _session: Optional[Session] = None

@@ -1,6 +1,6 @@
-"""SDK functions for qualitative and numerical QC: the input batch grid and field statistics.
+"""SDK functions for qualitative and numerical QC: the input batch grid, exemplar galleries and field statistics.
 
-Both follow the run's QC cadence (``hygiene.qc.cadence`` in the manifest of a
+All follow the run's QC cadence (``hygiene.qc.cadence`` in the manifest of a
 ``traceml run``, or ``cadence=`` here): a call records at the first call for a
 name (the initialization reference) and then whenever the current update count
 is a multiple of the cadence; other calls return ``None`` at once, so a
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from traceml_tui.core import records
 
@@ -142,6 +142,9 @@ def log_batch_grid(
     step: Optional[int] = None,
     cadence: Optional[int] = None,
     all_ranks: bool = False,
+    sources: Optional[Sequence[Any]] = None,
+    eligible: Optional[int] = None,
+    distance: Optional[Callable[[Any, Any], float]] = None,
 ) -> Optional[Path]:
     """Save one image (paged when large) of one complete batch in the run directory.
 
@@ -149,6 +152,10 @@ def log_batch_grid(
     ``roles``, or one array (``(B, V, ...)`` with ``roles`` naming the V
     views). ``batch_id`` names the fixed QC batch. Only rank 0 saves unless
     ``all_ranks``. Returns the layout JSON path, or ``None`` when off-cadence.
+    The JSON holds the grid's health measures: ``sources`` are the members'
+    source ids (default: their content), ``eligible`` the sources the QC
+    batch draws from, ``distance(a, b)`` a declared distance between members
+    (default: pixel space); docs/qc.md.
     """
     session = _session()
     if session.rank != 0 and not all_ranks:
@@ -159,6 +166,46 @@ def log_batch_grid(
     from traceml_tui.hygiene import batch_grid as _grid
 
     grid_name = name if session.rank == 0 else f"{name}.rank{session.rank}"
-    path = _grid.save_batch_grid(session.run_dir, batch, step=at, name=grid_name, roles=roles, batch_id=batch_id)
+    path = _grid.save_batch_grid(session.run_dir, batch, step=at, name=grid_name, roles=roles, batch_id=batch_id,
+                                 sources=sources, eligible=eligible, distance=distance)
     _recorded[(id(session), "grid", name)] = at
+    return path
+
+
+def log_gallery(
+    groups: Mapping[str, Sequence[Any]],
+    *,
+    name: str = "gallery",
+    rows: int = 16,
+    eligible: Optional[Mapping[str, int]] = None,
+    selection: Optional[str] = None,
+    distance: Optional[Callable[[Any, Any], float]] = None,
+    step: Optional[int] = None,
+    cadence: Optional[int] = None,
+    all_ranks: bool = False,
+) -> Optional[Path]:
+    """Save a grouped exemplar gallery at the QC cadence: one group per column, sources down the rows.
+
+    ``groups``: ``{group: [example, …]}`` in column order; an example is
+    ``{"source": id, "image": array, "score": float?, "coords": [numbers]?}``
+    or ``(source, image[, score])``. At least ``rows`` (>= 16) examples per
+    group when that many sources are eligible; pages hold every group's
+    column; an empty group keeps its column ("0 available"); a source given
+    twice in a group is refused (``ValueError``). ``eligible``: a group's
+    eligible source count when only some are given; ``selection``: how the
+    examples were chosen (recorded). Only rank 0 saves unless ``all_ranks``.
+    Returns the sidecar JSON's path, or ``None`` when off-cadence (docs/qc.md).
+    """
+    session = _session()
+    if session.rank != 0 and not all_ranks:
+        return None
+    at = session.last_step if step is None else int(step)
+    if not _due(session, "gallery", name, at, cadence):
+        return None
+    from traceml_tui.hygiene import gallery as _gallery
+
+    gallery_name = name if session.rank == 0 else f"{name}.rank{session.rank}"
+    path = _gallery.save_gallery(session.run_dir, groups, step=at, name=gallery_name, rows=rows, eligible=eligible,
+                                 distance=distance, selection=selection)
+    _recorded[(id(session), "gallery", name)] = at
     return path

@@ -565,11 +565,14 @@ def environment_section() -> dict:
     }
 
 
-def _qc_section(ranks: dict[int, RankSteps]) -> dict:
-    """Latent field-collapse QC (seed 004): each field's verdict; a collapsed field is a failure."""
-    from traceml_tui.hygiene import field_qc  # imported here: `traceml compare` loads this module
+def _qc_section(ranks: dict[int, RankSteps], run_dir: Path, manifest: dict) -> dict:
+    """QC (seed 004): each latent field's collapse verdict and, for a bound ``hygiene.qc`` block, each
+    required item's row; a collapsed field or a required item never produced is a failure."""
+    from traceml_tui.hygiene import field_qc, qc_block  # imported here: `traceml compare` loads this module
 
-    return field_qc.summarize_records(rec for series in ranks.values() for rec in series.fields)
+    fields = field_qc.summarize_records(rec for series in ranks.values() for rec in series.fields)
+    hygiene = manifest.get("hygiene") if isinstance(manifest.get("hygiene"), dict) else {}
+    return qc_block.qc_report(run_dir, hygiene.get("qc"), fields)
 
 
 def validation_section(run_dir: Path, manifest: dict) -> Optional[dict]:
@@ -647,7 +650,7 @@ def build_summary(run_dir: Path, manifest: Optional[dict], *, now: Optional[floa
         "step_memory": step_memory,
         "training": training_section(ranks, run_dir),
         "integration": integration_section(loaded),
-        "qc": _qc_section(loaded),
+        "qc": _qc_section(loaded, run_dir, manifest),
         "validation": (validation := validation_section(run_dir, manifest)),
         "hygiene_warnings": hygiene_warnings_section(ranks, manifest, validation),
         "environment": environment_section(),

@@ -98,6 +98,9 @@ def render_text(summary: dict[str, Any]) -> str:
         if field.get("status") == "failed":
             lines.append(f"QC FAILED: field {name} collapsed at step {field.get('failed_at_step')} "
                          f"(spread below {field.get('factor')} x its initial spread)")
+    from traceml_tui.hygiene.qc_block import report_lines as qc_lines  # required QC items of a bound block
+
+    lines.extend(qc_lines(summary.get("qc")))
     from traceml_tui.hygiene.report import report_lines  # validation: backlog counts, best, stop, curve
 
     lines.extend(report_lines(summary.get("validation")))
