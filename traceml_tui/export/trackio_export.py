@@ -235,10 +235,9 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
         ident = grid["layout_file"]
         if ident in new.grids:
             continue
-        for page, rel in enumerate(grid.get("files") or [], start=1):
+        for page, path in enumerate(_pages(run_dir, grid, ident), start=1):
             caption = f"batch {grid.get('batch_id')} ({grid.get('members')} members), page {page}/{grid.get('pages')}"
-            out.images.append((f"qc/batch_grid/{grid.get('name')}", run_dir / rel, int(grid.get("step") or 0),
-                               caption))
+            out.images.append((f"qc/batch_grid/{grid.get('name')}", path, _step_of(grid), caption))
         _add_measures(out, new, "batch_grid", grid, grid.get("measures"))
         new.grids.add(ident)
     from traceml_tui.hygiene import gallery  # exemplar galleries: their pages, and their measures as qc metrics
@@ -247,15 +246,33 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
         ident = shown["sidecar_file"]
         if ident in new.grids:
             continue
-        counts = ", ".join(f"{g.get('name')} {g.get('available')}" for g in shown.get("groups") or []
-                           if isinstance(g, dict))
-        for page, rel in enumerate(shown.get("files") or [], start=1):
-            out.images.append((f"qc/gallery/{shown.get('name')}", run_dir / rel, _step_of(shown),
+        groups = shown.get("groups") if isinstance(shown.get("groups"), list) else []
+        counts = ", ".join(f"{g.get('name')} {g.get('available')}" for g in groups if isinstance(g, dict))
+        for page, path in enumerate(_pages(run_dir, shown, ident), start=1):
+            out.images.append((f"qc/gallery/{shown.get('name')}", path, _step_of(shown),
                                f"available: {counts}; page {page}/{shown.get('pages')}"))
         measures = shown.get("measures") if isinstance(shown.get("measures"), dict) else {}
         _add_measures(out, new, "gallery", shown, measures.get("overall"))
         new.grids.add(ident)
     return out, new
+
+
+def _pages(run_dir: Path, figure: dict, own: str) -> list[Path]:
+    """The page PNGs a figure's JSON lists, kept only when each is a regular file in the JSON's own folder.
+
+    The list is read back from a file in the run directory: a path out of that
+    folder (absolute, ``..``, a link) is never linked into the store.
+    """
+    folder = (run_dir / own).parent
+    files = figure.get("files")
+    out = []
+    for rel in files if isinstance(files, list) else ():
+        if not isinstance(rel, str) or not rel.endswith(".png"):
+            continue
+        path = run_dir / rel
+        if path.parent == folder and ".." not in Path(rel).parts and not path.is_symlink() and path.is_file():
+            out.append(path)
+    return out
 
 
 def _step_of(figure: dict) -> int:

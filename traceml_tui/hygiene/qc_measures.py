@@ -150,10 +150,16 @@ def figure_measures(sources: Sequence[str], *, eligible: Optional[int] = None, t
 
 
 def headline(measures: dict[str, Any]) -> dict[str, Optional[float]]:
-    """The scalar measures of one ``measures`` object, by name (what the Trackio export charts)."""
-    cov = measures.get("coverage") or {}
-    conc = measures.get("concentration") or {}
-    div = measures.get("diversity") or {}
+    """The scalar measures of one ``measures`` object, by name (what the Trackio export charts).
+
+    It is read back from a figure's JSON, so any part may be malformed: a part
+    that is not an object gives ``None`` values (the export then sends nothing for them).
+    """
+    def part(name: str) -> dict:
+        value = measures.get(name) if isinstance(measures, dict) else None
+        return value if isinstance(value, dict) else {}
+
+    cov, conc, div = part("coverage"), part("concentration"), part("diversity")
     return {
         "coverage": cov.get("value"),
         "top_k_share": conc.get("top_k_share"),
