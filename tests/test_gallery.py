@@ -96,6 +96,8 @@ def test_duplicates_short_groups_and_too_few_rows_are_refused_and_nothing_is_wri
         ({}, {}, "at least one group"),
         ({"g": [("s-1", None)]}, {}, "no image"),
         ({"g": [{"source": "x", "image": np.zeros((4, 4)), "label": 1}]}, {}, "unknown key 'label'"),
+        ({"g": [("x", np.zeros((4, 4)), np.array([0.1, 0.2]))]}, {}, "score must be a number"),
+        ({"g": [{"source": "x", "image": np.zeros((4, 4)), "coords": [1.0, float("nan")]}]}, {}, "must be finite"),
     ]
     for groups, extra, said in cases:
         with pytest.raises(GalleryError, match=said):

@@ -52,7 +52,10 @@ class Example:
 def _number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "item"):
         raise GalleryError(f"{what} must be a number, got {type(value).__name__}")
-    number = float(value.item() if hasattr(value, "item") else value)
+    try:  # numpy and torch scalars have .item(); an array of several values is not a number
+        number = float(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError, RuntimeError):
+        raise GalleryError(f"{what} must be a number, got {type(value).__name__}") from None
     if not math.isfinite(number):
         raise GalleryError(f"{what} must be finite, got {number}")
     return number
