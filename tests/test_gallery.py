@@ -114,6 +114,11 @@ def test_fewer_than_16_eligible_show_them_all_and_a_repeat_at_one_step_never_ove
     assert meta["pages"] == 2 and [g["available"] for g in meta["groups"]] == [5, 100]
     assert meta["measures"]["groups"]["common"]["coverage"]["value"] == pytest.approx(20 / 100)
     assert meta["measures"]["overall"]["coverage"] == {"distinct": 25, "eligible": 105, "value": pytest.approx(25 / 105)}
+    assert "roster" not in meta  # no bound roster: nothing to check against
+    assert gallery.roster_check({"name": "r", "digest": "sha256:x", "size": 9}, ["a"]) == {
+        "name": "r", "digest": "sha256:x", "outside_roster": None}  # members unknown: not checked, not "none"
+    assert gallery.roster_check({"name": "r", "members": ["a", "b"]}, ["b", "c", "a", "d"])["outside_roster"] == [
+        "c", "d"]
     assert [m["sidecar_file"] for m in gallery.list_galleries(tmp_path)] == [
         "qc/gallery/g/step-00000003-2.json", "qc/gallery/g/step-00000003.json"]
 

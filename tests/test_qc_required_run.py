@@ -20,7 +20,8 @@ import yaml
 from traceml_tui.hygiene import qc_block
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "qc_train.py"
-MEMBERS = [f"src-{i:02d}" for i in range(36)]
+#: the bound roster leaves out src-35, which the script's gallery shows: the sidecar names it
+MEMBERS = [f"src-{i:02d}" for i in range(35)]
 
 
 def _config() -> dict:
@@ -38,7 +39,7 @@ def _config() -> dict:
                 "cadence": 2,
                 "owner": "qc-tests",
                 "output": "qc",
-                "roster": {"name": "fixed-36", "members": MEMBERS, "selection": "the first 36 of a seeded draw"},
+                "roster": {"name": "fixed-35", "members": MEMBERS, "selection": "the first 35 of a seeded draw"},
                 "items": {"batch_grid": "required", "field_stats": "required", "galleries": "required",
                           "worker_qc": {"inapplicable": "no heavy QC in this test"}},
             },
@@ -62,7 +63,7 @@ def test_a_required_batch_grid_never_logged_is_a_named_failure(tmp_path: Path, c
     qc = summary["qc"]
 
     assert qc["bound"] is True and qc["owner"] == "qc-tests"
-    assert qc["roster"]["digest"] == qc_block.roster_digest(MEMBERS) and qc["roster"]["size"] == 36
+    assert qc["roster"]["digest"] == qc_block.roster_digest(MEMBERS) and qc["roster"]["size"] == 35
     assert qc["missing_items"] == ["batch_grid"]
     assert qc["status"] == "failed"
     assert qc["items"]["batch_grid"] == {"state": "missing", "required": True, "count": 0}
@@ -80,3 +81,5 @@ def test_a_required_batch_grid_never_logged_is_a_named_failure(tmp_path: Path, c
     meta = json.loads(sidecars[-1].read_text())
     assert meta["pages"] == 2 and [g["available"] for g in meta["groups"]] == [20, 16]
     assert meta["measures"]["overall"]["coverage"]["value"] == 1.0
+    assert meta["roster"] == {"name": "fixed-35", "digest": qc_block.roster_digest(MEMBERS),
+                              "outside_roster": ["src-35"]}

@@ -227,10 +227,22 @@ def gallery_measures(groups: Mapping[str, Sequence[Example]], available: Mapping
             "groups": {g: measure(items, available[g]) for g, items in groups.items()}}
 
 
+def roster_check(roster: Mapping[str, Any], sources: Sequence[str]) -> dict[str, Any]:
+    """The bound roster a gallery was drawn from, and the sources it shows from outside that roster.
+
+    With a roster bound by its digest alone the members are not known here:
+    ``outside_roster`` is then ``None`` (not checked), never an empty list.
+    """
+    members = roster.get("members")
+    known = set(members) if isinstance(members, list) else None
+    outside = None if known is None else sorted({s for s in sources if s not in known})
+    return {"name": roster.get("name"), "digest": roster.get("digest"), "outside_roster": outside}
+
+
 def save_gallery(run_dir: Path, groups: Mapping[str, Sequence[Any]], *, step: int, name: str = "gallery",
                  rows: int = MIN_ROWS, eligible: Optional[Mapping[str, int]] = None,
                  distance: Optional[Callable[[Any, Any], float]] = None, distance_name: Optional[str] = None,
-                 selection: Optional[str] = None) -> Path:
+                 selection: Optional[str] = None, roster: Optional[Mapping[str, Any]] = None) -> Path:
     """Render a grouped exemplar gallery under ``run_dir/qc/gallery/<name>/``; return the sidecar's path.
 
     ``groups``: ``{group: [example, …]}`` in column order; an example is
@@ -238,7 +250,10 @@ def save_gallery(run_dir: Path, groups: Mapping[str, Sequence[Any]], *, step: in
     ``(source, image[, score])``. ``rows`` (>= 16) examples per column and page.
     ``eligible``: a group's eligible source count when more exist than are
     given (shown as "n available"; default: the examples given). ``selection``
-    records how the examples were chosen. Refusals: :class:`GalleryError`.
+    records how the examples were chosen. ``roster``: the run's bound QC
+    roster (``hygiene.qc.roster`` of the manifest); the sidecar then names it
+    and lists the sources shown that are not among its members. Refusals:
+    :class:`GalleryError`.
     """
     if not isinstance(name, str) or not batch_grid.NAME_RE.fullmatch(name):
         raise GalleryError(f"gallery name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
@@ -277,6 +292,8 @@ def save_gallery(run_dir: Path, groups: Mapping[str, Sequence[Any]], *, step: in
         "tiles": layout["tiles"],
         "measures": measures,
     }
+    if isinstance(roster, Mapping):
+        sidecar["roster"] = roster_check(roster, [t["source"] for t in layout["tiles"]])
     path = folder / f"{stem}.json"
     atomic.atomic_write_json(path, sidecar, exclusive=True)  # last: its presence means every page is complete
     return path

@@ -193,7 +193,8 @@ def log_gallery(
     column; an empty group keeps its column ("0 available"); a source given
     twice in a group is refused (``ValueError``). ``eligible``: a group's
     eligible source count when only some are given; ``selection``: how the
-    examples were chosen (recorded). Only rank 0 saves unless ``all_ranks``.
+    examples were chosen (recorded). Under a bound ``hygiene.qc.roster`` the
+    sidecar lists the sources shown from outside it. Only rank 0 saves unless ``all_ranks``.
     Returns the sidecar JSON's path, or ``None`` when off-cadence (docs/qc.md).
     """
     session = _session()
@@ -205,7 +206,9 @@ def log_gallery(
     from traceml_tui.hygiene import gallery as _gallery
 
     gallery_name = name if session.rank == 0 else f"{name}.rank{session.rank}"
+    roster = _manifest_qc(session).get("roster")  # the bound QC roster: the sidecar names sources outside it
     path = _gallery.save_gallery(session.run_dir, groups, step=at, name=gallery_name, rows=rows, eligible=eligible,
-                                 distance=distance, selection=selection)
+                                 distance=distance, selection=selection,
+                                 roster=roster if isinstance(roster, dict) else None)
     _recorded[(id(session), "gallery", name)] = at
     return path
