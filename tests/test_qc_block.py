@@ -182,3 +182,29 @@ def test_the_report_names_a_missing_item_and_counts_what_a_run_directory_holds(t
     assert not any(line.startswith("QC FAILED") for line in qc_block.report_lines(report))
     # an unbound block keeps the field verdicts and says it is not bound
     assert qc_block.qc_report(tmp_path, {"cadence": 5}, fields) == {**fields, "bound": False}
+
+
+YAML_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(),
+              st.text(max_size=10), st.sampled_from(["required", "qc", "sha256:" + "a" * 64])),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.one_of(st.sampled_from([*qc_block.ITEMS, "inapplicable", "members",
+                                                                       "name", "selection", "digest", "size"]),
+                                                      st.text(max_size=6), st.integers()), inner, max_size=5)),
+    max_leaves=15)
+
+
+@LOADED
+@given(st.dictionaries(st.sampled_from(qc_block.BINDING_KEYS), YAML_VALUES, min_size=1))
+def test_any_block_is_accepted_or_refused_in_one_line_naming_a_qc_field(binding: dict) -> None:
+    """The block comes from a user's YAML: whatever it holds, the answer is a normalized block or one line."""
+    qc = {**copy.deepcopy(BOUND_QC), **binding}
+    try:
+        parsed = parse_hygiene(_hygiene(qc))["qc"]
+    except HygieneConfigError as exc:
+        assert str(exc).startswith("hygiene.qc.") and "\n" not in str(exc)
+        return
+    assert set(parsed) == {"cadence", *qc_block.BINDING_KEYS}
+    assert parsed["roster"]["digest"].startswith("sha256:") and parsed["roster"]["size"] >= 1
+    assert set(parsed["items"]) == set(qc_block.ITEMS)
+    json.dumps(parsed)  # what the manifest records is plain JSON
