@@ -95,6 +95,9 @@ def test_measures_of_grids_and_galleries_are_published_once_as_qc_metrics(tmp_pa
         # the gallery's page is an image under its QC key
         image = points[("qc/gallery/roster", step)]
         assert isinstance(image, dict) and image.get("_type") == "trackio.image"
+    info = [v for (k, _), v in sorted(points.items(), key=lambda kv: kv[0][1]) if k == "info/run"][-1]
+    rows = {row["quantity"]: row["value"] for row in info["_value"]}
+    assert rows["QC required items"] == "not bound (hygiene.qc declares no items)"  # no traceml run, no block
     qc_keys = {k for (k, _) in points if k.endswith("/qc")}
     assert qc_keys == {f"{kind}/{measure}/qc" for kind in ("batch_grid/inputs", "gallery/roster")
                        for measure in ("coverage", "top_k_share", "gini", "entropy", "diversity")}

@@ -208,3 +208,11 @@ def test_any_block_is_accepted_or_refused_in_one_line_naming_a_qc_field(binding:
     assert parsed["roster"]["digest"].startswith("sha256:") and parsed["roster"]["size"] >= 1
     assert set(parsed["items"]) == set(qc_block.ITEMS)
     json.dumps(parsed)  # what the manifest records is plain JSON
+
+
+def test_the_items_phrase_judges_nothing_before_the_run_ends() -> None:
+    assert qc_block.items_word(None, True) == "pending: judged when the run ends"
+    assert qc_block.items_word(None, False).startswith("not bound")
+    assert qc_block.items_word({"bound": True, "missing_items": ["galleries"]}, True) == (
+        "FAILED, never produced: galleries")
+    assert qc_block.items_word({"bound": True, "missing_items": []}, True) == "all required items produced"

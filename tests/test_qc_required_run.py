@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,22 @@ def test_a_required_batch_grid_never_logged_is_a_named_failure(tmp_path: Path, c
     assert meta["measures"]["overall"]["coverage"]["value"] == 1.0
     assert meta["roster"] == {"name": "fixed-35", "digest": qc_block.roster_digest(MEMBERS),
                               "outside_roster": ["src-35"]}
+
+    # the Trackio export's run table says the same, in the same words (a real local store)
+    pytest.importorskip("trackio", reason="trackio not installed")
+    env = dict(cli_env, TRACKIO_DIR=str(tmp_path / "trackio-store"))
+    for name in ("TRACKIO_SERVER_URL", "TRACKIO_SPACE_ID", "TRACKIO_WRITE_TOKEN"):
+        env.pop(name, None)
+    sent = subprocess.run([*traceml_cmd, "export", "trackio", str(run_dir), "--project", "qc-tests", "--group", "g",
+                           "--description", "Does a missing batch grid fail QC?"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert sent.returncode == 0, sent.stderr
+    dump = ("import json, sys\nfrom trackio.sqlite_storage import SQLiteStorage\n"
+            "print(json.dumps(SQLiteStorage.get_logs('qc-tests', 'qc'), default=str))")
+    logs = json.loads(subprocess.run([sys.executable, "-c", dump], env=env, capture_output=True, text=True,
+                                     timeout=120, check=True).stdout)
+    table = [row["info/run"] for row in logs if "info/run" in row][-1]
+    info = {row["quantity"]: row["value"] for row in table["_value"]}
+    assert info["QC required items"] == "FAILED, never produced: batch_grid"
+    assert {k for row in logs for k in row if k.startswith("gallery/roster/")} == {
+        f"gallery/roster/{m}/qc" for m in ("coverage", "top_k_share", "gini", "entropy", "diversity")}

@@ -212,6 +212,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
         ["selected best checkpoint", stopping.get("best_checkpoint") or "none"],
         ["eval use", "validation drives checkpoint selection and early stopping: not an untouched test"],
         ["field QC failures", ", ".join(qc["failed_fields"]) or "none"],
+        ["QC required items", _qc_items(layout)],
         ["malformed step lines skipped", malformed],
         ["step metric", mapping.STEP_METRIC],
     ]
@@ -255,6 +256,24 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
         _add_measures(out, new, "gallery", shown, measures.get("overall"))
         new.grids.add(ident)
     return out, new
+
+
+def _qc_items(layout: RunDir) -> str:
+    """The bound QC block's required items as the run's summary judged them (words: hygiene/qc_block.py)."""
+    from traceml_tui.core import artifacts
+    from traceml_tui.hygiene.qc_block import items_word
+
+    def read(path: Path) -> Optional[bytes]:
+        try:
+            return path.read_bytes() if path.is_file() else None
+        except OSError:
+            return None
+
+    summary = artifacts.decode_summary(read(layout.summary_json))
+    manifest = artifacts.decode_manifest(read(layout.manifest))
+    declared = manifest.hygiene_block.get("qc") if manifest is not None else None
+    bound = isinstance(declared, dict) and isinstance(declared.get("items"), dict)
+    return items_word(summary.qc if summary is not None else None, bound)
 
 
 def _pages(run_dir: Path, figure: dict, own: str) -> list[Path]:

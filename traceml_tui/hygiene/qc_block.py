@@ -241,6 +241,20 @@ def qc_report(run_dir: Path, qc_declared: Optional[Mapping[str, Any]], field_sum
     return out
 
 
+def items_word(section: Optional[Mapping[str, Any]], declared: bool) -> str:
+    """One phrase for the required QC items of a run, for tables (the Trackio export's ``info/run``).
+
+    ``section``: the summary's ``qc`` (None before the run ends); ``declared``:
+    whether the manifest binds items. Before the end nothing is judged missing yet.
+    """
+    if isinstance(section, Mapping) and section.get("bound"):
+        missing = [str(m) for m in section.get("missing_items") or []]
+        return f"FAILED, never produced: {', '.join(missing)}" if missing else "all required items produced"
+    if declared:
+        return "pending: judged when the run ends"
+    return "not bound (hygiene.qc declares no items)"
+
+
 def report_lines(section: Optional[Mapping[str, Any]]) -> list[str]:
     """The lines ``final_summary.txt`` prints for a bound QC block's items (a presentation of ``qc``)."""
     if not section or not section.get("bound"):
