@@ -88,9 +88,10 @@ class WebServer:
     def __init__(self, traceml_cmd, cli_env, root: Path, tmp_path: Path, *flags: str) -> None:
         self.port = _free_port()
         self.err_path = tmp_path / f"web-{self.port}.err"
-        with open(self.err_path, "w") as err:
+        self.out_path = tmp_path / f"web-{self.port}.out"
+        with open(self.err_path, "w") as err, open(self.out_path, "w") as out:
             self.proc = subprocess.Popen([*traceml_cmd, "watch", str(root), "--web", "--port", str(self.port), *flags],
-                                         env=cli_env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+                                         env=cli_env, stdout=out, stderr=err, start_new_session=True)
 
     def stderr(self) -> str:
         return self.err_path.read_text()
@@ -167,6 +168,8 @@ def test_web_access_needs_the_printed_token(tmp_path, cli_env, traceml_cmd):
         assert not re.search(r"(?:src|href)=\"(?:https?:)?//", html) and "googleapis" not in html
     finally:
         server.stop()
+    said = server.stderr() + server.out_path.read_text()
+    assert said.count(token) == 1, said  # printed once, to open; never again in a log of requests
     open_server = WebServer(traceml_cmd, cli_env, root, tmp_path, "--no-token")
     try:
         url = open_server.url()

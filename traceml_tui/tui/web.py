@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import logging
 import secrets
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
@@ -112,6 +113,11 @@ class WatchServer(Server):
         if self.token is not None and request.query.get(TOKEN_PARAM):
             response.set_cookie(self.cookie_name, self.token, httponly=True, samesite="Strict", path="/")
         return response
+
+    def initialize_logging(self) -> None:
+        """textual-serve's logging, without the access log: a request line would print the token in its URL."""
+        super().initialize_logging()
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
     async def on_startup(self, app: web.Application) -> None:
         """Quiet: `traceml watch` prints its own line (with the URL to open) before serving."""
