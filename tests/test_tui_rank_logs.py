@@ -27,8 +27,6 @@ from traceml_tui.tui.source import IndexSource  # noqa: E402
 from traceml_tui.tui.widgets.log_view import LogView  # noqa: E402
 from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
 STEPS = 3
 #: Each rank prints to stdout and to stderr every step, and ends stdout without a newline.
 SCRIPT = f"""
@@ -91,6 +89,8 @@ def printed_run(tmp_path_factory):
     return work, proc
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_terminal_gets_the_output_as_written_and_the_logs_name_every_rank(printed_run):
     work, proc = printed_run
     # The terminal: what the ranks wrote, on the stream they wrote it to, without a prefix.
@@ -121,6 +121,8 @@ async def _until(pilot, predicate, limit: int = 1000) -> None:
     assert predicate()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 @d.aio
 async def test_log_screen_gives_every_printed_line_its_rank(printed_run, tmp_path):
     work, _ = printed_run
@@ -173,5 +175,35 @@ async def test_log_screen_gives_every_printed_line_its_rank(printed_run, tmp_pat
                 {t for t in _expected_lines("stdout") | _expected_lines("stderr") if t.endswith("1")}
             status = str(screen.query_one("#log-status").render())
             assert status.startswith(f"{len(view.lines)} of ") and not status.startswith("0 of"), status
+    finally:
+        src.close()
+
+
+@pytest.mark.timeout(120)
+@d.aio
+async def test_rank_filter_on_logs_that_name_no_rank_says_so(tmp_path):
+    """Logs written before the launcher tagged every line (a plain ``print`` unprefixed): `L` says why it is empty."""
+    import fixture_runs as fr
+
+    def old_logs(root: Path) -> None:
+        node = root / fr.name_of("completed") / "nodes" / "node_0"
+        (node / "training.stdout.log").write_text("step 1 printed by rank 0\nstep 1 printed by rank 1\n")
+
+    root, index = fr.build_real_index(tmp_path, prepare=old_logs)
+    src = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    try:
+        app = create_app(src, poll_interval=0.02)
+        async with app.run_test(size=(120, 30)) as pilot:
+            await d.settle(pilot)
+            run_id = next(r.run_id for r in app.runs_snapshot.rows if r.name == fr.name_of("completed"))
+            app.open_run(run_id)
+            await d.settle(pilot)
+            ranks = app.screen.query_one(RankTable)
+            ranks.move_cursor(row=ranks.get_row_index("0"))
+            await pilot.press("L")
+            await _until(pilot, lambda: isinstance(app.screen, LogScreen) and app.screen.reads >= 1)
+            await pilot.pause()
+            status = str(app.screen.query_one("#log-status").render())
+            assert status.startswith("0 of 2 lines · rank r0") and "no line in these logs names a rank" in status
     finally:
         src.close()
