@@ -21,6 +21,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from fixture_runs import FIXTURE_RUNS, name_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -249,3 +251,40 @@ def test_browser_shows_the_runs_and_opens_one(tmp_path, cli_env, traceml_cmd):
     assert {urlsplit(u).netloc for u in requests} == {f"127.0.0.1:{forwarder.port}"}, requests
     assert not failed, failed
     assert not any(p.name == "index.sqlite" for p in root.rglob("*"))  # the index lives in the state dir
+
+
+_text = st.none() | st.text(max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(query=_text, cookie=_text, host=st.text(max_size=40), origin=_text, websocket=st.booleans())
+def test_the_guard_serves_exactly_the_holders_of_the_token(query, cookie, host, origin, websocket):
+    """Untrusted request values never raise; with a token a request is served iff it holds it (and a WebSocket's
+    Origin is its Host); without one iff its Host is loopback (or --public)."""
+    web = pytest.importorskip("traceml_tui.tui.web")
+    token = "Zk3v9Q-token_example"
+
+    def parsed(url: str, attr: str):
+        try:
+            return getattr(urlsplit(url), attr)
+        except ValueError:
+            return None
+
+    netloc = parsed(origin, "netloc") if origin is not None else None
+    same_origin = not websocket or origin is None or (netloc is not None and netloc.lower() == host.lower())
+    served = web.refusal(token=token, query_token=query, cookie=cookie, host_header=host, origin=origin,
+                         websocket=websocket) is None
+    assert served == (same_origin and token in (query, cookie))
+    hosted = web.refusal(token=None, query_token=query, cookie=cookie, host_header=host, origin=origin,
+                         websocket=websocket) is None
+    assert hosted == (same_origin and web.is_loopback_name(parsed("//" + host, "hostname") or ""))
+    assert (web.refusal(token=None, public=True, query_token=query, cookie=cookie, host_header=host, origin=origin,
+                        websocket=websocket) is None) == same_origin
+
+
+def test_loopback_names():
+    web = pytest.importorskip("traceml_tui.tui.web")
+    for name in ("127.0.0.1", "127.0.0.2", "localhost", "LOCALHOST", "[::1]", "::1", "app.localhost"):
+        assert web.is_loopback_name(name), name
+    for name in ("", "10.0.0.1", "example.com", "localhost.example.com", "0.0.0.0", "[::]"):
+        assert not web.is_loopback_name(name), name

@@ -63,11 +63,10 @@ def is_loopback_name(host: str) -> bool:
 def refusal(*, token: Optional[str], public: bool = False, query_token: Optional[str], cookie: Optional[str],
             host_header: str, origin: Optional[str], websocket: bool) -> Optional[str]:
     """Why a request is refused (403), or None to serve it. Pure: the rules of the guard, testable alone."""
-    if websocket and origin is not None and urlsplit(origin).netloc.lower() != host_header.lower():
+    if websocket and origin is not None and _netloc(origin) != host_header.lower():
         return "this app's WebSocket answers its own page only"
     if token is None:
-        name = urlsplit("//" + host_header).hostname or ""
-        if not public and not is_loopback_name(name):
+        if not public and not is_loopback_name(_netloc("//" + host_header, hostname=True) or ""):
             return "served without a token: only a loopback address (127.0.0.1, localhost) is answered"
         return None
     for given in (query_token, cookie):
@@ -76,6 +75,15 @@ def refusal(*, token: Optional[str], public: bool = False, query_token: Optional
     if query_token is not None:
         return "wrong access token: open the URL `traceml watch --web` printed (…/?token=…)"
     return "this page needs the access token: open the URL `traceml watch --web` printed (…/?token=…)"
+
+
+def _netloc(url: str, hostname: bool = False) -> Optional[str]:
+    """The ``host:port`` (lower case) or the bare host name of ``url``; None when it does not parse."""
+    try:
+        parts = urlsplit(url)
+        return parts.hostname if hostname else parts.netloc.lower()
+    except ValueError:  # e.g. an unclosed "[" in a header: refused, never a server error
+        return None
 
 
 class WatchServer(Server):
