@@ -15,10 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from traceml_tui.core.forensics import rank_of_line
-from traceml_tui.run.rank_logs import MAX_PENDING, LineBuffer, NodeLog, PipeTee, RankLogs, prefixed
+from traceml_tui.run.rank_logs import MAX_PENDING, LineBuffer, NodeLog, PipeTee, RankLogs, prefixed, prefixed_lines
 
 _bytes = st.binary(max_size=600) | st.lists(st.sampled_from([b"a", b"\n", b"\r", b"[rank1]: ", b"\xff", b"x" * 50]),
                                             max_size=40).map(b"".join)
+
+
+def _lines(block: bytes) -> list[bytes]:
+    return [line + b"\n" for line in block.split(b"\n")[:-1]]
 
 
 @settings(max_examples=300, deadline=None)
@@ -29,19 +33,28 @@ def test_line_buffer_returns_every_byte_as_whole_lines_in_order(data, cuts):
     for cut in sorted(c for c in cuts if c <= len(data)) + [len(data)]:
         pieces.append(data[start:cut])
         start = cut
-    lines = [line for piece in pieces for line in buf.feed(piece)] + buf.rest()
-    assert all(line.endswith(b"\n") and b"\n" not in line[:-1] for line in lines)
-    joined = b"".join(lines)
+    blocks = [buf.feed(piece) for piece in pieces] + [buf.rest()]
+    assert all(block == b"" or block.endswith(b"\n") for block in blocks)  # whole lines only
+    joined = b"".join(blocks)
     assert joined == (data if data.endswith(b"\n") or not data else data + b"\n")
-    assert buf.pending == b"" and buf.rest() == []
+    assert buf.pending == b"" and buf.rest() == b""
+
+
+@settings(max_examples=300, deadline=None)
+@given(rank=st.integers(min_value=0, max_value=12), data=_bytes | st.lists(
+    st.sampled_from([b"[rank1]:", b"[rank1]: ", b"[rank11]:", b"\n", b"x", b"[rank", b" "]), max_size=30).map(b"".join))
+def test_prefixed_lines_is_prefixed_on_each_line(rank, data):
+    """The fast path (a few passes over a block) equals the rule applied line by line."""
+    block = data if data.endswith(b"\n") or not data else data + b"\n"
+    assert prefixed_lines(rank, block) == b"".join(prefixed(rank, line) for line in _lines(block))
 
 
 def test_a_line_without_end_comes_out_in_parts():
     """A progress bar redrawn with carriage returns never ends its line: the log gets it in bounded parts."""
     buf = LineBuffer()
-    lines = buf.feed(b"\r50%" * (MAX_PENDING // 2))
+    lines = _lines(buf.feed(b"\r50%" * (MAX_PENDING // 2)))
     assert lines and all(len(line) == MAX_PENDING + 1 for line in lines)
-    assert len(buf.pending) <= MAX_PENDING
+    assert 0 < len(buf.pending) <= MAX_PENDING
 
 
 @given(rank=st.integers(min_value=0, max_value=4096), text=st.text(max_size=80).filter(lambda t: "\n" not in t))

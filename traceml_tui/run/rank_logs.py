@@ -76,21 +76,21 @@ class LineBuffer:
     def __init__(self) -> None:
         self.pending = b""
 
-    def feed(self, chunk: bytes) -> list[bytes]:
-        """The complete lines (each with its ``\\n``) that ``chunk`` finishes."""
-        data = self.pending + chunk
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete lines (each ending in ``\\n``) that ``chunk`` finishes, as one block."""
+        data = self.pending + chunk if self.pending else chunk
         cut = data.rfind(b"\n") + 1
-        lines = [line + b"\n" for line in data[:cut].split(b"\n")[:-1]]  # not splitlines(): \r stays in its line
-        self.pending = data[cut:]
-        while len(self.pending) > MAX_PENDING:
-            lines.append(self.pending[:MAX_PENDING] + b"\n")
-            self.pending = self.pending[MAX_PENDING:]
-        return lines
+        block, self.pending = data[:cut], data[cut:]
+        if len(self.pending) > MAX_PENDING:  # written in parts of MAX_PENDING; the last part waits for more
+            keep = len(self.pending) % MAX_PENDING or MAX_PENDING
+            head, self.pending = self.pending[:-keep], self.pending[-keep:]
+            block += b"".join(head[i:i + MAX_PENDING] + b"\n" for i in range(0, len(head), MAX_PENDING))
+        return block
 
-    def rest(self) -> list[bytes]:
+    def rest(self) -> bytes:
         """The unfinished last line, ended (at the end of the output)."""
         rest, self.pending = self.pending, b""
-        return [rest + b"\n"] if rest else []
+        return rest + b"\n" if rest else b""
 
 
 def _write_terminal(terminal: IO[bytes], chunk: bytes) -> None:
@@ -105,6 +105,21 @@ def prefixed(rank: int, line: bytes) -> bytes:
     """``line`` as the node log holds it: ``[rank<N>]: `` first, unless torch's excepthook already put it."""
     tag = b"[rank%d]:" % rank
     return line if line.startswith(tag) else tag + b" " + line
+
+
+def prefixed_lines(rank: int, block: bytes) -> bytes:
+    """:func:`prefixed` on every line of ``block`` (whole lines), in a few passes over the bytes, not per line.
+
+    Each line start gets the tag, then a tag followed by the same tag at a line
+    start (the line was already tagged) loses the added one: only at line starts,
+    so a tag inside a line is never touched (tests/test_rank_logs.py proves it equal to :func:`prefixed`).
+    """
+    if not block:
+        return b""
+    tag = b"[rank%d]:" % rank
+    added = b"\n" + tag + b" "
+    body = (b"\n" + block[:-1]).replace(b"\n", added).replace(added + tag, b"\n" + tag)
+    return body[1:] + b"\n"
 
 
 class PipeTee(threading.Thread):
@@ -126,9 +141,9 @@ class PipeTee(threading.Thread):
                 break
             if not chunk:
                 break
-            self.log.write(b"".join(lines.feed(chunk)))
+            self.log.write(lines.feed(chunk))
             _write_terminal(self.terminal, chunk)
-        self.log.write(b"".join(lines.rest()))
+        self.log.write(lines.rest())
 
 
 class _RankFile:
@@ -188,7 +203,6 @@ class RankLogs(threading.Thread):
                 f.fd = os.open(f.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
             except OSError:
                 return
-        out: list[bytes] = []
         while True:
             try:
                 chunk = os.read(f.fd, 1 << 20)
@@ -197,12 +211,11 @@ class RankLogs(threading.Thread):
             if not chunk:
                 break
             _write_terminal(self.terminals[f.stream], chunk)
-            out += (prefixed(f.rank, line) for line in f.lines.feed(chunk))
+            self.logs[f.stream].write(prefixed_lines(f.rank, f.lines.feed(chunk)))
         if final:
-            out += (prefixed(f.rank, line) for line in f.lines.rest())
+            self.logs[f.stream].write(prefixed_lines(f.rank, f.lines.rest()))
             os.close(f.fd)
             f.fd = None
-        self.logs[f.stream].write(b"".join(out))
 
     def _pass(self, final: bool = False) -> None:
         with self._lock:
