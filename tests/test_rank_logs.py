@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import os
 import threading
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,3 +126,13 @@ def test_rank_logs_copy_torchruns_files_with_global_ranks_and_leave_nothing(tmp_
     assert terminals["stdout"].getvalue() == b"hello from local 0\nhalf a line\nno end"
     assert terminals["stderr"].getvalue() == b"[rank3]: Traceback (most recent call last):\n"
     assert not ranks.work_dir.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_log_that_cannot_be_written_is_said_once_and_never_stops_the_copy(capfd):
+    """Disk full: one warning line, no exception, so the copier goes on feeding the terminal."""
+    log = NodeLog(Path("/dev/full"))
+    for _ in range(3):
+        log.write(b"[rank0]: a line\n" * 1000)
+    err = capfd.readouterr().err
+    assert log.failed and err.count("cannot write full") == 1, err

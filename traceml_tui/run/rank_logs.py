@@ -54,6 +54,7 @@ class NodeLog:
         self.path = path
         self._file = open(path, "ab")
         self._lock = threading.Lock()
+        self.failed = False  # a write failed (disk full): said once; the terminal copy goes on
 
     def write(self, data: bytes) -> None:
         """Append ``data`` (whole lines) and flush, so the Log screen sees it at once."""
@@ -62,8 +63,14 @@ class NodeLog:
         with self._lock:
             if self._file.closed:
                 return
-            self._file.write(data)
-            self._file.flush()
+            try:
+                self._file.write(data)
+                self._file.flush()
+            except OSError as exc:
+                if not self.failed:
+                    self.failed = True
+                    print(f"traceml run: warning: cannot write {self.path.name}: {exc.strerror}; "
+                          "the training output still reaches this terminal", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         with self._lock:
@@ -227,7 +234,8 @@ class RankLogs(threading.Thread):
         while not self._stopping.is_set():
             now = time.monotonic()
             if len(self.files) < 2 * self.nproc or now >= next_scan:  # new files come only at (re)starts
-                self._scan()
+                with self._lock:
+                    self._scan()
                 next_scan = now + RESCAN_S
             self._pass()
             self._stopping.wait(self.poll_s)
