@@ -30,7 +30,7 @@ ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-B]|
 
 
 def test_web_flags_are_checked(tmp_path, traceml_cmd, cli_env):
-    for argv, words in ((["--host", "0.0.0.0"], "go with --web"),
+    for argv, words in ((["--host", "0.0.0.0"], "go with --web"), (["--no-token"], "go with --web"),
                         (["--web", "--host", "0.0.0.0"], "--public"),
                         (["--web", "--port", "0"], "--port")):
         proc = subprocess.run([*traceml_cmd, "watch", str(tmp_path), *argv], env=cli_env, capture_output=True,
