@@ -207,3 +207,45 @@ async def test_rank_filter_on_logs_that_name_no_rank_says_so(tmp_path):
             assert status.startswith("0 of 2 lines · rank r0") and "no line in these logs names a rank" in status
     finally:
         src.close()
+
+
+MULTI_NODE_SCRIPT = """
+import os
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"printed by global rank {dist.get_rank()} on node {os.environ['TRACEML_NODE_RANK']}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_nodes_tag_their_lines_with_global_ranks(tmp_path):
+    """Two launchers (one process each, static rendezvous): node 1's log says rank 1, the rank torch gave it."""
+    import socket
+
+    from realruns import subprocess_env
+
+    (tmp_path / "train.py").write_text(MULTI_NODE_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = subprocess_env(tmp_path / "state")
+    common = ["run", "train.py", "--run-name", "two-nodes", "--nnodes", "2", "--nproc-per-node", "1",
+              "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    with open(tmp_path / "node0.err", "w") as err0:
+        node0 = subprocess.Popen([sys.executable, "-m", "traceml_tui", *common, "--node-rank", "0"], cwd=tmp_path,
+                                 env=env, stdout=subprocess.DEVNULL, stderr=err0)
+        try:
+            node1 = subprocess.run([sys.executable, "-m", "traceml_tui", *common, "--node-rank", "1"], cwd=tmp_path,
+                                   env=env, capture_output=True, text=True, timeout=240)
+            assert node0.wait(timeout=240) == 0, (tmp_path / "node0.err").read_text()[-2000:]
+        finally:
+            if node0.poll() is None:
+                node0.kill()
+    assert node1.returncode == 0, node1.stderr[-2000:]
+    assert node1.stdout == "printed by global rank 1 on node 1\n"  # the terminal: as written
+    for node in (0, 1):
+        log = tmp_path / "logs" / "two-nodes" / "nodes" / f"node_{node}" / "training.stdout.log"
+        assert log.read_text() == f"[rank{node}]: printed by global rank {node} on node {node}\n"
