@@ -105,8 +105,9 @@ class WatchServer(Server):
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
-        problem = refusal(token=self.token, public=self.public, query_token=request.query.get(TOKEN_PARAM), cookie=request.cookies.get(self.cookie_name),
-                          host_header=request.headers.get("Host", ""), origin=request.headers.get("Origin"),
+        problem = refusal(token=self.token, public=self.public, query_token=request.query.get(TOKEN_PARAM),
+                          cookie=request.cookies.get(self.cookie_name), host_header=request.headers.get("Host", ""),
+                          origin=request.headers.get("Origin"),
                           websocket=request.headers.get("Upgrade", "").lower() == "websocket")
         if problem is not None:
             return web.Response(status=403, text=f"403 Forbidden: {problem}\n")
