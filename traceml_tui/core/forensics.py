@@ -16,8 +16,9 @@ absolute paths and host addresses and capped at :data:`MAX_LINE` characters,
 so the section can be stored in an artifact (docs/run.md: no host names, no
 absolute paths).
 
-Where a line comes from: torch's launcher prefixes every line a rank writes
-with ``[rank<N>]:``; a one-process run's unprefixed lines are its only rank's;
+Where a line comes from: ``traceml run`` prefixes every line a rank writes
+with ``[rank<N>]:`` (docs/run.md "Training logs"; torch's excepthook already
+tags an uncaught exception's lines); a one-process run's unprefixed lines are its only rank's;
 torchrun's own ``ChildFailedError`` report names each failed rank with its exit
 code and signal.
 """

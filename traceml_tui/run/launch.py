@@ -11,7 +11,8 @@ Order of events (seed 000 "Saved artifacts and completion checks"):
 2. the training command starts — the script itself for one process, else
    ``torch.distributed.run`` — with the run directory in its environment and
    a parent-death signal (``core/lifeline.py``: SIGTERM when the launcher dies);
-   its stdout/stderr go to the terminal and to ``nodes/node_<k>/training.*.log``;
+   its stdout/stderr go to the terminal as written and to ``nodes/node_<k>/training.*.log``, where
+   every line of a rank carries its ``[rank<N>]:`` prefix (``run/rank_logs.py``);
 3. a sampler appends ``nodes/node_<k>/system.jsonl`` at ~1 Hz;
 4. after training exits, a guarded launcher writes its node outcome; node 0
    collects all outcomes (bounded by the finalization timeout), records
@@ -30,7 +31,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import Any, Optional
 
 import msgspec
 
@@ -38,6 +39,7 @@ from traceml_tui.core import artifacts, atomic, coverage, lifeline
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
 from traceml_tui.run.lease import LeaseKeeper
 from traceml_tui.run.options import LaunchError, LaunchOptions
+from traceml_tui.run.rank_logs import NodeLog, PipeTee, RankLogs
 from traceml_tui.sdk import env as sdk_env
 
 #: The module each rank starts through unless --no-auto-attach (docs/trainers.md); never imported here.
@@ -46,33 +48,6 @@ BOOTSTRAP = "traceml_tui.integrations.bootstrap"
 
 def _warn(message: str) -> None:
     print(f"traceml run: warning: {message}", file=sys.stderr, flush=True)
-
-
-class _Tee(threading.Thread):
-    """Copy a child's pipe to our own stream and to a log file, chunk by chunk."""
-
-    def __init__(self, pipe: IO[bytes], terminal: IO[bytes], log_path: Path) -> None:
-        super().__init__(name=f"traceml-tee-{log_path.name}", daemon=True)
-        self.pipe = pipe
-        self.terminal = terminal
-        self.log = open(log_path, "ab")
-
-    def run(self) -> None:
-        fd = self.pipe.fileno()
-        try:
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                self.log.write(chunk)
-                self.log.flush()
-                try:
-                    self.terminal.write(chunk)
-                    self.terminal.flush()
-                except (OSError, ValueError):  # our terminal went away; keep the log complete
-                    pass
-        finally:
-            self.log.close()
 
 
 class Launcher:
@@ -306,7 +281,9 @@ class Launcher:
         )
 
     # -- training ---------------------------------------------------------------------------
-    def command(self) -> list[str]:
+    def command(self, rank_logs: Optional[Any] = None) -> list[str]:
+        """The training command; ``rank_logs`` (a :class:`~traceml_tui.run.rank_logs.RankLogs`) adds
+        torchrun's per-rank redirects."""
         opts = self.options
         script = [str(opts.script), *opts.script_args]
         if opts.auto_attach:  # each rank starts through the bootstrap that attaches trainer callbacks
@@ -323,6 +300,8 @@ class Launcher:
                 f"--master-addr={opts.master_addr}",
                 f"--master-port={opts.master_port}",
             ]
+        if rank_logs is not None:
+            cmd += rank_logs.torchrun_args()
         return cmd + script
 
     def child_env(self) -> dict[str, str]:
@@ -380,11 +359,15 @@ class Launcher:
         validation = self._start_validation_drainer()
         previous = {sig: signal.signal(sig, self._forward_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            logs = {"stdout": NodeLog(self.layout.stdout_log(opts.node_rank)),
+                    "stderr": NodeLog(self.layout.stderr_log(opts.node_rank))}
+            # Each rank's own output goes through files of its own, so every line in the logs has its rank.
+            ranks = RankLogs(self.node_dir, opts.node_rank, opts.nproc_per_node, logs) if opts.world_size > 1 else None
             try:
                 # The training command gets SIGTERM if this launcher dies (even by SIGKILL); torchrun
                 # then stops its ranks, and the ranks also watch torchrun itself (sdk init()).
                 self.child = subprocess.Popen(
-                    lifeline.wrap(self.command()),
+                    lifeline.wrap(self.command(ranks)),
                     env=self.child_env(),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
@@ -394,18 +377,28 @@ class Launcher:
             except OSError as exc:
                 print(f"traceml run: cannot start training: {exc.strerror}", file=sys.stderr)
                 exit_code = 127
+                if ranks is not None:
+                    ranks.finish()
+                for log in logs.values():
+                    log.close()
             else:
                 tees = [
-                    _Tee(self.child.stdout, sys.stdout.buffer, self.layout.stdout_log(opts.node_rank)),
-                    _Tee(self.child.stderr, sys.stderr.buffer, self.layout.stderr_log(opts.node_rank)),
+                    PipeTee(self.child.stdout, sys.stdout.buffer, logs["stdout"]),
+                    PipeTee(self.child.stderr, sys.stderr.buffer, logs["stderr"]),
                 ]
                 for tee in tees:
                     tee.start()
+                if ranks is not None:
+                    ranks.start()
                 returncode = self.child.wait()
                 # A grandchild may still hold the pipes; give the copies one short shared deadline.
                 deadline = time.monotonic() + 2.0
                 for tee in tees:
                     tee.join(timeout=max(0.0, deadline - time.monotonic()))
+                if ranks is not None:
+                    ranks.finish()
+                for log in logs.values():
+                    log.close()
                 exit_code = returncode if returncode >= 0 else 128 - returncode
                 if self.stop_signal is not None and exit_code != 0:
                     # Stopped by a signal: 128 + its number, as a shell and a scheduler expect (docs/run.md).

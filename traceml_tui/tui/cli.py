@@ -40,7 +40,9 @@ def _parser() -> OneLineParser:
     web.add_argument("--host", help="address to bind with --web (default 127.0.0.1)")
     web.add_argument("--port", type=int, help="port to bind with --web (default 8000)")
     web.add_argument("--public", action="store_true",
-                     help="allow a --host other than loopback: the page has no authentication (prefer an SSH tunnel)")
+                     help="allow a --host other than loopback (prefer an SSH tunnel to 127.0.0.1)")
+    web.add_argument("--no-token", action="store_true",
+                     help="serve without the access token printed at start (anyone who reaches the port sees the runs)")
     return p
 
 
@@ -105,7 +107,7 @@ def _serve_web(args: argparse.Namespace, roots: list[str], index: Path, host: st
     import shlex
 
     try:
-        from textual_serve.server import Server
+        from traceml_tui.tui.web import WatchServer, new_token, page_url
     except ImportError:
         return _fail("--web needs textual-serve: pip install 'traceml-tui[web]'")
 
@@ -117,11 +119,18 @@ def _serve_web(args: argparse.Namespace, roots: list[str], index: Path, host: st
         command.append("--no-alerts")
     if args.compare:
         command += ["--compare", *args.compare]
-    if args.public:
-        print(f"traceml watch: warning: serving on {host}:{port} without authentication; anyone who can reach it "
-              "sees these runs (an SSH tunnel to 127.0.0.1 is safer)", file=sys.stderr)
-    print(f"traceml watch: serving the app on http://{host}:{port} (Ctrl+C stops)", file=sys.stderr, flush=True)
-    Server(shlex.join(command), host=host, port=port, title="traceml watch").serve()
+    token = None if args.no_token else new_token()
+    if token is None:
+        print(f"traceml watch: warning: serving on {host}:{port} without an access token; anyone who can reach it "
+              "sees these runs and drives the app", file=sys.stderr)
+    elif args.public:
+        print(f"traceml watch: warning: serving on {host}:{port} to other machines; the token is all that guards "
+              "it (an SSH tunnel to 127.0.0.1 is safer)", file=sys.stderr)
+    # Jupyter style: the one line to open (docs/cluster.md); the page's own requests then carry a cookie.
+    print(f"traceml watch: serving the app on {page_url(host, port, token)} (Ctrl+C stops)", file=sys.stderr,
+          flush=True)
+    WatchServer(shlex.join(command), host=host, port=port, token=token, title="traceml watch",
+                public=args.public).serve()
     return 0
 
 
@@ -139,16 +148,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             threshold = parse_threshold(args.threshold)
         except ThresholdError as exc:
             return _fail(f"--max-step-time-regression-pct: {exc}", 2)
-    if not args.web and (args.host is not None or args.port is not None or args.public):
-        return _fail("--host, --port and --public go with --web", 2)
+    if not args.web and (args.host is not None or args.port is not None or args.public or args.no_token):
+        return _fail("--host, --port, --public and --no-token go with --web", 2)
     host = args.host or "127.0.0.1"
     port = 8000 if args.port is None else args.port
     if args.web:
         if not 0 < port < 65536:
             return _fail(f"--port must be 1-65535 (got {port})", 2)
         if not _is_loopback(host) and not args.public:
-            return _fail(f"--host {host} is reachable from other machines and the page has no authentication: "
-                         "add --public to mean it, or keep 127.0.0.1 and use an SSH tunnel", 2)
+            return _fail(f"--host {host} is reachable from other machines: add --public to mean it, or keep "
+                         "127.0.0.1 and use an SSH tunnel", 2)
     explicit = bool(args.roots)
     roots = [os.path.abspath(r) for r in (args.roots or ["logs"])]
     for root in roots:

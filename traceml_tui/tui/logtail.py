@@ -6,9 +6,10 @@ lines written since, merged across files by the time stamp a line starts with
 (ISO ``2026-11-30 13:35:43`` or torch's ``W1130 13:35:43.763``; a line without
 one keeps the time of the line before it in its file, and files without any
 keep their order: node by node, stdout before stderr). Each line carries its
-node, its stream and the rank torch's launcher prefixed it with (``[rank1]:``,
-read by :func:`traceml_tui.core.forensics.rank_of_line`), and whether it is an
-error line (:func:`traceml_tui.core.forensics.error_lines`).
+node, its stream and the rank ``traceml run`` tagged it with (``[rank1]:`` on
+every line a rank wrote, ``traceml_tui/run/rank_logs.py``; read by
+:func:`traceml_tui.core.forensics.rank_of_line`; torchrun's own lines name
+none), and whether it is an error line (:func:`traceml_tui.core.forensics.error_lines`).
 
 Bounded: the first read of a file takes at most its last ``max_bytes``; a file
 that grew by more than that between two reads skips to its newest ``max_bytes``

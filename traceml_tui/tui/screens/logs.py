@@ -176,6 +176,8 @@ class LogScreen(Screen):
                 parts.append(f"search “{self.search_text}”")
             if self.skipped_bytes:
                 parts.append(f"{self.skipped_bytes / 2**20:.1f} MiB earlier not read")
+            if self.rank is not None and not self.ranks:  # e.g. logs of an older `traceml run` (docs/watch.md)
+                parts.append("no line in these logs names a rank")
             text = " · ".join(parts)
         self.query_one("#log-status", Static).update(text)
 
