@@ -23,6 +23,8 @@ import msgspec
 
 from traceml_tui.core import artifacts, bounds, hygiene_files, jsonsafe, rundir, state
 
+from . import early_stopping
+
 SIDE_MAX_BYTES = 64 << 20
 #: Side-file kinds of the validation backlog (``validation/<folder>/*.json``).
 BACKLOG_KINDS = frozenset(rundir.BACKLOG_KINDS.values())
@@ -170,6 +172,8 @@ def parse(kind: str, rel: str, key: Optional[str], data: bytes) -> SideRead:
             # Kept as content (the reader leaves it out of the backlog) and named in the run's errors.
             return SideRead(content, f"{rel}: {exc}", key)
         return SideRead(content, None, key)
+    if kind == early_stopping.KIND:
+        return SideRead(*early_stopping.parse(rel, key, data, content), key)
     if kind in TYPED_KINDS:
         facts = decode_facts(kind, data, key)
         if facts is None:

@@ -117,7 +117,7 @@ def validation_report(run_dir: Path, hygiene: Optional[dict] = None) -> Optional
     status = backlog.backlog_status(run_dir)
     counts = {_count_key(word): status["counts"].get(word.value, 0) for word in BACKLOG_ORDER}
     requested = len(status["requests"])
-    outstanding = requested - counts["completed"]
+    outstanding = len(status["outstanding"])  # requests without a receipt (core/backlog.py is_outstanding)
     missing: Optional[str] = None
     if requested == 0:
         missing = "no checkpoint was published for validation"
