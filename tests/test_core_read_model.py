@@ -10,6 +10,7 @@ the real ingester. The early-stopping state is made by the real policy over that
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import sys
 from pathlib import Path
@@ -267,3 +268,46 @@ def test_an_index_that_had_no_state_picks_it_up_on_the_next_pass(tmp_path):
     with Reader(index) as reader:
         view = reader.early_stopping(_run_id(reader, "hygiene"))
     assert view is not None and view.stopped and view.best_checkpoint == "step-00000000"
+
+
+# --------------------------------------------------------------------------- the manifest's blocks, typed
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     max_leaves=8)
+_VALIDATION_KEYS = st.sampled_from(["recipe", "cadence", "max_attempts", "lease_s", "retry_backoff_s", "timeout_s",
+                                    "worker", "other"])
+
+
+@given(st.dictionaries(_VALIDATION_KEYS, _JSON | st.integers(min_value=-(10**30), max_value=10**30), max_size=6),
+       _JSON)
+def test_a_block_is_read_field_by_field_and_never_raises(validation, early):
+    """Whatever an edited manifest holds, each field is what was written (when within bounds) or absent."""
+    from traceml_tui.core.artifacts import HygieneSettings, ValidationBlock, decode_lenient
+
+    settings = decode_lenient({"validation": validation, "early_stopping": early}, HygieneSettings)
+    block = settings.validation
+    assert isinstance(block, ValidationBlock)
+    for name in ("recipe", "cadence", "max_attempts", "lease_s", "retry_backoff_s", "timeout_s"):
+        got = getattr(block, name)
+        assert got is None or got == validation.get(name)
+    if block.max_attempts is not None:
+        assert type(validation["max_attempts"]) is int and 1 <= block.max_attempts < 1 << 63
+    if block.lease_s is not None:
+        assert 0 < block.lease_s <= hygiene_files.MAX_SECONDS
+    assert settings.early_stopping is None or isinstance(early, dict)
+
+
+def test_an_edited_manifests_bad_field_leaves_the_others_declared(tmp_path):
+    from traceml_tui.core.state import DEFAULT_LEASE_S
+
+    run = tmp_path / "hygiene"
+    shutil.copytree(HYGIENE, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["hygiene"]["validation"].update(lease_s=10**400, max_attempts=5, retry_backoff_s=0)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    declared = file_backlog.declared_validation(run)
+    assert (declared["lease_s"], declared["max_attempts"], declared["retry_backoff_s"]) == (DEFAULT_LEASE_S, 5, 0.0)
+    entries = file_backlog.backlog_entries(run, now=NOW)
+    # five attempts allowed now: the request with three failures has retries left
+    assert next(e for e in entries if e.checkpoint == "step-00000006").state is BacklogState.FAILED

@@ -4,7 +4,7 @@ Textual-free and torch-free. Each fact has one home here:
 
 * :mod:`.records` — the JSONL record schema (encode, decode, validate);
 * :mod:`.rundir` — the run directory: every path of a run, named and listed once;
-* :mod:`.artifacts` — typed manifest, node outcome and summary structs;
+* :mod:`.artifacts` — typed manifest (its guard contract and hygiene block too), node outcome and summary structs;
 * :mod:`.lease` — the launcher lease: a node launcher's heartbeat file, its length and its decoding;
 * :mod:`.state` — ``RunStatus``, ``RankState``, ``BacklogState`` and the pure rules that decide them;
 * :mod:`.jsonl` — "complete lines only": the lines and records of a JSONL file (whole, chunked or a tail);

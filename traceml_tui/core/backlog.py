@@ -24,7 +24,6 @@ from its manifest's ``hygiene.validation`` block through :func:`validation_setti
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -62,38 +61,24 @@ class ValidationSettings:
                 "retry_backoff_s": self.retry_backoff_s, "timeout_s": self.timeout_s}
 
 
-def _seconds(value: Any) -> Optional[float]:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond a double: no time at all
-        return None
-    return number if math.isfinite(number) else None
-
-
 def validation_settings(manifest: Any) -> ValidationSettings:
     """The settings of a decoded :class:`traceml_tui.core.artifacts.Manifest` (None: a run without one — the
     SDK without ``traceml run`` — gets the defaults of :mod:`traceml_tui.core.state`).
 
-    A value outside what ``traceml.yaml`` allows (hygiene/config.py: positive, at most
-    :data:`~traceml_tui.core.hygiene_files.MAX_SECONDS`; a backoff may be 0) falls back on the default, so a
-    lease written into a claim is one the claim's decoder accepts.
+    Read through the typed block (:class:`traceml_tui.core.artifacts.ValidationBlock`): a value outside what
+    ``traceml.yaml`` allows (hygiene/config.py: positive, at most
+    :data:`~traceml_tui.core.hygiene_files.MAX_SECONDS`; a backoff may be 0) is absent and its default applies,
+    so a lease written into a claim is one the claim's decoder accepts.
     """
-    block = manifest.hygiene_block.get("validation") if manifest is not None else None
-    block = block if isinstance(block, dict) else {}
-
-    def number(key: str, default: float, *, zero_ok: bool = False) -> float:
-        value = _seconds(block.get(key))
-        ok = value is not None and (value > 0 or (zero_ok and value == 0)) and value <= hf.MAX_SECONDS
-        return value if ok else default
-
-    attempts = manifest.max_validation_attempts if manifest is not None else None
+    block = manifest.hygiene_settings.validation if manifest is not None else None
+    if block is None:
+        return ValidationSettings()
+    defaults = ValidationSettings()
     return ValidationSettings(
-        max_attempts=attempts if attempts is not None else DEFAULT_MAX_ATTEMPTS,
-        lease_s=number("lease_s", DEFAULT_LEASE_S),
-        retry_backoff_s=number("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S, zero_ok=True),
-        timeout_s=number("timeout_s", DEFAULT_WORKER_TIMEOUT_S),
+        max_attempts=block.max_attempts if block.max_attempts is not None else defaults.max_attempts,
+        lease_s=block.lease_s if block.lease_s is not None else defaults.lease_s,
+        retry_backoff_s=block.retry_backoff_s if block.retry_backoff_s is not None else defaults.retry_backoff_s,
+        timeout_s=block.timeout_s if block.timeout_s is not None else defaults.timeout_s,
     )
 
 

@@ -154,6 +154,18 @@ def _attempt_key(record: dict) -> int:
     return record["attempt"] if isinstance(record.get("attempt"), int) else 0
 
 
+def list_failures(run_dir: Path, errors: Optional[list[str]] = None) -> dict[str, list[dict]]:
+    """Failure records grouped by checkpoint, oldest attempt first."""
+    grouped: dict[str, list[dict]] = {}
+    for path in RunDir(run_dir).backlog_files("failures"):
+        record = _failure_record(path, errors)
+        if record is not None:
+            grouped.setdefault(record["checkpoint"], []).append(record)
+    for records in grouped.values():
+        records.sort(key=_attempt_key)
+    return grouped
+
+
 def failures_of(run_dir: Path, checkpoint: str) -> list[dict]:
     """The failure records of one checkpoint, oldest attempt first."""
     prefix = f"{checkpoint}-"

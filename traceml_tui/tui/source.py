@@ -765,17 +765,15 @@ def _early_stopping(validation: Any, manifest: Any, backlog: Any, recorded: Any 
             best_checkpoint=recorded.best_checkpoint, best_step=recorded.best_step, best_value=recorded.best_value,
             receipts=receipts, after_stop_steps=recorded.after_stop_steps, notes=tuple(notes),
             min_delta=recorded.min_delta, warmup=recorded.warmup)
-    block = manifest.hygiene_block.get("early_stopping") if manifest is not None else None
-    if not isinstance(block, dict):
+    block = manifest.hygiene_settings.early_stopping if manifest is not None else None  # typed: core/artifacts.py
+    if block is None:
         return None
-    enabled = block.get("enabled", True) is not False
-    metric = block.get("metric") if enabled and isinstance(block.get("metric"), str) else None
-    direction = block.get("direction") if block.get("direction") in ("min", "max") else "min"
+    on = block.enabled
     return EarlyStoppingInfo(
-        enabled=enabled, source="declared", metric=metric, direction=direction if enabled else None,
-        patience=_int(block.get("patience")) if enabled else None,
-        reason=None if enabled else block.get("reason"), receipts=receipts,
-        min_delta=_num(block.get("min_delta")) if enabled else None, warmup=_int(block.get("warmup")) if enabled else None)
+        enabled=on, source="declared", metric=block.metric if on else None,
+        direction=(block.direction or "min") if on else None, patience=block.patience if on else None,
+        reason=None if on else block.reason, receipts=receipts,
+        min_delta=block.min_delta if on else None, warmup=block.warmup if on else None)
 
 
 def _nodes(samples: Any) -> tuple[NodeMetrics, ...]:
