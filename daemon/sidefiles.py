@@ -11,6 +11,9 @@ and hands its bytes to :func:`parse`. What comes back is what it stores:
   :mod:`traceml_tui.core.artifacts` and judged by :mod:`traceml_tui.core.state`
   (never by rules of our own): :class:`ManifestFacts`, :class:`OutcomeFacts`
   or :class:`SummaryFacts`; None for backlog files and for anything unreadable.
+
+Backlog files and ``early_stopping.json`` are checked by their own decoders
+(:mod:`traceml_tui.core.hygiene_files`; the latter through :mod:`daemon.early_stopping`).
 """
 
 from __future__ import annotations

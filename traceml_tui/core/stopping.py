@@ -39,7 +39,8 @@ class StoppingView:
     trigger_checkpoint: Optional[str]
     trigger_step: Optional[int]
     after_stop_steps: tuple[Optional[int], ...]  # checkpoints consumed after the stop, not counted
-    skipped: int  # blocked checkpoints consumed without counting
+    skipped: tuple[tuple[Optional[str], Optional[int], Optional[str]], ...]  # blocked checkpoints consumed
+    # without counting: (checkpoint, step, reason)
     missing_metric: int  # completed evaluations without the monitored metric
     missing_metric_names: tuple[str, ...]  # the metric names those evaluations had
     updated: Optional[float]
@@ -66,7 +67,7 @@ def stopping_view(state: EarlyStoppingState) -> StoppingView:
         patience_used=state.patience_counter, evaluations=state.evaluations, stopped=state.stopped,
         reason=state.reason if state.stopped else None, trigger_checkpoint=state.trigger_checkpoint,
         trigger_step=state.trigger_step, after_stop_steps=tuple(e.step for e in state.after_stop),
-        skipped=len(state.skipped), missing_metric=len(state.missing_metric), missing_metric_names=tuple(names),
+        skipped=tuple((e.checkpoint, e.step, e.reason) for e in state.skipped), missing_metric=len(state.missing_metric), missing_metric_names=tuple(names),
         updated=state.updated,
     )
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Protocol
 from daemon import writer_health
 from daemon.writer_health import WriterHealth
 from traceml_tui.core import forensics, freshness, steptime
+from traceml_tui.core.artifacts import EarlyStoppingBlock, decode_lenient
 from traceml_tui.core.freshness import eval_lag
 from traceml_tui.core.state import (
     LIVE_RUN_STATES,
@@ -728,7 +729,11 @@ def _early_stopping(validation: Any, manifest: Any, backlog: Any, recorded: Any 
     """The early-stopping panel's facts: the state the run recorded at its end (summary ``validation``), else the
     policy's own state as it goes (``early_stopping.json`` through the reader: core/stopping.py), else the policy
     its manifest declares (nothing consumed yet); None without any."""
-    from traceml_tui.hygiene.report import early_stopping_notes, missing_metric_note  # the wording's one home
+    from traceml_tui.hygiene.report import (  # the wording's one home
+        early_stopping_notes,
+        missing_metric_note,
+        skipped_note,
+    )
 
     receipts = sum(1 for b in backlog if b.state is BacklogState.COMPLETED)
     early = validation.early_stopping if validation is not None else None
@@ -751,7 +756,7 @@ def _early_stopping(validation: Any, manifest: Any, backlog: Any, recorded: Any 
     if recorded is not None:
         notes = []
         if recorded.skipped:
-            notes.append(f"skipped {recorded.skipped} blocked checkpoint{'s' if recorded.skipped != 1 else ''}")
+            notes.append(skipped_note([{"checkpoint": c, "step": st, "reason": r} for c, st, r in recorded.skipped]))
         if recorded.missing_metric:
             notes.append(missing_metric_note(recorded.metric, recorded.missing_metric, recorded.missing_metric_names))
         return EarlyStoppingInfo(
@@ -765,15 +770,21 @@ def _early_stopping(validation: Any, manifest: Any, backlog: Any, recorded: Any 
             best_checkpoint=recorded.best_checkpoint, best_step=recorded.best_step, best_value=recorded.best_value,
             receipts=receipts, after_stop_steps=recorded.after_stop_steps, notes=tuple(notes),
             min_delta=recorded.min_delta, warmup=recorded.warmup)
-    block = manifest.hygiene_settings.early_stopping if manifest is not None else None  # typed: core/artifacts.py
+    raw = manifest.hygiene_block.get("early_stopping") if manifest is not None else None
+    block = decode_lenient(raw, EarlyStoppingBlock)  # the declared block, typed (core/artifacts.py)
     if block is None:
         return None
     on = block.enabled
+    metric = block.metric if on else None
+    # Nothing consumed yet: no best (the policy's best is its own: core/stopping.py). Receipts that lack the
+    # monitored metric are named already, in the policy's words.
+    lacking = [b for b in backlog if b.state is BacklogState.COMPLETED and _num(dict(b.metrics).get(metric)) is None
+               ] if metric else []
+    notes = (missing_metric_note(metric, len(lacking), {k for b in lacking for k, _ in b.metrics}),) if lacking else ()
     return EarlyStoppingInfo(
-        enabled=on, source="declared", metric=block.metric if on else None,
-        direction=(block.direction or "min") if on else None, patience=block.patience if on else None,
-        reason=None if on else block.reason, receipts=receipts,
-        min_delta=block.min_delta if on else None, warmup=block.warmup if on else None)
+        enabled=on, source="declared", metric=metric, direction=(block.direction or "min") if on else None,
+        patience=block.patience if on else None, reason=None if on else block.reason, receipts=receipts,
+        notes=notes, min_delta=block.min_delta if on else None, warmup=block.warmup if on else None)
 
 
 def _nodes(samples: Any) -> tuple[NodeMetrics, ...]:
