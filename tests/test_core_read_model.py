@@ -194,6 +194,12 @@ def test_the_reader_shows_the_policys_own_state(indexed):
     with Reader(index) as reader:
         view = reader.early_stopping(_run_id(reader, "hygiene"))
         assert reader.early_stopping(_run_id(reader, "completed")) is None
+        section = reader.validation(_run_id(reader, "hygiene"))  # the summary's, written at the end
+    # the summary and the index show the same state and the same best
+    assert section.early_stopping["state"] == view.state and section.early_stopping["reason"] == view.reason
+    assert (section.best["checkpoint"], section.best["step"], section.best["value"]) == (
+        view.best_checkpoint, view.best_step, view.best_value)
+    assert section.early_stopping["patience_counter"] == view.patience_used
     assert view == stopping.stopping_view(hygiene_files.decode_early_stopping(state_file.read_bytes()))
     # fixture_runs.stop_hygiene_early: r2, lower is better, patience 1: 0.5 at step 0, then 0.75 at step 2
     assert (view.metric, view.direction, view.min_delta, view.warmup, view.patience) == ("r2", "min", 0.0, 0, 1)
@@ -201,6 +207,15 @@ def test_the_reader_shows_the_policys_own_state(indexed):
     assert (view.patience_used, view.patience_left, view.evaluations) == (1, 0, 2)
     assert view.stopped and view.state == "stopped" and view.reason == "patience_exhausted"
     assert (view.trigger_checkpoint, view.trigger_step) == ("step-00000002", 2)
+
+
+def test_the_state_word_has_one_rule():
+    words = {(rec, stop, on): stopping.state_word(recorded=rec, stopped=stop, enabled=on)
+             for rec in (False, True) for stop in (False, True) for on in (False, True)}
+    assert words == {(False, False, False): "disabled", (False, False, True): "not-recorded",
+                     (False, True, False): "stopped", (False, True, True): "stopped",
+                     (True, False, False): "disabled", (True, False, True): "not-stopped",
+                     (True, True, False): "stopped", (True, True, True): "stopped"}
 
 
 def _live_policy(root: Path) -> None:

@@ -51,8 +51,18 @@ class StoppingView:
 
     @property
     def state(self) -> str:
-        """``stopped``, ``disabled`` or ``not-stopped`` (the words of the summary's ``early_stopping.state``)."""
-        return "stopped" if self.stopped else ("not-stopped" if self.enabled else "disabled")
+        """:func:`state_word` of this state."""
+        return state_word(recorded=True, stopped=self.stopped, enabled=self.enabled)
+
+
+def state_word(*, recorded: bool, stopped: bool, enabled: bool) -> str:
+    """The summary's ``early_stopping.state`` word: ``stopped``; else ``disabled`` for a policy that opted out;
+    else ``not-stopped`` once the policy recorded a state, ``not-recorded`` before it did."""
+    if stopped:
+        return "stopped"
+    if not enabled:
+        return "disabled"
+    return "not-stopped" if recorded else "not-recorded"
 
 
 def stopping_view(state: EarlyStoppingState) -> StoppingView:
@@ -72,4 +82,4 @@ def stopping_view(state: EarlyStoppingState) -> StoppingView:
     )
 
 
-__all__ = ["StoppingView", "stopping_view"]
+__all__ = ["StoppingView", "state_word", "stopping_view"]
