@@ -19,6 +19,7 @@ stores or shows its numbers (docs/daemon.md, "Damaged input").
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
@@ -156,19 +157,25 @@ def decode_lenient(value: Any, kind: type) -> Any:
     if not isinstance(value, dict):
         return None
     fields: dict[str, Any] = {}
-    for info in msgspec.structs.fields(kind):
-        if info.encode_name not in value:
+    for key, name, annotation, nested in _field_plan(kind):
+        if key not in value:
             continue
-        raw = value[info.encode_name]
-        nested = _struct_of(info.type)
+        raw = value[key]
         if nested is not None and isinstance(raw, dict):
-            fields[info.name] = decode_lenient(raw, nested)
+            fields[name] = decode_lenient(raw, nested)
             continue
         try:
-            fields[info.name] = msgspec.convert(raw, info.type)
+            fields[name] = msgspec.convert(raw, annotation)
         except (msgspec.ValidationError, TypeError, OverflowError, RecursionError):
             continue
     return kind(**fields)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_plan(kind: type) -> tuple[tuple[str, str, Any, Optional[type]], ...]:
+    """(JSON key, field name, annotation, nested struct) of each field of ``kind``: resolving annotations is slow
+    (measured: most of a backlog read), and a struct's fields never change."""
+    return tuple((f.encode_name, f.name, f.type, _struct_of(f.type)) for f in msgspec.structs.fields(kind))
 
 
 def _struct_of(annotation: Any) -> Optional[type]:
