@@ -184,7 +184,7 @@ class IndexCollector(Collector):
             lab = self._labels(run)
             for word in BacklogState:
                 backlog.add_metric([*lab, str(word)], sum(1 for i in items if i.state is word))
-            waiting = [i.created for i in items if i.state is not BacklogState.COMPLETED and i.created is not None]
+            waiting = [i.created for i in items if i.outstanding and i.created is not None]  # core/backlog.py
             if waiting:
                 oldest.add_metric(lab, max(0.0, now - min(waiting)))
         yield from (backlog, oldest)

@@ -21,22 +21,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.core import artifacts, coverage, hygiene_files
+from traceml_tui.core import artifacts, coverage, freshness, hygiene_files, stopping
+from traceml_tui.core import backlog as core_backlog
 from traceml_tui.core import hang as hangs_mod
-from traceml_tui.core.owner import probe_owner
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import (
-    DEFAULT_MAX_ATTEMPTS,
     STALL_FLOOR_S,
     STOPPED_RANK_STATES,
-    BacklogState,
     LeaseFacts,
     RankFacts,
     RankState,
     RunFacts,
     RunStatus,
-    claim_is_stale,
-    decide_backlog,
     decide_run,
     describe,
     lost_nodes,
@@ -202,24 +198,8 @@ class NodeSample:
     gpus: tuple[dict, ...]
 
 
-@dataclass(frozen=True)
-class BacklogItem:
-    """One checkpoint of the validation backlog and where it stands."""
-
-    checkpoint: str
-    state: BacklogState
-    step: Optional[int]
-    created: Optional[float]
-    claimed: Optional[float]
-    heartbeat: Optional[float]
-    lease_s: Optional[float]
-    completed: Optional[float]
-    failures: int
-    last_error: Optional[str]
-    metrics: tuple[tuple[str, Any], ...]
-    owner: Optional[str] = None  # "host:pid" of the claim's owner
-    # Every failed attempt, oldest first: (attempt number as written, when it failed, its full error text).
-    attempts: tuple[tuple[Optional[int], Optional[float], str], ...] = ()
+#: One checkpoint of the validation backlog and where it stands (assembled once, in core: docs/contracts.md).
+BacklogItem = core_backlog.BacklogEntry
 
 
 @dataclass(frozen=True)
@@ -573,6 +553,19 @@ class Reader:
         content = self.summary_bytes(run_id)
         return artifacts.decode_validation(content) if content is not None else None
 
+    def early_stopping(self, run_id: int) -> Optional[stopping.StoppingView]:
+        """The early-stopping policy's own state (``early_stopping.json`` as indexed): best value and step, patience
+        used, stopped or not and why, ``min_delta`` and warm-up as the policy file says; None when the run has no
+        such file or it is damaged (its error row names it)."""
+        rows = self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'early_stopping'"
+                          " AND content IS NOT NULL AND error IS NULL", (run_id,))
+        if not rows:
+            return None
+        try:
+            return stopping.stopping_view(hygiene_files.decode_early_stopping(rows[0][0]))
+        except hygiene_files.DamagedFile:
+            return None
+
     def log_files(self, run_id: int) -> tuple[str, tuple[LogFile, ...]]:
         """The run's directory and its nodes' training logs (stdout, stderr; paths from core.rundir).
 
@@ -682,86 +675,59 @@ class Reader:
         return tuple(out)
 
     def backlog(self, run_id: int, now: Optional[float] = None) -> tuple[BacklogItem, ...]:
-        """Validation backlog items of a run, by step (newest last), each with its decided state."""
+        """Validation backlog entries of a run in checkpoint order, each with its decided state.
+
+        Assembled by :func:`traceml_tui.core.backlog.backlog_entries` from the stored bytes of its files, as
+        ``traceml validate status`` assembles them from the files; the run's settings from its manifest.
+        """
         now = time.time() if now is None else now
-        max_rows = self._rows("SELECT max_attempts FROM runs WHERE run_id = ?", (run_id,))
-        max_attempts = (max_rows[0][0] if max_rows and max_rows[0][0] else None) or DEFAULT_MAX_ATTEMPTS
-        items: dict[str, dict] = {}
-        for kind, _key, path, content in self._rows(
-            "SELECT kind, key, path, content FROM side_files WHERE run_id = ? AND kind IN"
-            " ('request', 'claim', 'receipt', 'failure')", (run_id,)
-        ):
-            # The one decoder of each backlog file (core.hygiene_files), as `validate status` reads it.
-            folder, name = hygiene_files.FOLDER_OF_KIND[kind], os.path.basename(path)
-            try:
-                body = hygiene_files.decode_named(folder, name, content) if content is not None else None
-            except hygiene_files.DamagedFile:
-                body = None
-            if body is None:
-                # Damaged: not a request, claim or result — but a failure file still counts as the failed attempt
-                # its name records (backlog.read_backlog_file's rule).
-                key = hygiene_files.checkpoint_of(folder, name) if kind == "failure" else None
-                if key is None:
-                    continue
-                body = hygiene_files.Failure(checkpoint=key, error="the failure record is damaged")
-            item = items.setdefault(body.checkpoint, {"failures": []})
-            if kind == "failure":
-                item["failures"].append(body)
-            else:
-                item[kind] = body
-        out = []
-        for checkpoint, item in items.items():
-            req: Optional[hygiene_files.Request] = item.get("request")
-            claim: Optional[hygiene_files.Claim] = item.get("claim")
-            receipt: Optional[hygiene_files.Receipt] = item.get("receipt")
-            failures = sorted(item["failures"], key=lambda f: f.failed or 0.0)
-            heartbeat, lease = (claim.heartbeat, claim.lease_s) if claim is not None else (None, None)
-            owner = claim.owner if claim is not None else None
-            stale = claim is not None and claim_is_stale(
-                heartbeat=heartbeat, lease_s=lease, now=now,
-                owner_alive=probe_owner(hygiene_files.as_dict(owner) if owner is not None else None))
-            state = decide_backlog(has_receipt=receipt is not None, has_claim=claim is not None, claim_stale=stale,
-                                   failures=len(failures), max_attempts=max_attempts)
-            step = req.step if req is not None and req.step is not None else (
-                receipt.step if receipt is not None else None)
-            metrics = receipt.metrics if receipt is not None else {}
-            out.append(BacklogItem(
-                checkpoint=checkpoint, state=state, step=step, created=req.created if req is not None else None,
-                claimed=claim.claimed if claim is not None else None, heartbeat=heartbeat, lease_s=lease,
-                completed=receipt.completed if receipt is not None else None, failures=len(failures),
-                last_error=str(failures[-1].error) if failures else None,
-                metrics=tuple(sorted(metrics.items())),
-                owner=f"{owner.host or '?'}:{owner.pid if owner.pid is not None else '?'}" if owner is not None else None,
-                attempts=tuple((f.attempt, f.failed, str(f.error)) for f in failures),
-            ))
-        out.sort(key=lambda b: (b.step is None, b.step or 0, b.checkpoint))
-        return tuple(out)
+        files = [(hygiene_files.FOLDER_OF_KIND[kind], os.path.basename(path), content)
+                 for kind, path, content in self._rows(
+                     "SELECT kind, path, content FROM side_files WHERE run_id = ? AND kind IN"
+                     " ('request', 'claim', 'receipt', 'failure') ORDER BY path", (run_id,))]
+        settings = core_backlog.validation_settings(self.manifest(run_id))
+        return core_backlog.backlog_entries(files, now, settings=settings)
 
     def backlog_outstanding(self) -> dict[int, int]:
-        """Per run: validation requests without a receipt (the Runs table's backlog column)."""
+        """Per run: validation requests without a receipt (the Runs table's backlog column).
+
+        The fast path of ``sum(e.outstanding for e in backlog(run))`` (:func:`traceml_tui.core.backlog.is_outstanding`)
+        for every run in one query, without decoding: a stored backlog file decoded when it was indexed
+        (``error`` is NULL exactly when :func:`traceml_tui.core.hygiene_files.decode_named` accepted it), and a
+        valid file's key is its checkpoint. A test holds the two equal on damaged files.
+        """
         out: dict[int, int] = {}
         for run_id, n in self._rows(
-            "SELECT q.run_id, count(*) FROM side_files q WHERE q.kind = 'request' AND NOT EXISTS"
-            " (SELECT 1 FROM side_files c WHERE c.run_id = q.run_id AND c.kind = 'receipt' AND c.key = q.key)"
+            "SELECT q.run_id, count(*) FROM side_files q WHERE q.kind = 'request' AND q.content IS NOT NULL"
+            " AND q.error IS NULL AND NOT EXISTS (SELECT 1 FROM side_files c WHERE c.run_id = q.run_id"
+            " AND c.kind = 'receipt' AND c.key = q.key AND c.content IS NOT NULL AND c.error IS NULL)"
             " GROUP BY q.run_id"
         ):
             out[run_id] = n
         return out
 
-    def newest_evaluated_step(self, run_id: int) -> Optional[int]:
-        """Step of the newest completed evaluation: an ``eval`` record or a validation receipt."""
-        steps = [r[0] for r in self._rows(
-            "SELECT max(step) FROM events WHERE run_id = ? AND kind = 'eval'"
-            " AND json_extract(body, '$.status') = 'completed'", (run_id,)) if r[0] is not None]
+    def eval_freshness(self, run_id: int, train_step: Optional[int] = None) -> freshness.EvalFreshness:
+        """The run's newest completed evaluation — an ``eval`` record or a validation receipt — and its lag behind
+        ``train_step`` (default: the run's newest step), by :func:`traceml_tui.core.freshness.eval_freshness`."""
+        evaluated = [freshness.Evaluated(step, checkpoint) for step, checkpoint in self._rows(
+            "SELECT step, json_extract(body, '$.checkpoint') FROM events WHERE run_id = ? AND kind = 'eval'"
+            " AND json_extract(body, '$.status') = 'completed' AND step IS NOT NULL ORDER BY step DESC LIMIT 1",
+            (run_id,))]
         for path, content in self._rows("SELECT path, content FROM side_files WHERE run_id = ? AND kind = 'receipt'"
-                                        " AND content IS NOT NULL", (run_id,)):
+                                        " AND content IS NOT NULL AND error IS NULL", (run_id,)):
             try:
-                step = hygiene_files.decode_named("receipts", os.path.basename(path), content).step
+                receipt = hygiene_files.decode_named("receipts", os.path.basename(path), content)
             except hygiene_files.DamagedFile:
                 continue  # a damaged receipt is no result
-            if step is not None:
-                steps.append(step)
-        return max(steps, default=None)
+            if receipt.step is not None:
+                evaluated.append(freshness.Evaluated(receipt.step, receipt.checkpoint))
+        if train_step is None:
+            train_step = self._run_value(run_id, "last_step")
+        return freshness.eval_freshness(train_step, evaluated)
+
+    def newest_evaluated_step(self, run_id: int) -> Optional[int]:
+        """Step of the newest completed evaluation: an ``eval`` record or a validation receipt (:meth:`eval_freshness`)."""
+        return self.eval_freshness(run_id).newest_step
 
     def errors(self, run_id: Optional[int] = None, limit: int = 100, after_id: int = 0) -> tuple[IngestError, ...]:
         """Ingest errors (newest ``limit`` after ``after_id``), oldest first."""

@@ -32,7 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from traceml_tui.core import coverage, records, steptime
+from traceml_tui.core import backlog as core_backlog
+from traceml_tui.core import coverage, freshness, records, steptime
 from traceml_tui.summary.load import RankSteps, load_ranks, load_system
 
 SCHEMA_VERSION = 1.9
@@ -514,21 +515,29 @@ def training_section(ranks: dict[int, RankSteps], run_dir: Path) -> dict:
             }
     evals = [e for e in series.evals if e.status == "completed"]
     pending = [e for e in series.evals if e.status == "pending"]
-    newest = max(evals, key=lambda e: e.step) if evals else None
-    out["eval"] = {
-        "completed": len(evals),
-        "pending": len(pending),
-        "newest_checkpoint": newest.checkpoint if newest else None,
-        "newest_step": newest.step if newest else None,
-        "lag_steps": (steps[-1].step - newest.step) if newest else None,
-    }
+    evaluated = [freshness.Evaluated(e.step, e.checkpoint) for e in evals]
     from traceml_tui.core.rundir import RunDir
 
-    layout = RunDir(run_dir)
-    if layout.backlog_dir("requests").is_dir():
-        # outstanding = every request without a receipt (core.state.decide_backlog: only a receipt completes one)
-        done = {p.stem for p in layout.backlog_files("receipts")}
-        out["eval"]["backlog"] = sum(1 for p in layout.backlog_files("requests") if p.stem not in done)
+    entries = None
+    if RunDir(run_dir).backlog_dir("requests").is_dir():
+        from traceml_tui.hygiene.backlog import backlog_entries  # imported here: `traceml compare` loads this module
+
+        entries = backlog_entries(run_dir)
+        reported = {e.checkpoint for e in evals if e.checkpoint}
+        # a receipt is a completed evaluation too (core/freshness.py), counted once beside its eval record
+        evaluated += [freshness.Evaluated(e.step, e.checkpoint) for e in entries
+                      if e.receipt is not None and e.step is not None and e.checkpoint not in reported]
+    fresh = freshness.eval_freshness(steps[-1].step, evaluated)
+    out["eval"] = {
+        "completed": len(evaluated),
+        "pending": len(pending),
+        "newest_checkpoint": fresh.newest_checkpoint,
+        "newest_step": fresh.newest_step,
+        "lag_steps": fresh.lag_steps,
+    }
+    if entries is not None:
+        # outstanding = every request without a receipt (core/backlog.py is_outstanding)
+        out["eval"]["backlog"] = len(core_backlog.outstanding(entries))
     return out
 
 

@@ -216,10 +216,10 @@ class EarlyStoppingInfo:
 
     ``source`` says where the facts come from: ``summary`` — the state the run
     recorded at its end (``final_summary.json`` ``validation.early_stopping`` and
-    ``best``); ``declared`` — only the policy the manifest's hygiene block
-    declares (a live run, or a summary without the section), with the best
-    completed receipt so far on ``metric`` (``best_*``; not the rule's own best,
-    which also weighs ``min_delta`` and ``warmup``).
+    ``best``); ``policy`` — the policy's own state as it goes (``early_stopping.json``
+    as indexed: ``core/stopping.py``; its best weighs ``min_delta`` and the warm-up);
+    ``declared`` — only the policy the manifest's hygiene block declares (nothing
+    consumed yet: no best).
     """
 
     enabled: bool
@@ -239,6 +239,8 @@ class EarlyStoppingInfo:
     receipts: int = 0  # completed evaluations in the backlog now
     after_stop_steps: tuple[Optional[int], ...] = ()  # checkpoints consumed after the stop, not counted (summary only)
     notes: tuple[str, ...] = ()  # what early stopping could not use (hygiene/report.py early_stopping_notes)
+    min_delta: Optional[float] = None  # improvement the policy requires over its best (policy file or declared)
+    warmup: Optional[int] = None  # updates before an evaluation counts
 
 
 @dataclass(frozen=True)

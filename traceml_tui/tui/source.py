@@ -28,7 +28,9 @@ from typing import Any, Callable, Optional, Protocol
 
 from daemon import writer_health
 from daemon.writer_health import WriterHealth
-from traceml_tui.core import forensics, steptime
+from traceml_tui.core import forensics, freshness, steptime
+from traceml_tui.core.artifacts import EarlyStoppingBlock, decode_lenient
+from traceml_tui.core.freshness import eval_lag
 from traceml_tui.core.state import (
     LIVE_RUN_STATES,
     STALL_FLOOR_S,
@@ -409,7 +411,7 @@ class IndexSource:
                 median_step_ms=parts["median_step_ms"],
                 trend=parts["trend"], steps_per_s=run.steps_per_s, examples_per_s=run.examples_per_s,
                 loss_ratio=worst_ratio(parts["ratios"])[1], eval_step=eval_step,
-                eval_lag=None if eval_step is None or step is None else max(0, step - eval_step),
+                eval_lag=eval_lag(step, eval_step),
                 backlog=backlog.get(rid, 0), errors=run.errors or 0, last_ts=run.last_ts,
                 folder=run_folder(run.dir, run.root, run.name), dir=run.dir,
                 slowest_rank=run.slowest_rank, straggler_score=run.straggler_score,
@@ -480,7 +482,7 @@ class IndexSource:
             chosen = tuple(_points_series(f"rank {rk}", reader.series(run_id, rk, chart_metric)) for rk in shown)
         manifest = base.manifest
         backlog = reader.backlog(run_id, now=now)
-        early = _early_stopping(reader.validation(run_id), manifest, backlog)
+        early = _early_stopping(reader.validation(run_id), manifest, backlog, reader.early_stopping(run_id))
         evals, eval_name = _eval_points(reader.events(run_id, kind="eval", limit=MAX_EVALS), backlog,
                                         early.metric if early is not None else None)
         heat, heat_steps = _heatmap(step_series, HEAT_COLUMNS)
@@ -516,13 +518,13 @@ class IndexSource:
         for run in sorted(runs, key=lambda r: r.name):
             run_items = [_backlog_item(run.name, b, now) for b in reader.backlog(run.run_id, now=now)]
             items += run_items
-            done = [i for i in run_items if i.state == BacklogState.COMPLETED and i.step is not None]
-            if done:
-                best = max(done, key=lambda i: i.step)
-                if newest is None or (best.step or 0) > (newest[2] or 0):
+            best = freshness.newest(freshness.Evaluated(i.step, i.checkpoint) for i in run_items
+                                    if i.state == BacklogState.COMPLETED and i.step is not None)
+            if best is not None:
+                if newest is None or best.step > (newest[2] or 0):
                     newest = (run.name, best.checkpoint, best.step)
                     if run.last_step is not None:
-                        train_step, lag = run.last_step, max(0, run.last_step - best.step)
+                        train_step, lag = run.last_step, eval_lag(run.last_step, best.step)
             elif run.last_step is not None and run_id is not None:
                 train_step = run.last_step
         counts = tuple(count_states((i.state for i in items), BACKLOG_STATES).items())
@@ -723,10 +725,15 @@ def _int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _early_stopping(validation: Any, manifest: Any, backlog: Any) -> Optional[EarlyStoppingInfo]:
-    """The early-stopping panel's facts: the state the run recorded at its end (summary ``validation``),
-    else the policy its manifest declares with the best receipt so far (a live run); None without either."""
-    from traceml_tui.hygiene.report import early_stopping_notes, missing_metric_note  # the wording's one home
+def _early_stopping(validation: Any, manifest: Any, backlog: Any, recorded: Any = None) -> Optional[EarlyStoppingInfo]:
+    """The early-stopping panel's facts: the state the run recorded at its end (summary ``validation``), else the
+    policy's own state as it goes (``early_stopping.json`` through the reader: core/stopping.py), else the policy
+    its manifest declares (nothing consumed yet); None without any."""
+    from traceml_tui.hygiene.report import (  # the wording's one home
+        early_stopping_notes,
+        missing_metric_note,
+        skipped_note,
+    )
 
     receipts = sum(1 for b in backlog if b.state is BacklogState.COMPLETED)
     early = validation.early_stopping if validation is not None else None
@@ -743,29 +750,41 @@ def _early_stopping(validation: Any, manifest: Any, backlog: Any) -> Optional[Ea
             best_checkpoint=best.get("checkpoint"), best_step=_int(best.get("step")), best_value=_num(best.get("value")),
             receipts=receipts,
             after_stop_steps=tuple(_int(e.get("step")) for e in early.get("after_stop") or [] if isinstance(e, dict)),
-            notes=tuple(early_stopping_notes(early)))
-    block = manifest.hygiene_block.get("early_stopping") if manifest is not None else None
-    if not isinstance(block, dict):
+            notes=tuple(early_stopping_notes(early)),
+            min_delta=recorded.min_delta if recorded is not None else None,
+            warmup=recorded.warmup if recorded is not None else None)
+    if recorded is not None:
+        notes = []
+        if recorded.skipped:
+            notes.append(skipped_note([{"checkpoint": c, "step": st, "reason": r} for c, st, r in recorded.skipped]))
+        if recorded.missing_metric:
+            notes.append(missing_metric_note(recorded.metric, recorded.missing_metric, recorded.missing_metric_names))
+        return EarlyStoppingInfo(
+            enabled=recorded.enabled, source="policy", metric=recorded.metric,
+            direction=recorded.direction if recorded.enabled else None,
+            patience=recorded.patience if recorded.enabled else None,
+            patience_used=recorded.patience_used if recorded.enabled else None,
+            evaluations=recorded.evaluations, state=recorded.state,
+            reason=recorded.reason if recorded.stopped else recorded.disabled_reason,
+            trigger_checkpoint=recorded.trigger_checkpoint, trigger_step=recorded.trigger_step,
+            best_checkpoint=recorded.best_checkpoint, best_step=recorded.best_step, best_value=recorded.best_value,
+            receipts=receipts, after_stop_steps=recorded.after_stop_steps, notes=tuple(notes),
+            min_delta=recorded.min_delta, warmup=recorded.warmup)
+    raw = manifest.hygiene_block.get("early_stopping") if manifest is not None else None
+    block = decode_lenient(raw, EarlyStoppingBlock)  # the declared block, typed (core/artifacts.py)
+    if block is None:
         return None
-    enabled = block.get("enabled", True) is not False
-    metric = block.get("metric") if enabled and isinstance(block.get("metric"), str) else None
-    direction = block.get("direction") if block.get("direction") in ("min", "max") else "min"
-    best = None
-    lacking: list[Any] = []  # completed receipts without the monitored metric
-    if metric:
-        for b in backlog:
-            value = _num(dict(b.metrics).get(metric)) if b.state is BacklogState.COMPLETED else None
-            if b.state is BacklogState.COMPLETED and value is None:
-                lacking.append(b)
-            if value is not None and (best is None or (value < best[2] if direction == "min" else value > best[2])):
-                best = (b.checkpoint, b.step, value)
-    notes = (missing_metric_note(metric, len(lacking), {k for b in lacking for k in dict(b.metrics)}),) if lacking else ()
+    on = block.enabled
+    metric = block.metric if on else None
+    # Nothing consumed yet: no best (the policy's best is its own: core/stopping.py). Receipts that lack the
+    # monitored metric are named already, in the policy's words.
+    lacking = [b for b in backlog if b.state is BacklogState.COMPLETED and _num(dict(b.metrics).get(metric)) is None
+               ] if metric else []
+    notes = (missing_metric_note(metric, len(lacking), {k for b in lacking for k, _ in b.metrics}),) if lacking else ()
     return EarlyStoppingInfo(
-        enabled=enabled, source="declared", metric=metric, direction=direction if enabled else None,
-        patience=_int(block.get("patience")) if enabled else None,
-        reason=None if enabled else block.get("reason"),
-        best_checkpoint=best[0] if best else None, best_step=best[1] if best else None,
-        best_value=best[2] if best else None, receipts=receipts, notes=notes)
+        enabled=on, source="declared", metric=metric, direction=(block.direction or "min") if on else None,
+        patience=block.patience if on else None, reason=None if on else block.reason, receipts=receipts,
+        notes=notes, min_delta=block.min_delta if on else None, warmup=block.warmup if on else None)
 
 
 def _nodes(samples: Any) -> tuple[NodeMetrics, ...]:
