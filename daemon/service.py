@@ -381,6 +381,8 @@ class Ingester:
                 self.store.set_missing(run, True, self.begin())
 
     def _scan_run(self, run: plan.Run) -> None:
+        """One run folder: refused names, new streams, side files changed since last read (each in its own
+        savepoint), launcher leases, side files removed."""
         streams, sides, refused = rundir.RunDir(run.dir).scan()
         if refusals.new_names(self.refused, run.dir, refused):  # a name beyond 64 bits: an error row, no failure
             self.begin().runs.add(run.run_id)
