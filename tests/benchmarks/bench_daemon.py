@@ -200,6 +200,7 @@ def bench_rss(tmp: Path, total: int) -> None:
     root = tmp / "cold"
     if not root.exists():
         make_dataset(root, total)
+    total = total // FILES * FILES  # what make_dataset wrote (whole records per file): else this waits forever
     index = tmp / "rss.sqlite"
     proc = _daemon(index, root, "--poll-interval", "1")
     p = psutil.Process(proc.pid)
