@@ -376,10 +376,13 @@ class Streams:
             return
         try:
             fd = rundir.open_under(root, path)
-            fst = os.fstat(fd)
         except OSError:
             return
-        if stat.S_ISREG(fst.st_mode):
+        try:
+            fst = os.fstat(fd)
+        except OSError:
+            fst = None
+        if fst is not None and stat.S_ISREG(fst.st_mode):
             self.fds.put(path, fd, fst.st_dev, fst.st_ino)
         else:
             os.close(fd)
