@@ -395,7 +395,7 @@ class FailureView:
     rank: Optional[int] = None
     node: Optional[int] = None
     step: Optional[int] = None
-    state: Optional[str] = None  # the first failing rank's RankState word: failed | lost
+    state: Optional[RankState] = None  # the first failing rank's state: failed | lost
     cause_text: str = ""
     exit_code: Optional[int] = None
     signal: Optional[str] = None
@@ -413,8 +413,9 @@ def recorded_failure(section: Optional[artifacts.FailureSection]) -> Optional[Fa
     """The summary's failure section as a view (None: no failure recorded)."""
     if section is None:
         return None
+    state = section.state if section.state in {s.value for s in RankState} else None
     return FailureView(cause=section.cause, rank=section.rank, node=section.node, step=section.step,
-                       state=section.state, cause_text=section.cause_text, exit_code=section.exit_code,
+                       state=RankState(state) if state is not None else None, cause_text=section.cause_text, exit_code=section.exit_code,
                        signal=section.signal, exception=section.exception, victims=tuple(section.victims),
                        log=section.log, hang=section.hang_text)
 
@@ -429,7 +430,7 @@ def inferred_failure(run: Any, ranks: Sequence[RankView]) -> Optional[FailureVie
         return FailureView(cause="hang", cause_text=forensics.CAUSE_TEXT["hang"], rank=hang.culprits[0],
                            node=culprit.node if culprit else None,
                            step=None if culprit is None or culprit.last_step is None else culprit.last_step + 1,
-                           state=None if culprit is None or culprit.state is None else str(culprit.state),
+                           state=culprit.state if culprit is not None else None,
                            hang=hang.text, victims=victims)
     first = next((r for r in ranks if r.rank == run.first_failed), None)
     if first is None:
@@ -440,4 +441,4 @@ def inferred_failure(run: Any, ranks: Sequence[RankView]) -> Optional[FailureVie
         return None
     return FailureView(cause="unknown", cause_text=PENDING_CAUSE, rank=first.rank, node=first.node,
                        step=None if first.last_step is None else first.last_step + 1,
-                       state=None if first.state is None else str(first.state), victims=victims)
+                       state=first.state, victims=victims)
