@@ -8,7 +8,11 @@ cheap enough to poll several times a second; when it moved,
 :meth:`Reader.changes_since` names the runs that changed.
 
 ``traceml status``, ``traceml watch`` and its alerts all read runs through
-:meth:`Reader.list_runs`, so they show the same word for the same run.
+:meth:`Reader.list_runs`, so they show the same word for the same run; they
+read a run's figures (step time, Δ, straggler, steps/s, eval lag, the
+early-stopping best) from the views of :mod:`daemon.views`
+(:meth:`Reader.runs_view`, :meth:`Reader.figures`, :meth:`Reader.run_view`,
+:meth:`Reader.backlog_view`), so they show the same number too.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from traceml_tui.tui import textplot  # noqa: E402
 from traceml_tui.tui.app import create_app  # noqa: E402
 from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
 from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel  # noqa: E402
+from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel, early_stopping_lines  # noqa: E402
 from traceml_tui.tui.widgets.info_panel import InfoPanel  # noqa: E402
 from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
 
@@ -107,8 +107,6 @@ async def _run_screen(index: Path, name: str) -> tuple[Any, str, dict[int, tuple
                 row = table.get_row_at(i)
                 cells[int(str(row[at["Rank"]]))] = (str(row[at[steptime.STEP_LABEL]]), str(row[at["Δ median"]]))
             panel = screen.query_one(EarlyStoppingPanel)
-            from traceml_tui.tui.widgets.early_stopping_panel import early_stopping_lines
-
             lines = [ln[0] if isinstance(ln, tuple) else ln for ln in early_stopping_lines(panel.data)] \
                 if panel.data is not None else []
             return screen.detail, facts, cells, lines
