@@ -8,7 +8,11 @@ cheap enough to poll several times a second; when it moved,
 :meth:`Reader.changes_since` names the runs that changed.
 
 ``traceml status``, ``traceml watch`` and its alerts all read runs through
-:meth:`Reader.list_runs`, so they show the same word for the same run.
+:meth:`Reader.list_runs`, so they show the same word for the same run; they
+read a run's figures (step time, Δ, straggler, steps/s, eval lag, the
+early-stopping best) from the views of :mod:`daemon.views`
+(:meth:`Reader.runs_view`, :meth:`Reader.figures`, :meth:`Reader.run_view`,
+:meth:`Reader.backlog_view`), so they show the same number too.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.core import artifacts, coverage, freshness, hygiene_files, stopping
+from traceml_tui.core import artifacts, coverage, freshness, hygiene_files, stopping, straggler
 from traceml_tui.core import backlog as core_backlog
 from traceml_tui.core import hang as hangs_mod
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import (
+    BACKLOG_ORDER,
     STALL_FLOOR_S,
     STOPPED_RANK_STATES,
+    BacklogState,
     LeaseFacts,
     RankFacts,
     RankState,
@@ -41,6 +47,7 @@ from traceml_tui.core.state import (
 )
 
 from . import index as idx
+from . import views
 from .leases import lease_facts
 
 #: Which rank states explain a run's word (RunSummary.explaining_ranks).
@@ -85,6 +92,11 @@ class RunSummary:
     lost_nodes: tuple[int, ...] = ()
     # The hang its ranks' watchdogs recorded, when core.state.hang_roles names a culprit (core/hang.py)
     hang: Optional[hangs_mod.HangReport] = None
+    # The run's step time (views.STEP_STATISTIC of its median rank) and the straggler rule's verdict on its ranks
+    # (core/straggler.py): slowest_rank and straggler_score above come from the same spread.
+    step_ms: Optional[float] = None
+    straggler_pct: Optional[float] = None
+    straggler: bool = False
 
     @property
     def status_text(self) -> str:
@@ -94,6 +106,15 @@ class RunSummary:
     def ranks_in(self, *states: RankState) -> tuple[int, ...]:
         """The ranks whose newest attempt is in one of ``states``."""
         return tuple(r for r, s in self.rank_states if s in states)
+
+    @property
+    def first_failed(self) -> Optional[int]:
+        """The rank that failed first: the core marks every later failure ``aborted``, so it is the one failed or
+        lost rank of a failed or lost run (None: not failed, or no single such rank)."""
+        if self.status not in (RunStatus.FAILED, RunStatus.LOST):
+            return None
+        first = self.ranks_in(RankState.FAILED, RankState.LOST)
+        return first[0] if len(first) == 1 else None
 
     @property
     def silent_ranks(self) -> tuple[int, ...]:
@@ -316,6 +337,9 @@ class IngestProgress:
         return f"indexing {_count(self.records_done)}{total} records{left}"
 
 
+#: The newest evaluations a run view charts (``eval`` records; receipts come with the backlog).
+MAX_EVALS = 500
+
 #: A progress row older than this was left by an ingester that stopped mid-backlog: not shown.
 PROGRESS_STALE_S = 60.0
 
@@ -456,17 +480,21 @@ class Reader:
     def _summary(self, row: tuple, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()) -> RunSummary:
         d = dict(zip(_RUN_COLS, row))
         status, rank_states, hang = self._decide(d, latest, now, leases)
+        # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score.
+        step_ms, slowest, score, skew, verdict = views.step_figures(
+            straggler.spread((r["rank"], r["median_step_ms"]) for r in latest))
         return RunSummary(
             run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"], status=status,
             missing=bool(d["missing"]), ranks=d["ranks_total"], ranks_ended=d["ranks_ended"],
             last_step=d["last_step"], last_ts=d["last_ts"], last_seen=d["last_seen"], steps_per_s=d["steps_per_s"],
-            examples_per_s=d["examples_per_s"], slowest_rank=d["slowest_rank"],
-            straggler_score=d["straggler_score"], records=d["records"], errors=d["errors"],
+            examples_per_s=d["examples_per_s"], slowest_rank=slowest,
+            straggler_score=score, records=d["records"], errors=d["errors"],
             manifest_status=d["manifest_status"], training_status=d["training_status"],
             outcomes_total=d["outcomes_total"], outcomes_failed=d["outcomes_failed"], nnodes=d["nnodes"],
             nproc_per_node=d["nproc_per_node"], world_size=d["world_size"], started_at=d["started_at"],
             ended_at=d["ended_at"], version=d["updated_version"], median_interval_s=d["median_interval_s"],
             rank_states=rank_states, lost_nodes=lost_nodes(leases), hang=hang,
+            step_ms=step_ms, straggler_pct=skew, straggler=verdict,
         )
 
     def list_runs(self, roots: Optional[list[str]] = None, now: Optional[float] = None) -> tuple[RunSummary, ...]:
@@ -607,6 +635,91 @@ class Reader:
                          tuple(sorted(outcomes, key=lambda o: (o.node is None, o.node or 0))),
                          self.manifest(run_id, run.version), self._summary_status(run_id), nodes,
                          self.series_metrics(run_id))
+
+    # ------------------------------------------------------------------ views (daemon/views.py)
+    def runs_view(self, roots: Optional[list[str]] = None, now: Optional[float] = None) -> views.RunsView:
+        """Every run (optionally only those under ``roots``) with its states and step-time figures decided."""
+        version = self.data_version()
+        return views.RunsView(runs=self.list_runs(roots, now), version=version,
+                              backlog_outstanding=tuple(sorted(self.backlog_outstanding().items())),
+                              indexing=self.ingest_progress())
+
+    def figures(self, run: RunSummary, now: Optional[float] = None,
+                backlog: Optional[tuple[BacklogItem, ...]] = None) -> views.RunFigures:
+        """The figures every surface shows for ``run`` (a few queries: the caller caches them per run version)."""
+        backlog = self.backlog(run.run_id, now=now) if backlog is None else backlog
+        # Eval freshness and the early-stopping best from the reader's functions as they are now; when core holds
+        # the typed backlog and eval-freshness rules, these two lines call those instead.
+        eval_step = self.newest_evaluated_step(run.run_id)
+        manifest = self.manifest(run.run_id, run.version)
+        early = views.early_stopping(self.validation(run.run_id), manifest, backlog, self.early_stopping(run.run_id))
+        declared = manifest.last_step_ahead(run.last_step) if manifest is not None else None
+        latest = self._rank_rows(f"run_id = ? AND {_LATEST}", (run.run_id,)).get(run.run_id, [])
+        ratios = next((r for r in (_loads(d["ratios"]) for d in latest) if r), None)
+        ratio_name, loss_ratio = views.worst_ratio(ratios)
+        return views.RunFigures(
+            statistic=views.STEP_STATISTIC, step_ms=run.step_ms, slowest_rank=run.slowest_rank,
+            straggler_score=run.straggler_score, straggler_pct=run.straggler_pct, straggler=run.straggler,
+            steps_per_s=run.steps_per_s, examples_per_s=run.examples_per_s, eval_step=eval_step,
+            eval_lag=freshness.eval_lag(run.last_step, eval_step), early_stopping=early, declared_steps=declared,
+            eta_s=views.eta_s(run.status, run.last_step, declared, run.steps_per_s), ratio_name=ratio_name,
+            loss_ratio=loss_ratio)
+
+    def rank_views(self, run: RunSummary, rows: tuple[RankRow, ...]) -> tuple[views.RankView, ...]:
+        """The newest attempt of each rank with its step time and Δ against the median rank (core/straggler.py)."""
+        spread = straggler.spread((r.rank, r.median_step_ms) for r in rows if r.latest)
+        return tuple(views.RankView(
+            rank=r.rank, attempt=r.attempt, node=r.node, state=r.state, records=r.records, last_step=r.last_step,
+            last_ts=r.last_ts, last_seen=r.last_seen, step_ms=r.median_step_ms,
+            delta_pct=spread.delta_pct(r.median_step_ms) if spread is not None else None,
+            input_wait_ms=r.median_input_wait_ms, steps_per_s=r.steps_per_s, examples_per_s=r.examples_per_s,
+            loss=r.loss, ratios=r.ratios, ended=r.ended, exit_code=r.exit_code, parts=r.step_parts)
+            for r in rows if r.latest)
+
+    def run_view(self, run_id: int, now: Optional[float] = None) -> Optional[views.RunView]:
+        """One run as every surface shows it (None when the index does not hold it)."""
+        now = time.time() if now is None else now
+        detail = self.run_detail(run_id, now)
+        if detail is None:
+            return None
+        backlog = self.backlog(run_id, now=now)
+        current = summary_is_current(detail.run.manifest_status)
+        content = self.summary_bytes(run_id) if current else None
+        summary = artifacts.decode_summary(content) if content is not None else None
+        ranks = self.rank_views(detail.run, detail.ranks)
+        figures = self.figures(detail.run, now, backlog)
+        preferred = figures.early_stopping.metric if figures.early_stopping is not None else None
+        evals, eval_metric = views.eval_points(self.events(run_id, kind="eval", limit=MAX_EVALS), backlog, preferred)
+        failure = views.recorded_failure(summary.failure if summary is not None else None)
+        return views.RunView(
+            run=detail.run, figures=figures, ranks=ranks, attempts=detail.ranks, outcomes=detail.outcomes,
+            manifest=detail.manifest, summary_status=detail.summary_status, nodes=detail.nodes,
+            metrics=detail.metrics, backlog=backlog, failure=failure or views.inferred_failure(detail.run, ranks),
+            diagnosis=views.diagnosis_line(summary), evals=evals, eval_metric=eval_metric)
+
+    def backlog_view(self, run_id: Optional[int] = None, now: Optional[float] = None) -> views.BacklogView:
+        """The validation backlog of one run (or of every run), with the newest completed checkpoint and its lag."""
+        now = time.time() if now is None else now
+        runs = self.list_runs(now=now)
+        if run_id is not None:
+            runs = tuple(r for r in runs if r.run_id == run_id)
+        items: list[tuple[str, BacklogItem]] = []
+        newest = lag = train_step = None
+        for run in sorted(runs, key=lambda r: r.name):
+            run_items = self.backlog(run.run_id, now=now)
+            items += [(run.name, b) for b in run_items]
+            best = freshness.newest(freshness.Evaluated(b.step, b.checkpoint) for b in run_items
+                                    if b.state is BacklogState.COMPLETED and b.step is not None)
+            if best is not None:
+                if newest is None or best.step > (newest[2] or 0):
+                    newest = (run.name, best.checkpoint, best.step)
+                    if run.last_step is not None:
+                        train_step, lag = run.last_step, freshness.eval_lag(run.last_step, best.step)
+            elif run.last_step is not None and run_id is not None:
+                train_step = run.last_step
+        counts = tuple((state, n) for state in BACKLOG_ORDER if (n := sum(1 for _, b in items if b.state is state)))
+        return views.BacklogView(tuple(items), counts, newest, lag, train_step,
+                                 run=runs[0].name if run_id is not None and runs else None)
 
     def _summary_status(self, run_id: int) -> Optional[str]:
         if not summary_is_current(self._run_value(run_id, "manifest_status")):
