@@ -74,32 +74,35 @@ class ChartData:
     log_ok: bool = False  # the log-scale toggle applies (step times, loss ratios)
 
 
-def y_range(values: Sequence[float], keep: Sequence[float] = ()) -> tuple[float, float, bool]:
-    """The y range to draw ``values`` in: ``(low, high, clipped)``.
+def y_range(values: Sequence[float], keep: Sequence[float] = (), clip: bool = True) -> tuple[float, float, Optional[float]]:
+    """The y range to draw ``values`` in: ``(low, high, cut)``.
 
-    ``clipped`` is True when the largest value lies more than :data:`CLIP_FACTOR`
+    ``cut`` is not None when the largest value lies more than :data:`CLIP_FACTOR`
     times further above the smallest than the :data:`CLIP_QUANTILE` quantile
-    does; ``high`` is then a little above that quantile and the values above it
-    are drawn as markers. ``keep`` are levels always inside the range (a
-    reference line). A flat series gets a small band around its value, never a
-    range that makes 0.05 read as −0.45..0.55.
+    does: values above ``cut`` (a little above that quantile) are drawn as
+    markers at ``cut``, just inside the top of the range. ``keep`` are levels
+    always inside the range (a reference line). A flat series gets a small band
+    around its value, never a range that makes 0.05 read as −0.45..0.55.
+    ``clip=False`` (the log scale, which shows every point) never cuts.
     """
     vals = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
     if not len(vals):
-        return 0.0, 1.0, False
+        return 0.0, 1.0, None
     lo, hi = float(vals.min()), float(vals.max())
-    clipped = False
-    if len(vals) >= 10:
+    cut: Optional[float] = None
+    if clip and len(vals) >= 10:
         q = float(np.quantile(vals, CLIP_QUANTILE))
         if q > lo and hi - lo > CLIP_FACTOR * (q - lo):
-            hi, clipped = q + 0.25 * (q - lo), True
+            hi = cut = q + 0.25 * (q - lo)
     for k in keep:
         lo, hi = min(lo, k), max(hi, k)
+    if cut is not None and hi > cut:  # a reference level above the cut: nothing is cut below it
+        cut = None if hi >= float(vals.max()) else hi
     if hi - lo <= 0:
         pad = abs(lo) * 0.05 or 0.5
-        return lo - pad, hi + pad, False
-    pad = (hi - lo) * 0.04
-    return lo - pad, hi + (0.0 if clipped else pad), clipped
+        return lo - pad, hi + pad, None
+    pad = (hi - lo) * 0.06
+    return lo - pad, hi + pad, cut
 
 
 class ShortNumbers(NumericAxisFormatter):
@@ -233,7 +236,8 @@ class LineChart(Vertical):
             return
         keep = () if data.hline is None or (log and data.hline <= 0) else (
             (math.log10(data.hline),) if log else (data.hline,))
-        lo, hi, clipped = y_range(values.tolist(), keep)
+        lo, hi, cut = y_range(values.tolist(), keep, clip=not log)
+        top = hi if cut is None else cut
         xs = np.concatenate([x for _, x, _ in shown] + [np.asarray(mark_x, dtype=float)])
         x_lo, x_hi = float(xs.min()), float(xs.max())
         if x_hi <= x_lo:
@@ -242,8 +246,8 @@ class LineChart(Vertical):
             # glyphs on the first or last step would sit under the frame, which is drawn over the data
             pad = (x_hi - x_lo) * 0.03
             x_lo, x_hi = x_lo - pad, x_hi + pad
-        above = int((values > hi).sum()) if clipped else 0
-        self._title, self._empty = _legend_text(data, above, (10 ** hi) if log else hi, log), ""
+        above = int((values > top).sum())
+        self._title, self._empty = _legend_text(data, above, (10 ** top) if log else top, log), ""
         self.query_one(".chart-title", Static).update(self._title)
         empty.display, plot.display = False, True
 
@@ -257,11 +261,11 @@ class LineChart(Vertical):
         for i, (line, x, y) in enumerate(shown):
             style = line.style or PALETTE[i % len(PALETTE)]
             if len(x) >= 2:
-                plot.plot(x, np.minimum(y, hi), line_style=style, hires_mode=HiResMode.BRAILLE)
+                plot.plot(x, np.minimum(y, top), line_style=style, hires_mode=HiResMode.BRAILLE)
             if line.points or len(x) < 2:
-                plot.scatter(x, np.minimum(y, hi), marker="●", marker_style=style)
-            if clipped and (y > hi).any():
-                plot.scatter(x[y > hi], np.full(int((y > hi).sum()), hi), marker=OUTLIER_GLYPH,
+                plot.scatter(x, np.minimum(y, top), marker="●", marker_style=style)
+            if (y > top).any():
+                plot.scatter(x[y > top], np.full(int((y > top).sum()), top), marker=OUTLIER_GLYPH,
                              marker_style=OUTLIER_STYLE)
         for m in data.marks:
             if m.x:
