@@ -222,7 +222,7 @@ async def test_heatmap_fills_the_width_and_explains_its_scale(source):
         screen = await open_run(pilot, "completed")
         heat = screen.query_one(Heatmap)
         lines = heat.render().plain.splitlines()
-        assert lines[1].startswith("shade = step time ÷ the median rank's")
+        assert lines[1].startswith("step time ÷ the median rank's:  ░ ≥1.1×")
         rows = [line for line in lines if line.startswith(("r0 │", "r1 │"))]
         axis = lines[-1]
         assert len(rows) == 2 and all(len(row) == len(axis) for row in rows)  # cells reach the last label's end

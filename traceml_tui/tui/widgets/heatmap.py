@@ -19,7 +19,7 @@ from textual.widget import Widget
 #: Shades from "about as fast as the median rank" to "1.5× slower or worse", with the ratio each starts at.
 SHADES = ((1.5, "█"), (1.35, "▓"), (1.2, "▒"), (1.1, "░"))
 #: The scale, said under the title.
-SCALE = "shade = step time ÷ the median rank's:  blank <1.1×  ░ ≥1.1×  ▒ ≥1.2×  ▓ ≥1.35×  █ ≥1.5×  · no steps"
+SCALE = "step time ÷ the median rank's:  ░ ≥1.1×  ▒ ≥1.2×  ▓ ≥1.35×  █ ≥1.5×  · no steps"
 #: What a run with one rank shows instead of an empty box.
 ONE_RANK = "One rank: nothing to compare it with (the heatmap shows ranks slower than the others)."
 
