@@ -33,6 +33,7 @@ from traceml_tui.tui.widgets.line_chart import (  # noqa: E402
     OUTLIER_GLYPH,
     ChartPlot,
     LineChart,
+    thin,
     y_range,
 )
 
@@ -119,6 +120,23 @@ def test_y_range_contract(values, keep):
         assert all(k <= cut for k in keep)
     else:
         assert hi >= max(values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(finite, min_size=1, max_size=2000), st.integers(min_value=0, max_value=400))
+def test_thin_keeps_every_extreme_and_at_most_two_points_a_column(ys, columns):
+    import numpy as np
+
+    x = np.arange(len(ys), dtype=float)
+    y = np.asarray(ys, dtype=float)
+    tx, ty = thin(x, y, columns)
+    assert ty.max() == y.max() and ty.min() == y.min()  # no spike lost
+    assert list(tx) == sorted(set(tx)) and set(tx) <= set(x)  # points of the series, in step order
+    assert all(y[int(i)] == v for i, v in zip(tx, ty))
+    if columns and len(ys) > 2 * columns:
+        assert len(tx) <= 2 * columns
+    else:
+        assert len(tx) == len(ys)
 
 
 def test_y_range_clips_one_stall_and_keeps_a_flat_series_readable():

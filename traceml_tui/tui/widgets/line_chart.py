@@ -105,6 +105,25 @@ def y_range(values: Sequence[float], keep: Sequence[float] = (), clip: bool = Tr
     return lo - pad, hi + pad, cut
 
 
+def thin(x: np.ndarray, y: np.ndarray, columns: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most two points per braille dot column: the lowest and the highest of each (in step order).
+
+    Drawing cost then follows the pane, not the run's length, and no spike is lost
+    (each column keeps its extremes). ``x`` is ascending; ``columns`` ≤ 0 keeps everything.
+    """
+    n = len(x)
+    if columns <= 0 or n <= 2 * columns:
+        return x, y
+    edges = np.linspace(0, n, columns + 1).astype(int)
+    keep: list[int] = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b > a:
+            seg = y[a:b]
+            keep.extend(sorted({a + int(seg.argmin()), a + int(seg.argmax())}))
+    idx = np.asarray(keep, dtype=int)
+    return x[idx], y[idx]
+
+
 class ShortNumbers(NumericAxisFormatter):
     """Ticks at 1-2-5 steps labelled short (``1.2k``, ``0.05``) so they fit the axis margin."""
 
@@ -258,8 +277,10 @@ class LineChart(Vertical):
         plot.set_xlabel("step")
         if data.hline is not None and keep:
             plot.plot([x_lo, x_hi], [keep[0], keep[0]], line_style="dim white", hires_mode=HiResMode.BRAILLE)
+        dots = 2 * max(0, self.size.width - 10)  # braille columns of the plot (2 dots a cell, less the margins)
         for i, (line, x, y) in enumerate(shown):
             style = line.style or PALETTE[i % len(PALETTE)]
+            x, y = thin(x, y, dots)
             if len(x) >= 2:
                 plot.plot(x, np.minimum(y, top), line_style=style, hires_mode=HiResMode.BRAILLE)
             if line.points or len(x) < 2:
