@@ -13,6 +13,7 @@ focus; a zoomed chart keeps its view across data refreshes until ``r``.
 from __future__ import annotations
 
 import math
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -22,6 +23,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Static
+from textual_hires_canvas import Canvas
 from textual_plot import HiResMode, NumericAxisFormatter, PlotWidget
 from textual_plot.axis_formatter import AxisFormatter
 
@@ -106,7 +108,7 @@ def y_range(values: Sequence[float], keep: Sequence[float] = (), clip: bool = Tr
 
 
 def thin(x: np.ndarray, y: np.ndarray, columns: int) -> tuple[np.ndarray, np.ndarray]:
-    """At most two points per braille dot column: the lowest and the highest of each (in step order).
+    """At most two points per column of the plot: the lowest and the highest of each (in step order).
 
     Drawing cost then follows the pane, not the run's length, and no spike is lost
     (each column keeps its extremes). ``x`` is ascending; ``columns`` ≤ 0 keeps everything.
@@ -183,6 +185,13 @@ class ChartPlot(PlotWidget):
         self.drawn: Optional[tuple[float, float, float, float]] = None
         #: True once zoom or pan moved the view: data refreshes then keep it (``r`` resets).
         self.moved = False
+
+    def render(self):
+        """textual-plot's render, with each canvas refreshed once at the end rather than once per pixel set."""
+        with ExitStack() as stack:
+            for canvas in self.query(Canvas):
+                stack.enter_context(canvas.batch_refresh())
+            return super().render()
 
     def on_plot_widget_scale_changed(self, event: PlotWidget.ScaleChanged) -> None:
         self.moved = (event.x_min, event.x_max, event.y_min, event.y_max) != self.drawn
@@ -277,10 +286,10 @@ class LineChart(Vertical):
         plot.set_xlabel("step")
         if data.hline is not None and keep:
             plot.plot([x_lo, x_hi], [keep[0], keep[0]], line_style="dim white", hires_mode=HiResMode.BRAILLE)
-        dots = 2 * max(0, self.size.width - 10)  # braille columns of the plot (2 dots a cell, less the margins)
+        cells = max(0, self.size.width - 10)  # the plot's columns (less the margins): a low and a high point each
         for i, (line, x, y) in enumerate(shown):
             style = line.style or PALETTE[i % len(PALETTE)]
-            x, y = thin(x, y, dots)
+            x, y = thin(x, y, cells)
             if len(x) >= 2:
                 plot.plot(x, np.minimum(y, top), line_style=style, hires_mode=HiResMode.BRAILLE)
             if line.points or len(x) < 2:
