@@ -67,6 +67,8 @@ async def _shoot(out: Path, tmp: Path) -> list[Path]:
         await shoot(source, "run_detail_lost", (120, 50), run=fr.name_of("rank_sigkilled"))
         await shoot(source, "run_detail_stalled", (120, 50), run=fr.name_of("hung"))
         await shoot(straggler, "run_detail", (120, 50), run="resnet-ok")
+        # the real 2-rank DDP run at 100×30: braille step-time chart, one colour per rank, and the heatmap
+        await shoot(source, "run_detail_charts", (100, 30), run=fr.name_of("completed"))
         await shoot(source, "backlog", (120, 24), key="b")
         await shoot(source, "help", (100, 40), key="question_mark")
         await shoot(source, "log", (120, 30), run=fr.name_of("rank_raises"), key="l",

@@ -29,7 +29,7 @@ from traceml_tui.tui.screens.run_detail import RunScreen, timing  # noqa: E402
 from traceml_tui.tui.source import IndexSource  # noqa: E402
 from traceml_tui.tui.widgets.backlog_table import BacklogTable  # noqa: E402
 from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel  # noqa: E402
-from traceml_tui.tui.widgets.text_chart import TextChart  # noqa: E402
+from traceml_tui.tui.widgets.line_chart import LineChart  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,7 +68,7 @@ async def open_run(pilot, case: str) -> RunScreen:
 
 
 def chart_text(screen, selector: str) -> str:
-    return screen.query_one(selector, TextChart).render().plain
+    return screen.query_one(selector, LineChart).plain()
 
 
 @aio
@@ -82,10 +82,15 @@ async def test_eval_chart_plots_receipts_failures_and_pending(source):
         assert by_step == {0: ("completed", 0.5), 2: ("completed", 0.25), 4: ("failed", None),
                            6: ("failed", None), 8: ("pending", None), 10: ("pending", None)}
         assert detail.eval_metric_name == "mse"  # no loss among the receipts' metrics: the commonest, by name
+        # the eval metric on its own axis, beside the train loss (different units)
+        screen.query_one("#chart-eval").scroll_visible(animate=False)
+        await d.settle(pilot, rounds=2)
         text = chart_text(screen, "#chart-eval")
-        assert "○ eval mse (2)" in text and "▵ pending (2)" in text and "✗ failed (2)" in text
-        axis = next(line for line in text.splitlines() if "└" in line)
-        assert axis.count("✗") == 2 and axis.count("▵") == 2
+        title, plot = text.splitlines()[0], "\n".join(text.splitlines()[1:])
+        assert title.startswith("Eval mse") and "eval mse (2)" in title
+        assert "▵ pending (2)" in title and "✗ failed (2)" in title
+        assert plot.count("✗") == 2 and plot.count("▵") == 2 and plot.count("●") == 2
+        assert chart_text(screen, "#chart-train").startswith("Train loss")
 
 
 @aio

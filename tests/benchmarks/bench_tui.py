@@ -7,7 +7,9 @@ index has the real schema, real aggregates and a realistic size.
 
 Prints: time to first paint (target < 1.5 s), CPU time per refresh (target
 < 50 ms: worker build + UI apply), RSS (target < 250 MB), each with its ratio
-to a baseline measured in the same run on an empty index.
+to a baseline measured in the same run on an empty index; and the Run screen's
+UI apply with its chosen chart redrawn (``run_ui_chart_ms``) and with
+unchanged data (``run_ui_same_ms``: nothing redrawn).
 
     python tests/benchmarks/bench_tui.py [--runs 200] [--ranks 8] [--steps 5000]
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sqlite3
 import statistics
 import sys
@@ -110,6 +113,30 @@ async def measure(index: Path, refreshes: int = 20) -> dict[str, float]:
                 c = time.thread_time()
                 source.run_detail(rid, source.runs())
                 detail.append(time.thread_time() - c)
+        # UI side of the Run screen: applying a detail whose chosen chart changed (the braille chart redrawn by
+        # textual-plot, docs/watch.md "Charts") and one holding the same data (nothing redrawn). CPU time of the
+        # UI thread only: the refresh worker keeps building details on its own thread meanwhile.
+        drawn, same = [], []
+        if rid is not None:
+            app.open_run(rid)
+            for _ in range(400):
+                if getattr(app.screen, "detail", None) is not None:
+                    break
+                await pilot.pause(0.01)
+            run_screen = app.screen
+            pair = (source.run_detail(rid, source.runs()), source.run_detail(rid, source.runs(), chart=("loss", None)))
+            for i in range(refreshes):
+                c = time.thread_time()
+                run_screen.detail = pair[i % 2]
+                await pilot.pause()
+                drawn.append(time.thread_time() - c)
+            for _ in range(refreshes):
+                c = time.thread_time()
+                run_screen.detail = dataclasses.replace(pair[1])
+                await pilot.pause()
+                same.append(time.thread_time() - c)
+        out["run_ui_chart_ms"] = statistics.median(drawn) * 1000 if drawn else 0.0
+        out["run_ui_same_ms"] = statistics.median(same) * 1000 if same else 0.0
         out["runs_warm_ms"] = statistics.median(warm) * 1000
         out["runs_cold_ms"] = statistics.median(cold) * 1000
         out["ui_apply_ms"] = statistics.median(ui) * 1000
@@ -139,7 +166,7 @@ def main(argv: list[str]) -> int:
     print(f"\n{'metric':<28}{'empty index':>14}{'large index':>14}{'ratio':>8}   target")
     targets = {"first_paint_s": "< 1.5 s", "refresh_cpu_ms": "< 50 ms", "rss_mb": "< 250 MB"}
     for key in ("first_paint_s", "refresh_cpu_ms", "runs_warm_ms", "ui_apply_ms", "runs_cold_ms", "run_detail_refresh_ms",
-                "rss_mb"):
+                "run_ui_chart_ms", "run_ui_same_ms", "rss_mb"):
         ratio = big[key] / base[key] if base[key] else float("nan")
         print(f"{key:<28}{base[key]:>14.3f}{big[key]:>14.3f}{ratio:>8.2f}   {targets.get(key, '')}")
     print(f"rows shown: {int(big['rows'])}")

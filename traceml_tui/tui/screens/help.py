@@ -174,15 +174,18 @@ def help_renderable(app_bindings=()) -> Group:
     doc.rows((col, "this rank's step time vs the median rank") for col in RankTable.COLUMNS if col == "Δ median")
     doc.section("Run screen: straggler heatmap")
     doc.rows([("rows", "one per rank; columns are stretches of steps, oldest left"),
-              ("░▒▓█", "1.1–1.5× the median rank's step time there (darker = slower)"),
+              ("░▒▓█", "≥1.1×, ≥1.2×, ≥1.35×, ≥1.5× the median rank's step time there (· no steps)"),
               ("dark row", "a rank slow again and again: a recurring straggler")])
     doc.section("Run screen: charts and panels")
     doc.rows([("chart", "the metric chosen with c / C (step time, input wait, train loss, grad norm, learning "
                         "rate, each loss ratio, custom metrics: what the index holds) for every rank, or with v "
                         "for the rank under the cursor"),
-              ("Train vs eval", "train loss and the eval metric (● / ○) from eval records and validation receipts "
-                                "alike; ▵ an evaluation still pending (or claimed) at its checkpoint's step, ✗ one "
-                                "that failed or is blocked"),
+              ("lines", "braille, one colour per rank (legend on the title line); ▲ points above the 95th "
+                        "percentile when one outlier would flatten the rest; y: log scale (step time, loss ratio); "
+                        "Tab to a chart, then + / - zoom, arrows pan, r reset (or the mouse wheel and drag)"),
+              ("Train loss, Eval", "two charts, each on its own axis: the train loss, and the eval metric (●) from "
+                                   "eval records and validation receipts alike; ▵ an evaluation still pending (or "
+                                   "claimed) at its checkpoint's step, ✗ one that failed or is blocked"),
               ("Early stopping", "its metric, the best checkpoint, patience used / left and why it stopped, from "
                                  "the final summary; while a run is live, the declared policy and the best receipt "
                                  "so far"),

@@ -7,7 +7,7 @@ from typing import Optional
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
@@ -21,10 +21,10 @@ from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel
 from traceml_tui.tui.widgets.failure_panel import FailurePanel
 from traceml_tui.tui.widgets.heatmap import Heatmap
 from traceml_tui.tui.widgets.info_panel import InfoPanel
+from traceml_tui.tui.widgets.line_chart import ChartData, Line, LineChart, Marks
 from traceml_tui.tui.widgets.rank_table import RankTable, rank_cells
 from traceml_tui.tui.widgets.runs_table import STATUS_STYLE
 from traceml_tui.tui.widgets.screen_header import ScreenHeader
-from traceml_tui.tui.widgets.text_chart import ChartData, TextChart
 
 
 def headline(detail: RunDetail) -> list:
@@ -77,14 +77,50 @@ def chart_title(metric: str, rank: Optional[int]) -> str:
 
 
 def chosen_chart(detail: RunDetail) -> ChartData:
-    """The chooser's chart: the chosen metric for every rank (up to 8) or for one rank."""
-    series = [(s.name, s.x, s.y) for s in detail.chart]
-    legend = "  ".join(f"{textplot.GLYPHS[i % len(textplot.GLYPHS)]} {s.name}" for i, s in enumerate(detail.chart[:8]))
+    """The chooser's chart: the chosen metric for every rank (up to 8, one colour each) or for one rank."""
     choices = len(detail.metrics) or 1
-    hint = f"[c/C metric {_position(detail) + 1}/{choices} · v {'one rank' if detail.chart_rank is None else 'all ranks'}]"
-    return ChartData(chart_title(detail.chart_metric, detail.chart_rank), series, legend=f"{legend}  {hint}".strip(),
+    hint = (f"[c/C metric {_position(detail) + 1}/{choices} · v {'one rank' if detail.chart_rank is None else 'all ranks'}"
+            f"{' · y log' if _log_ok(detail.chart_metric) else ''}]")
+    unit = METRIC_LABELS.get(detail.chart_metric, ("", ""))[1]
+    return ChartData(chart_title(detail.chart_metric, detail.chart_rank),
+                     tuple(Line(s.name, s.x, s.y) for s in detail.chart), unit=unit, hint=hint,
+                     log_ok=_log_ok(detail.chart_metric),
                      empty=f"(no {detail.chart_metric} recorded" + (f" by rank {detail.chart_rank})"
                                                                     if detail.chart_rank is not None else ")"))
+
+
+def _log_ok(metric: str) -> bool:
+    """Step times (heavy-tailed) and loss ratios (spanning decades) get the log-scale toggle."""
+    return METRIC_LABELS.get(metric, ("", ""))[1] == "ms" or metric.startswith("ratio/")
+
+
+def ratio_chart(detail: RunDetail) -> ChartData:
+    """The scale-free loss ratio and its smoothed trend, against 1.0 (what predicting zero scores)."""
+    s = detail.loss_ratio
+    if s is None:
+        return ChartData("Scale-free loss ratio", empty="(no loss components logged: log(components=…))")
+    return ChartData(f"Scale-free loss ratio: {detail.ratio_name}",
+                     (Line("ratio", s.x, s.y), Line("smoothed", s.x, tuple(textplot.smooth(s.y)))),
+                     hline=1.0, hline_label="1.0 = predicting zero (no skill)", hint="[y log]", log_ok=True)
+
+
+def train_chart(detail: RunDetail) -> ChartData:
+    """Train loss on its own axis (eval metrics have other units: they get the chart beside it)."""
+    s = detail.train_metric
+    lines = () if s is None else (Line("train loss", s.x, s.y),)
+    return ChartData("Train loss", lines, empty="(no train loss logged)")
+
+
+def eval_chart(detail: RunDetail) -> ChartData:
+    """Completed evaluations as points on their metric's own axis; pending ▵ and failed ✗ on the bottom edge."""
+    done = [e for e in detail.evals if e.status == "completed" and e.value is not None]
+    name = detail.eval_metric_name or "metric"
+    lines = (Line(f"eval {name} ({len(done)})", tuple(float(e.step) for e in done), tuple(e.value for e in done),
+                  style="green", points=True),) if done else ()
+    marks = (Marks(tuple(float(e.step) for e in detail.evals if e.status == "pending"), "▵", "pending", "yellow"),
+             Marks(tuple(float(e.step) for e in detail.evals if e.status == "failed"), "✗", "failed", "bold red"))
+    return ChartData(f"Eval {name}", lines, marks=marks if any(m.x for m in marks) else (),
+                     empty="(no evaluations yet)")
 
 
 def _position(detail: RunDetail) -> int:
@@ -134,6 +170,7 @@ class RunScreen(Screen):
         Binding("c", "next_metric", "Chart metric"),
         Binding("C", "previous_metric", "Previous chart metric", show=False),
         Binding("v", "chart_ranks", "Chart: all ranks / the selected rank", show=False),
+        Binding("y", "log_scale", "Log scale"),
     ]
 
     detail: reactive[Optional[RunDetail]] = reactive(None)
@@ -150,10 +187,12 @@ class RunScreen(Screen):
             yield InfoPanel(id="headline")
             yield FailurePanel(id="failure")
             yield RankTable(id="ranks")
-            yield TextChart(id="chart-step", chart_height=6)
+            yield LineChart(id="chart-step")
             yield Heatmap(id="heatmap")
-            yield TextChart(id="chart-ratio", chart_height=5)
-            yield TextChart(id="chart-eval", chart_height=5)
+            yield LineChart(id="chart-ratio")
+            with Horizontal(id="train-eval"):
+                yield LineChart(id="chart-train")
+                yield LineChart(id="chart-eval")
             yield EarlyStoppingPanel(id="early-stopping")
             yield InfoPanel(id="nodes")
             yield InfoPanel(id="outcomes")
@@ -174,32 +213,12 @@ class RunScreen(Screen):
         table = self.query_one(RankTable)
         table.table_rows = tuple((r.rank, rank_cells(r)) for r in detail.ranks)
         table.styles.height = min(10, len(detail.ranks) + 2)
-        self.query_one("#chart-step", TextChart).data = chosen_chart(detail)
+        self.query_one("#chart-step", LineChart).data = chosen_chart(detail)
         labels = tuple(f"r{r.rank}" for r in detail.ranks)
         self.query_one("#heatmap", Heatmap).data = (labels, detail.heatmap, detail.heat_steps)
-        if detail.loss_ratio is not None:
-            s = detail.loss_ratio
-            ratio = ChartData(f"Scale-free loss ratio: {detail.ratio_name}",
-                              [("ratio", s.x, s.y), ("trend", s.x, textplot.smooth(s.y))], hline=1.0,
-                              legend="● ratio  ○ smoothed  ┄ 1.0 = predicting zero (no skill)")
-        else:
-            ratio = ChartData("Scale-free loss ratio", empty="(no loss components logged: log(components=…))")
-        self.query_one("#chart-ratio", TextChart).data = ratio
-        series = []
-        if detail.train_metric is not None:
-            series.append(("train loss", detail.train_metric.x, detail.train_metric.y))
-        done = [e for e in detail.evals if e.status == "completed" and e.value is not None]
-        if done:
-            series.append((f"eval {detail.eval_metric_name}", [e.step for e in done], [e.value for e in done]))
-        marks = [(e.step, "▵") for e in detail.evals if e.status == "pending"]
-        marks += [(e.step, "✗") for e in detail.evals if e.status == "failed"]
-        pending = sum(1 for e in detail.evals if e.status == "pending")
-        failed = sum(1 for e in detail.evals if e.status == "failed")
-        self.query_one("#chart-eval", TextChart).data = ChartData(
-            "Train vs eval", series, marks=marks,
-            legend=f"● train  ○ eval{' ' + detail.eval_metric_name if detail.eval_metric_name else ''} ({len(done)})"
-                   f"  ▵ pending ({pending})"
-                   f"  ✗ failed ({failed})")
+        self.query_one("#chart-ratio", LineChart).data = ratio_chart(detail)
+        self.query_one("#chart-train", LineChart).data = train_chart(detail)
+        self.query_one("#chart-eval", LineChart).data = eval_chart(detail)
         self.query_one(EarlyStoppingPanel).data = detail.early_stopping
         if detail.fields:
             self._field_panel().data = ("Field QC (spread vs initialization)", field_lines(detail))
@@ -228,6 +247,11 @@ class RunScreen(Screen):
 
     def action_describe(self) -> None:
         self.post_message(OpenDescribe(self.run_id))
+
+    def action_log_scale(self) -> None:
+        """Step-time and loss-ratio charts: linear ↔ log y axis."""
+        for chart in self.query(LineChart):
+            chart.log = not chart.log
 
     # -- the chart chooser: the wanted chart goes to the refresh worker (ViewChanged), which re-reads
     def _choose(self, metric: str, rank: Optional[int]) -> None:
