@@ -1,4 +1,9 @@
-"""Helpers of the trainer integration tests (tests/test_integrations_*.py): launch, read records."""
+"""Helpers of the trainer integration tests (tests/test_integrations_*.py): launch, read records.
+
+The real runs of all those modules share one pool (:func:`register`, :func:`runs`): the first module
+fixture that asks starts every selected module's runs, a few at a time, so Lightning's runs train
+while the Hugging Face tests read theirs, and the two cores stay busy between launches.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ import json
 import math
 import shutil
 import subprocess
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -30,13 +37,38 @@ def launch(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
-def launch_all(plan: dict[str, tuple[list[str], Path, dict]]) -> dict[str, subprocess.CompletedProcess]:
-    """Run the commands of ``plan`` (name -> (cmd, cwd, env)) two at a time (the suite's 2 cores)."""
-    from concurrent.futures import ThreadPoolExecutor
+#: Runs at a time: a run spends much of its wall time in single-threaded startup (launcher, torchrun,
+#: imports), so three keep the suite's two cores busy.
+WORKERS = 3
+Plan = dict[str, tuple[list[str], Path, dict]]
+_builders: dict[str, Callable[[Any], tuple[Plan, Any]]] = {}
+_started: dict[str, tuple[dict[str, Future], Any]] = {}
+_lock = threading.Lock()
+_pool: Optional[ThreadPoolExecutor] = None
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(launch, cmd, cwd, env) for name, (cmd, cwd, env) in plan.items()}
-        return {name: future.result() for name, future in futures.items()}
+
+def register(group: str, build: Callable[[Any], tuple[Plan, Any]]) -> None:
+    """Declare a test module's runs: ``build(tmp_path_factory)`` -> (plan name -> (cmd, cwd, env), context)."""
+    _builders[group] = build
+
+
+def runs(group: str, request: Any) -> tuple[dict[str, subprocess.CompletedProcess], Any]:
+    """``group``'s finished runs and its build context, started (with every selected group's) on first use."""
+    global _pool
+    factory = request.getfixturevalue("tmp_path_factory")
+    selected = {item.module.__name__ for item in request.session.items if getattr(item, "module", None)}
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="integration-run")
+        # the asking group first, then the others whose tests were selected
+        for name in [group, *sorted(_builders)]:
+            if name in _started or (name != group and not any(m.endswith(name) for m in selected)):
+                continue
+            plan, context = _builders[name](factory)
+            _started[name] = ({run: _pool.submit(launch, cmd, cwd, env) for run, (cmd, cwd, env) in plan.items()},
+                              context)
+    futures, context = _started[group]
+    return {run: future.result() for run, future in futures.items()}, context
 
 
 def records(run_dir: Path, rank: int = 0) -> list[dict]:

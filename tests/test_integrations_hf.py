@@ -1,8 +1,9 @@
 """Hugging Face Trainer under `traceml run` with no traceml code (docs/trainers.md), real 2-rank gloo runs.
 
-One module-scoped set of runs, many assertions: two 2-rank runs of examples/hf_trainer (GPT-2 from a tiny
-config, gradient accumulation 2, eval and save every 10 updates, a `hygiene:` validation block) and one
-run of the same Trainer with traceml's explicit callback added by the script.
+One set of runs, many assertions: two 2-rank runs of examples/hf_trainer (GPT-2 from a tiny config,
+gradient accumulation 2, eval and save every 10 updates, a `hygiene:` validation block) and one run of
+the same Trainer with traceml's explicit callback added by the script. They start in the pool the
+Lightning module's runs share (tests/integrations_support.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integrations_support import evals, finite, launch, launch_all, measured_fields, prepare, records, steps
+from tests import integrations_support
+from tests.integrations_support import evals, finite, launch, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,8 +30,7 @@ DETECTED = "traceml: Hugging Face Trainer detected: traceml callback added"
 UPDATES, GRAD_ACCUM, BATCH, EVERY = 20, 2, 4, 10
 
 
-@pytest.fixture(scope="module")
-def hf(tmp_path_factory):
+def _plan(tmp_path_factory):
     """The runs: ``ref`` and ``cand`` (automatic, 2 ranks), ``explicit`` (the script adds the callback)."""
     work = prepare(tmp_path_factory.mktemp("hf"), "hf_trainer", "hf_explicit.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
@@ -40,8 +41,17 @@ def hf(tmp_path_factory):
                 "--args", "--output-dir", f"out-{name}"], work, env)
         for name, script, nproc in (("ref", "train.py", 2), ("cand", "train.py", 2), ("explicit", "hf_explicit.py", 1))
     }
-    runs = {name: (proc, work / "logs" / name) for name, proc in launch_all(plan).items()}
-    return work, env, runs
+    return plan, (work, env)
+
+
+if importlib.util.find_spec("transformers") is not None:
+    integrations_support.register(__name__.rpartition(".")[2], _plan)
+
+
+@pytest.fixture(scope="module")
+def hf(request):
+    procs, (work, env) = integrations_support.runs(__name__.rpartition(".")[2], request)
+    return work, env, {name: (proc, work / "logs" / name) for name, proc in procs.items()}
 
 
 def _history(work: Path, name: str) -> list[dict]:

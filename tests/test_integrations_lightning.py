@@ -1,6 +1,7 @@
 """Lightning ``Trainer.fit`` under `traceml run` with no traceml code (docs/trainers.md), real 2-rank gloo runs.
 
-One module-scoped set of runs, many assertions: a 2-rank run of examples/lightning (validation and
+One set of runs (started in the pool the Hugging Face module's runs share,
+tests/integrations_support.py), many assertions: a 2-rank run of examples/lightning (validation and
 checkpoint every 10 updates, a `hygiene:` validation block); the same fit with traceml's explicit callback
 started without `traceml run` but through the bootstrap (records under ./logs; never instrumented twice);
 the kill switch, as a flag and as an environment variable; and two limits (manual optimization, a fit
@@ -17,7 +18,8 @@ import sys
 
 import pytest
 
-from tests.integrations_support import SCRIPTS, evals, finite, launch_all, measured_fields, prepare, records, steps
+from tests import integrations_support
+from tests.integrations_support import SCRIPTS, evals, finite, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,8 +31,7 @@ DETECTED = "traceml: Lightning Trainer detected: traceml callback added"
 UPDATES, EVERY, BATCH = 20, 10, 32
 
 
-@pytest.fixture(scope="module")
-def pl(tmp_path_factory):
+def _plan(tmp_path_factory):
     """The runs by name: ``auto`` (2 ranks), ``direct`` (the script adds the callback; started without
     `traceml run` but through the bootstrap, whose hook must not add a second one), ``flag_off`` and ``env_off`` (the kill switch; 4 updates), ``manual``
     (manual optimization, 6 updates), ``selfspawn`` (Lightning starts its second process itself)."""
@@ -41,12 +42,12 @@ def pl(tmp_path_factory):
     env.pop("TRACEML_RUN_DIR", None)
     env.pop("TRACEML_AUTO_ATTACH", None)
     short = ["--args", "--max-steps", "4"]
-    plan = {
+    plan = {  # the longest first: the pool packs them better
         "auto": ([*TRACEML, "run", "train.py", "--nproc-per-node", "2", "--args", "--checkpoint-dir", "ckpt-auto"], env),
+        "selfspawn": ([*TRACEML, "run", "lightning_selfspawn.py"], env),
+        "manual": ([*TRACEML, "run", "lightning_manual.py", "--args", "6"], env),
         "flag_off": ([*TRACEML, "run", "train.py", "--no-auto-attach", *short], env),
         "env_off": ([*TRACEML, "run", "train.py", *short], dict(env, TRACEML_AUTO_ATTACH="0")),
-        "manual": ([*TRACEML, "run", "lightning_manual.py", "--args", "6"], env),
-        "selfspawn": ([*TRACEML, "run", "lightning_selfspawn.py"], env),
     }
     direct = work / "direct"
     direct.mkdir()
@@ -54,7 +55,17 @@ def pl(tmp_path_factory):
     # No launcher, but the bootstrap's import hook in place: the script's own callback is the only one.
     launches["direct"] = ([sys.executable, "-m", "traceml_tui.integrations.bootstrap", str(work / "lightning_explicit.py")],
                           direct, env)
-    procs = launch_all(launches)
+    return launches, work
+
+
+if importlib.util.find_spec("lightning") is not None:
+    integrations_support.register(__name__.rpartition(".")[2], _plan)
+
+
+@pytest.fixture(scope="module")
+def pl(request):
+    procs, work = integrations_support.runs(__name__.rpartition(".")[2], request)
+    direct = work / "direct"
     runs = {name: (proc, work / "logs" / name) for name, proc in procs.items() if name != "direct"}
     found = sorted((direct / "logs").iterdir()) if (direct / "logs").is_dir() else []
     runs["direct"] = (procs["direct"], found[0] if len(found) == 1 else None)

@@ -207,3 +207,36 @@ def test_side_files_are_readable_by_other_users(tmp_path: Path) -> None:
 
     atomic.atomic_write_json(tmp_path / "side.json", {"a": 1})
     assert (tmp_path / "side.json").stat().st_mode & 0o044 == 0o044
+
+
+def test_step_lines_are_records_encode_bytes_whatever_their_size(tmp_path: Path) -> None:
+    """The step writer encodes into one reused buffer (sdk/session.py): each line on disk is exactly what
+    ``records.encode`` makes of that record — a short line after a long one carries nothing of it, NaN
+    stays null, an unlogged step has no values, and the memory figures are there on every step."""
+    body = """
+import torch
+many = {f"c{i:03d}": (torch.tensor(0.25), 1.0) for i in range(60)}  # one line far over the buffer's start size
+for i in range(4):
+    with traceml.trace_step():
+        if i == 0:
+            traceml.log(loss=torch.tensor(0.5), lr=0.1, grad_norm=torch.tensor(float("nan")), batch_size=3,
+                        metrics={"acc": torch.tensor(0.75)})
+        elif i == 1:
+            traceml.log(loss=0.25, components=many)
+        elif i == 2:
+            traceml.log(loss=float("inf"), examples=40)
+"""
+    proc = _script(tmp_path, body)
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "run" / "ranks" / "rank_0" / "steps-0.jsonl").read_bytes().splitlines(keepends=True)
+    step_lines = [line for line in lines if b'"kind":"step"' in line]
+    assert len(step_lines) == 4
+    for line in step_lines:
+        assert records.encode(records.decode(line)) == line
+    steps = [records.decode(line) for line in step_lines]
+    assert len(step_lines[1]) > 4096 and len(step_lines[2]) < 1024
+    assert (steps[0].loss, steps[0].lr, steps[0].grad_norm, steps[0].metrics) == (0.5, 0.1, None, {"acc": 0.75})
+    assert len(steps[1].components) == 60 and steps[1].components["c000"].ratio == 0.25
+    assert steps[2].loss is None and [s.examples for s in steps] == [3, 3, 40, 40]
+    assert steps[3].loss is None and steps[3].lr is None and steps[3].components is None
+    assert all(s.mem is not None and s.mem.rss and s.mem.rss > 0 for s in steps)

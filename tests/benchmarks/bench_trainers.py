@@ -1,24 +1,35 @@
 """Per-step cost of the trainer integrations (docs/trainers.md) vs the same trainer without traceml.
 
 A tiny Hugging Face ``Trainer`` (GPT-2 from a small config) and a tiny Lightning
-fit, each trained repeatedly in this process, alternating without and with
-traceml's callback (the order flips every pair). A plain timing callback notes
-the end of every update in both; a run's step time is the median interval
-between update ends (the first few updates skipped). The overhead is the median
-over pairs of (with − without), printed in µs and as a share of the step.
+fit. Each trains once, long, in this process, and a switch callback (first in
+the trainer's list) changes what runs every ``--block`` updates, at an update
+boundary: no traceml, traceml's callback, and for Lightning an empty
+``Callback`` as a reference (Lightning calls every hook of every callback, so
+that much is the price of any callback at all). The modes rotate, so every
+cycle measures each once, back to back, on the same warmed-up trainer, model,
+allocator and caches; whole separate runs differ from each other by more than
+the overhead measured here.
+
+"Without traceml" is without all of it: the callback is out of the list, its
+wrappers (Lightning's ``training_step``; HF's ``training_step`` and
+``clip_grad_norm_``) are undone, the DataLoader's ``__next__`` is torch's own,
+and the SDK's module and optimizer hooks are lifted. The first updates of
+each block (``SETTLE``) are not counted: their batches were fetched before the
+switch.
 
 Clock: the CPU time of the training thread (``time.thread_time``; one torch
 thread, no loader workers, so all of a step's work — the trainer's and
 traceml's — runs there). On a shared machine wall-clock intervals mostly
-measure the neighbours' load; the wall-clock figures are printed beside.
-For Lightning an empty ``Callback`` is measured the same way, as a reference:
-Lightning calls every hook of every callback, so that much is the price of any
-callback at all.
+measure the neighbours' load; the wall-clock figures are printed beside. A
+block's step time is the median interval between update ends; the overhead is
+the median over cycles of (traced block − untraced block of the same cycle),
+in µs and as a share of the step.
 
 Budget (the design's "trainer integration overhead ≤ 2 % of a step"): at most
-2 % of the step or 30 µs, whichever is larger.
+2 % of the step or 30 µs, whichever is larger. The SDK's own per-step cost,
+without any trainer, is ``tests/benchmarks/bench_sdk_overhead.py``.
 
-    python tests/benchmarks/bench_trainers.py [--pairs 6] [--only hf|lightning]
+    python tests/benchmarks/bench_trainers.py [--cycles 30] [--only hf|lightning]
 """
 
 from __future__ import annotations
@@ -29,20 +40,107 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable
+from typing import Any, Callable
 
-WARMUP = 5
+SETTLE = 3
 BUDGET_SHARE, BUDGET_US = 0.02, 30.0
 
 
-def step_time(ends: list[tuple[float, float]]) -> tuple[float, float]:
-    """(CPU, wall) median seconds between update ends, the first WARMUP updates skipped."""
-    cpu = [b[0] - a[0] for a, b in zip(ends, ends[1:])][WARMUP:]
-    wall = [b[1] - a[1] for a, b in zip(ends, ends[1:])][WARMUP:]
-    return statistics.median(cpu), statistics.median(wall)
+class Modes:
+    """What each block runs, and the per-update clock readings taken in each block."""
+
+    def __init__(self, names: tuple[str, ...], cycles: int, block: int) -> None:
+        self.names = names
+        self.block = block
+        # a first block with traceml installs what it installs lazily (not counted); then the cycles, the
+        # order rotated each cycle so that no mode always follows the same one
+        self.plan = ["traced"] + [names[(c + i) % len(names)] for c in range(cycles) for i in range(len(names))]
+        self.ends: list[tuple[float, float]] = []
+        self.current = "traced"
+
+    def mode_at(self, update: int) -> str | None:
+        """The mode of the block starting at ``update`` (None: not a new block)."""
+        if update % self.block or update == 0:
+            return None
+        index = update // self.block
+        return self.plan[index] if index < len(self.plan) else "none"
+
+    def note_end(self) -> None:
+        self.ends.append((time.thread_time(), time.perf_counter()))
+
+    def figures(self) -> dict[str, list[tuple[float, float]]]:
+        """mode -> per-block (CPU, wall) median update interval, in plan order."""
+        out: dict[str, list[tuple[float, float]]] = {name: [] for name in self.names}
+        for index, mode in enumerate(self.plan):
+            if index == 0:
+                continue
+            first, last = index * self.block + SETTLE, (index + 1) * self.block
+            pairs = [(self.ends[i - 1], self.ends[i]) for i in range(max(first, 1), min(last, len(self.ends)))]
+            if len(pairs) < 3:
+                continue
+            out[mode].append((statistics.median(b[0] - a[0] for a, b in pairs),
+                              statistics.median(b[1] - a[1] for a, b in pairs)))
+        return out
 
 
-def hf_run() -> Callable[[bool, int], tuple[float, float]]:
+class DataLoaderTiming:
+    """The SDK's DataLoader ``__next__`` timing (sdk/loader.py), switched in and out."""
+
+    def __init__(self) -> None:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        self.cls = _BaseDataLoaderIter
+        self.timed = _BaseDataLoaderIter.__next__
+        assert getattr(self.timed, "_traceml_timed", False), "the DataLoader timing is not installed"
+
+    def set(self, on: bool) -> None:
+        self.cls.__next__ = self.timed if on else self.timed.__wrapped__
+
+
+class TorchHooks:
+    """The SDK's module hooks (phase timing, sdk/phases.py) and global optimizer hooks, lifted and restored."""
+
+    def __init__(self, model: Any) -> None:
+        import torch.optim.optimizer as opt
+
+        self.dicts = [model._forward_pre_hooks, model._forward_hooks,
+                      opt._global_optimizer_pre_hooks, opt._global_optimizer_post_hooks]
+        self.saved = [dict(d) for d in self.dicts]
+
+    def set(self, on: bool) -> None:
+        for live, saved in zip(self.dicts, self.saved):
+            live.clear()
+            if on:
+                live.update(saved)
+
+
+def report(name: str, modes: Modes, reference: str | None = None) -> bool:
+    """Print the overhead of ``traced`` (and of ``reference``) against ``none``; True within budget."""
+    figures = modes.figures()
+    ok = True
+    for arm in ("traced", reference):
+        if arm is None:
+            continue
+        label = name if arm == "traced" else f"{name}, {reference} (reference)"
+        for clock, index in (("CPU", 0), ("wall", 1)):
+            bare = [t[index] for t in figures["none"]]
+            other = [t[index] for t in figures[arm]]
+            base = statistics.median(bare)
+            overhead = statistics.median([t - b for b, t in zip(bare, other)])
+            budget_us = max(BUDGET_SHARE * base * 1e6, BUDGET_US)
+            verdict = "ok" if overhead * 1e6 <= budget_us else "OVER"
+            if clock == "CPU" and arm == "traced":
+                ok = verdict == "ok"
+            print(f"{label} {clock:>4}: step without traceml {base * 1e3:7.3f} ms · with "
+                  f"{statistics.median(other) * 1e3:7.3f} ms · overhead {overhead * 1e6:7.1f} µs/step = "
+                  f"{overhead / base * 100:5.2f} % of the step (budget {budget_us:.0f} µs: {verdict})")
+    cycles = min(len(v) for v in figures.values())
+    print(f"  {cycles} cycles × {modes.block} updates per mode ({SETTLE} settling updates not counted); "
+          f"the budget is judged on the CPU clock")
+    return ok
+
+
+def hf(cycles: int, block: int) -> bool:
     import torch
     from torch.utils.data import Dataset
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
@@ -51,8 +149,8 @@ def hf_run() -> Callable[[bool, int], tuple[float, float]]:
     from traceml_tui.integrations.hf import TraceMLCallback
 
     class Tokens(Dataset):
-        def __init__(self) -> None:
-            self.ids = torch.randint(0, 128, (4096, 16), generator=torch.Generator().manual_seed(1))
+        def __init__(self, count: int) -> None:
+            self.ids = torch.randint(0, 128, (count, 16), generator=torch.Generator().manual_seed(1))
 
         def __len__(self) -> int:
             return len(self.ids)
@@ -60,32 +158,51 @@ def hf_run() -> Callable[[bool, int], tuple[float, float]]:
         def __getitem__(self, i: int) -> dict:
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.ends: list[tuple[float, float]] = []
+    modes = Modes(("none", "traced"), cycles, block)
+    tracer = TraceMLCallback()
+    state: dict[str, Any] = {}
 
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
-            self.ends.append((time.thread_time(), time.perf_counter()))
+    class Switch(TrainerCallback):
+        def on_step_begin(self, args, state_, control, model=None, **kwargs):  # noqa: ANN001
+            mode = modes.mode_at(len(modes.ends))
+            if mode is None or mode == modes.current:
+                return
+            trainer = state["trainer"]
+            if "loader" not in state:  # installed during the first (traced) block
+                state["loader"], state["hooks"] = DataLoaderTiming(), TorchHooks(state["model"])
+            handlers = trainer.callback_handler.callbacks
+            on = mode == "traced"
+            if on:
+                handlers.insert(handlers.index(self) + 1, tracer)  # its on_step_begin runs next
+                tracer._bind(trainer)
+            else:
+                handlers.remove(tracer)
+                tracer._unbind()
+            state["loader"].set(on)
+            state["hooks"].set(on)
+            modes.current = mode
+
+        def on_step_end(self, args, state_, control, **kwargs):  # noqa: ANN001
+            modes.note_end()
 
     config = GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
-    data = Tokens()
+    updates = len(modes.plan) * block
+    torch.manual_seed(0)
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", disable_tqdm=True,
+                             per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=updates,
+                             save_strategy="no", logging_strategy="no", eval_strategy="no")
+    switch = Switch()
+    model = GPT2LMHeadModel(config)
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(updates * 16), callbacks=[switch, tracer])
+    state["trainer"], state["model"] = trainer, model
+    trainer.train()
+    traceml.finish()
+    state["loader"].set(True)  # as the SDK left it (the next run's traceml times its loader again)
+    state["hooks"].set(True)
+    return report("HF Trainer", modes)
 
-    def run(traced: bool, steps: int) -> float:
-        torch.manual_seed(0)
-        clock = Clock()
-        args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", disable_tqdm=True,
-                                 per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=steps,
-                                 save_strategy="no", logging_strategy="no", eval_strategy="no")
-        callbacks = [clock, TraceMLCallback()] if traced else [clock]
-        Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=data, callbacks=callbacks).train()
-        if traced:
-            traceml.finish()  # the next untraced run finds no active session: loader timing passes through
-        return step_time(clock.ends)
 
-    return run
-
-
-def lightning_run() -> Callable[[bool, int], tuple[float, float]]:
+def lightning(cycles: int, block: int) -> bool:
     import lightning.pytorch as L
     import torch
     from torch import nn
@@ -106,59 +223,49 @@ def lightning_run() -> Callable[[bool, int], tuple[float, float]]:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    class Clock(L.Callback):
-        def __init__(self) -> None:
-            self.ends: list[tuple[float, float]] = []
+    modes = Modes(("none", "traced", "empty"), cycles, block)
+    tracer, empty = TraceMLCallback(), L.Callback()
+    state: dict[str, Any] = {}
 
-        def on_train_batch_end(self, *args):  # noqa: ANN002
-            self.ends.append((time.thread_time(), time.perf_counter()))
+    class Switch(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
+            mode = modes.mode_at(len(modes.ends))
+            if mode is None or mode == modes.current:
+                return
+            if "loader" not in state:  # installed during the first (traced) block
+                state["loader"] = DataLoaderTiming()
+            callbacks = trainer.callbacks
+            for extra in (tracer, empty):
+                if any(cb is extra for cb in callbacks):
+                    callbacks.remove(extra)
+            tracer._unwrap()
+            if mode != "none":
+                callbacks.insert(callbacks.index(self) + 1, tracer if mode == "traced" else empty)  # runs next
+            if mode == "traced":
+                tracer._wrap(pl_module)
+            state["loader"].set(mode == "traced")
+            modes.current = mode
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            modes.note_end()
 
     x = torch.randn(8192, 32, generator=torch.Generator().manual_seed(1))
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=64)
-
-    def run(traced: "bool | str", steps: int) -> tuple[float, float]:
-        torch.manual_seed(0)
-        clock = Clock()
-        extra = {True: [TraceMLCallback()], "empty": [L.Callback()]}.get(traced, [])
-        callbacks = [clock, *extra]
-        trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
-        trainer.fit(Net(), loader)
-        if traced is True:
-            traceml.finish()
-        return step_time(clock.ends)
-
-    return run
-
-
-def measure(name: str, run: Callable[[bool, int], tuple[float, float]], pairs: int, steps: int) -> bool:
-    run(False, steps)  # warm-up: imports, first-call costs
-    got: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-    for i in range(pairs):
-        for flag in ((False, True) if i % 2 == 0 else (True, False)):
-            got[flag].append(run(flag, steps))
-    ok = True
-    for clock, index in (("CPU", 0), ("wall", 1)):
-        bare = [t[index] for t in got[False]]
-        traced = [t[index] for t in got[True]]
-        base = statistics.median(bare)
-        overhead = statistics.median([t - b for b, t in zip(bare, traced)])
-        budget_us = max(BUDGET_SHARE * base * 1e6, BUDGET_US)
-        verdict = "ok" if overhead * 1e6 <= budget_us else "OVER"
-        if clock == "CPU":
-            ok = verdict == "ok"
-        print(f"{name} {clock:>4}: step without traceml {base * 1e3:8.3f} ms · with "
-              f"{statistics.median(traced) * 1e3:8.3f} ms · overhead {overhead * 1e6:8.1f} µs/step = "
-              f"{overhead / base * 100:6.2f} % of the step (budget {budget_us:.0f} µs: {verdict})")
-    print(f"  {pairs} pairs × {steps} updates; the budget is judged on the CPU clock")
-    return ok
+    torch.manual_seed(0)
+    trainer = L.Trainer(max_steps=len(modes.plan) * block, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[Switch(), tracer])
+    trainer.fit(Net(), loader)
+    traceml.finish()
+    state["loader"].set(True)
+    return report("Lightning", modes, reference="empty")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", type=int, default=6)
-    parser.add_argument("--hf-steps", type=int, default=80, help="updates per Hugging Face run")
-    parser.add_argument("--lightning-steps", type=int, default=400, help="updates per Lightning run")
+    parser.add_argument("--cycles", type=int, default=30)
+    parser.add_argument("--hf-block", type=int, default=16, help="updates per Hugging Face block")
+    parser.add_argument("--lightning-block", type=int, default=40, help="updates per Lightning block")
     parser.add_argument("--only", choices=("hf", "lightning"))
     args = parser.parse_args()
     os.environ["TRACEML_RUN_DIR"] = os.path.join(tempfile.mkdtemp(prefix="traceml-bench-"), "run")
@@ -166,15 +273,12 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    runs: list[tuple[str, Callable[[int, int], bool], int]] = [("hf", hf, args.hf_block),
+                                                               ("lightning", lightning, args.lightning_block)]
     ok = True
-    if args.only in (None, "hf"):
-        ok &= measure("HF Trainer", hf_run(), args.pairs, args.hf_steps)
-    if args.only in (None, "lightning"):
-        run = lightning_run()
-        ok &= measure("Lightning", run, args.pairs, args.lightning_steps)
-        # Reference: what any extra callback costs (Lightning dispatches every hook to every callback).
-        measure("Lightning, an empty Callback (reference)", lambda flag, steps: run("empty" if flag else False, steps),
-                args.pairs, args.lightning_steps)
+    for name, run, block in runs:
+        if args.only in (None, name):
+            ok &= run(args.cycles, block)
     return 0 if ok else 1
 
 

@@ -12,7 +12,8 @@ optimizer update (``accumulate_grad_batches`` micro-batches fold in):
   DataLoader fetch before it is the step's data wait, validation and
   sanity-check fetches are not;
 * forward: the LightningModule's ``training_step`` (the forward pass and the
-  loss); backward: ``on_before_backward`` → ``on_after_backward``; optimizer:
+  loss); backward: its ``backward`` (Lightning calls it between the
+  ``on_before_backward`` and ``on_after_backward`` hooks); optimizer:
   ``on_before_optimizer_step`` → the batch end (the update and a step-interval
   scheduler). Lightning runs forward and backward *inside*
   ``optimizer.step(closure)``, so torch's global optimizer hooks are kept out
@@ -77,33 +78,30 @@ class _Tracer:
             step.__exit__(RuntimeError, None, None)
         self._unwrap()
 
-    # -- training_step timing -----------------------------------------------------------------
+    # -- forward and backward timing ----------------------------------------------------------
     def _wrap(self, pl_module: Any) -> None:
-        if getattr(pl_module.__dict__.get("training_step"), "_traceml_of", None) is not None:
-            return
-        original = pl_module.training_step
+        """Time the module's ``training_step`` as forward and its ``backward`` as backward (instance wrappers).
+
+        Wrapping the module's own methods costs one call each per micro-batch; Lightning's
+        ``on_before_backward``/``on_after_backward`` callback hooks would cost a dispatch each (see
+        ``_SKIPPED_HOOKS``). Lightning calls ``pl_module.backward`` between those two hooks.
+        """
         tracer = weakref.ref(self)
-
-        @functools.wraps(original)
-        def training_step(*args: Any, **kwargs: Any) -> Any:
-            me = tracer()
-            state = _current() if me is not None and me._step is not None and me._phases else None
-            if state is None:
-                return original(*args, **kwargs)
-            begin_phase(state, "forward")
-            try:
-                return original(*args, **kwargs)
-            finally:
-                end_phase(state, "forward")
-
-        training_step._traceml_of = original  # type: ignore[attr-defined]
-        pl_module.training_step = training_step
+        for name, phase in (("training_step", "forward"), ("backward", "backward")):
+            if getattr(pl_module.__dict__.get(name), "_traceml_of", None) is not None:
+                continue
+            original = getattr(pl_module, name, None)
+            if original is None:
+                continue
+            pl_module.__dict__[name] = _timed_method(original, phase, tracer)
         self._module_ref = weakref.ref(pl_module)
 
     def _unwrap(self) -> None:
         module = self._module_ref() if self._module_ref is not None else None
-        if module is not None and getattr(module.__dict__.get("training_step"), "_traceml_of", None) is not None:
-            del module.training_step
+        if module is not None:
+            for name in ("training_step", "backward"):
+                if getattr(module.__dict__.get(name), "_traceml_of", None) is not None:
+                    del module.__dict__[name]
         self._module_ref = None
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -166,23 +164,14 @@ class _Tracer:
             self._examples = count if self._examples is None else self._examples + count
 
     @guarded(NAME)
-    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        if self._step is not None and self._phases:
-            begin_phase(_current(), "backward")
-
-    @guarded(NAME)
-    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        if self._step is not None and self._phases:
-            end_phase(_current(), "backward")
-
-    @guarded(NAME)
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self._step is None:
             return
         self._boundary = True  # Lightning calls this only when the accumulated update is applied
-        groups = getattr(optimizer, "param_groups", None)
-        if groups and self._lr is None:
-            self._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
+        if self._lr is None:
+            groups = getattr(optimizer, "param_groups", None)
+            if groups:
+                self._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
         if self._phases:
             begin_phase(_current(), "optimizer")
 
@@ -190,16 +179,15 @@ class _Tracer:
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._step is None:
             return
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        loss = outputs.get("loss") if type(outputs) is dict else outputs
         if loss is not None and hasattr(loss, "detach"):
             if loss.requires_grad:  # Lightning hands a detached copy; a custom output may not be
                 loss = loss.detach()
             self._loss = loss if self._loss is None else self._loss + loss
         if not self._boundary:
             return  # a micro-batch of an update still accumulating
-        state = _current()
         if self._phases:
-            end_phase(state, "optimizer")
+            end_phase(_current(), "optimizer")
         sdk.log(loss=self._loss, lr=self._lr, batch_size=self._examples)
         step, self._step = self._step, None
         self._reset()
@@ -250,6 +238,31 @@ class _Tracer:
             self._unwrap()
 
 
+def _timed_method(original: Any, phase: str, tracer: Any) -> Any:
+    """``original`` (a bound method of the LightningModule) timed as ``phase`` of the open update, if any."""
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        me = tracer()
+        state = _current() if me is not None and me._step is not None and me._phases else None
+        if state is None:
+            return original(*args, **kwargs)
+        begin_phase(state, phase)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            end_phase(state, phase)
+
+    timed._traceml_of = original  # type: ignore[attr-defined]
+    return timed
+
+
+#: Callback hooks Lightning calls on every batch that this callback has no use for. Each dispatch costs
+#: Lightning several µs per callback (a profiler context and a formatted name), a large share of a small
+#: step; Lightning's dispatcher skips a hook attribute that is not callable, so they are set to None.
+_SKIPPED_HOOKS = ("on_before_backward", "on_after_backward", "on_before_zero_grad")
+
+
 def _unmeasurable_phases(trainer: Any, pl_module: Any) -> Optional[str]:
     """Why forward/backward/optimizer cannot be split on this fit (None: they can)."""
     if not getattr(pl_module, "automatic_optimization", True):
@@ -274,6 +287,7 @@ def callback_class(namespace: str = "lightning.pytorch") -> type:
             "__module__": __name__,
             "__qualname__": "TraceMLCallback",
             "__doc__": "Records every optimizer update of a Lightning fit with traceml (docs/trainers.md).",
+            **dict.fromkeys(_SKIPPED_HOOKS),
         })
         _classes[namespace] = cls
     return cls
