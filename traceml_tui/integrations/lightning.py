@@ -276,6 +276,22 @@ def _unmeasurable_phases(trainer: Any, pl_module: Any) -> Optional[str]:
     return None
 
 
+def _dispatcher_skips_none(namespace: str) -> bool:
+    """Whether this Lightning's callback dispatcher skips a hook attribute that is not callable.
+
+    Read once from the dispatcher's own source (``trainer/call.py``: ``if callable(fn)``); anything
+    unexpected — another layout, no source on disk — answers False, so the hooks stay callable.
+    """
+    try:
+        import importlib
+        import inspect
+
+        call = importlib.import_module(f"{namespace}.trainer.call")
+        return "callable(fn)" in inspect.getsource(call._call_callback_hooks)
+    except Exception:
+        return False
+
+
 def callback_class(namespace: str = "lightning.pytorch") -> type:
     """``TraceMLCallback`` for ``namespace`` (``lightning.pytorch`` or ``pytorch_lightning``; imports it)."""
     cls = _classes.get(namespace)
@@ -287,7 +303,9 @@ def callback_class(namespace: str = "lightning.pytorch") -> type:
             "__module__": __name__,
             "__qualname__": "TraceMLCallback",
             "__doc__": "Records every optimizer update of a Lightning fit with traceml (docs/trainers.md).",
-            **dict.fromkeys(_SKIPPED_HOOKS),
+            # Unused per-batch hooks are set to None only where the dispatcher skips them (fail open: a
+            # Lightning that would call None keeps the inherited no-op hooks and their dispatch cost).
+            **(dict.fromkeys(_SKIPPED_HOOKS) if _dispatcher_skips_none(namespace) else {}),
         })
         _classes[namespace] = cls
     return cls
