@@ -52,7 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """Real run directories by case name (tests/realruns.py), each built once per session.
+    """Real run directories by case name (tests/support/realruns.py), each built once per session.
 
     ``real_runs["rank_raises"]`` is a :class:`realruns.RealRun`, built on
     first access; a case that fails to build raises its error for the tests
@@ -60,7 +60,7 @@ def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     ``@pytest.mark.realruns(...)`` markers of the selected tests start
     building in the background (two at a time) when the fixture is set up.
     """
-    from realruns import RealRuns
+    from support.realruns import RealRuns
 
     runs = RealRuns(tmp_path_factory.mktemp("realruns"))
     wanted: list[str] = []

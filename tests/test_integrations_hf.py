@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integrations_support import evals, finite, launch, launch_all, measured_fields, prepare, records, steps
+from support.integrations import evals, finite, launch, launch_all, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.integrations_support import SCRIPTS, evals, finite, launch_all, measured_fields, prepare, records, steps
+from support.integrations import SCRIPTS, evals, finite, launch_all, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,

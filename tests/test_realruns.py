@@ -1,4 +1,4 @@
-"""Sanity of the real-run fixtures (tests/realruns.py): raw facts read from their files.
+"""Sanity of the real-run fixtures (tests/support/realruns.py): raw facts read from their files.
 
 No status rule is applied here: only what the SDK and the launcher wrote
 (manifest fields, each rank's records, backlog files), so these tests hold
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-import realruns
+
+from support import realruns
 
 
 def _records(run_dir: Path, rank: int) -> list[dict]:

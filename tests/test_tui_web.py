@@ -16,7 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from fixture_runs import FIXTURE_RUNS, name_of
+
+from support.fixture_runs import FIXTURE_RUNS, name_of
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

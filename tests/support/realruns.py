@@ -55,7 +55,7 @@ from typing import Callable, Optional
 import psutil
 import yaml
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 DDP_SCRIPT = SCRIPTS / "ddp_train.py"
 HYGIENE_SCRIPT = SCRIPTS / "hygiene_train.py"
 VALIDATOR_SCRIPT = SCRIPTS / "validator.py"
