@@ -54,15 +54,26 @@ def pytest_configure(config: pytest.Config) -> None:
 def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """Real run directories by case name (tests/support/realruns.py), each built once per session.
 
-    ``real_runs["rank_raises"]`` is a :class:`realruns.RealRun`, built on
+    ``real_runs["rank_raises"]`` is a :class:`support.realruns.RealRun`, built on
     first access; a case that fails to build raises its error for the tests
     using it and leaves the other cases alone. The cases named by the
     ``@pytest.mark.realruns(...)`` markers of the selected tests start
-    building in the background (two at a time) when the fixture is set up.
-    """
-    from support.realruns import RealRuns
+    building in the background when the fixture is set up: two at a time in
+    all, whether one process runs the tests or ``pytest -n N`` workers do.
 
-    runs = RealRuns(tmp_path_factory.mktemp("realruns"))
+    The runs are shared by every worker of the session (support/shared_runs.py):
+    a test that changes a run copies it first; the session fails the last test
+    using the runs when one of them changed.
+    """
+    from support.shared_runs import SharedRealRuns
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # basetemp is <session>/popen-gwN: its parent is this session's and every worker's.
+        root = tmp_path_factory.getbasetemp().parent / "realruns"
+    else:
+        root = tmp_path_factory.mktemp("realruns")
+    runs = SharedRealRuns(root, builders=max(1, 2 // workers))
     wanted: list[str] = []
     for item in request.session.items:
         for mark in item.iter_markers("realruns"):
@@ -70,7 +81,8 @@ def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     runs.prefetch(wanted)
     yield runs
     runs.close()
-
+    changed = runs.changed()
+    assert not changed, "tests changed shared real runs (copy a run before changing it):\n" + "\n".join(changed[:20])
 
 
 @pytest.fixture
