@@ -42,6 +42,20 @@ def traceml_cmd() -> list[str]:
     return [sys.executable, "-m", "traceml_tui"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` a module whose tests share a module-scoped fixture (a real run
+    it launches, a daemon it starts) runs on one worker, so that fixture is built once, not once a worker.
+    A test already in an ``xdist_group`` keeps its group (README, test lanes)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d.scope in ("module", "package", "class") for chain in defs for d in chain):
+            item.add_marker(pytest.mark.xdist_group(f"module:{item.nodeid.split('::', 1)[0]}"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",

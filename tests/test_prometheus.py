@@ -27,6 +27,9 @@ from support.realruns import build_case, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "examples" / "prometheus"
+# A real Prometheus scraping on its own clock: one such test at a time (README, test lanes); its module-scoped
+# daemons are built once, on that worker.
+pytestmark = pytest.mark.xdist_group("external")
 NEEDS_PROMETHEUS = pytest.mark.skipif(
     shutil.which("prometheus") is None or shutil.which("promtool") is None,
     reason="prometheus/promtool not installed (.ci/run installs Debian's prometheus package)")

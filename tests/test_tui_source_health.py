@@ -374,6 +374,7 @@ def _wait_pane(sock: str, target: str, pattern: str, timeout: float = 60) -> str
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.xdist_group("external")  # a real terminal: one such test at a time (README, test lanes)
 def test_two_watches_in_tmux_the_second_takes_over(tmp_path, cli_env):
     """`traceml watch logs` twice on one index (two tmux panes): the second names the first as the writer;
     the first quits (q); the second takes over, shows the records written after, and never shows a stall.
