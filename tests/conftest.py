@@ -44,16 +44,10 @@ def traceml_cmd() -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n N --dist loadgroup`` a module whose tests share a module-scoped fixture (a real run
-    it launches, a daemon it starts) runs on one worker, so that fixture is built once, not once a worker.
-    A test already in an ``xdist_group`` keeps its group (README, test lanes)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d.scope in ("module", "package", "class") for chain in defs for d in chain):
-            item.add_marker(pytest.mark.xdist_group(f"module:{item.nodeid.split('::', 1)[0]}"))
+    """``pytest -n N --dist loadgroup``: a module's users of a module-scoped fixture stay on one worker."""
+    from support.parallel import group_module_fixtures
+
+    group_module_fixtures(items)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -79,15 +73,10 @@ def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     a test that changes a run copies it first; the session fails the last test
     using the runs when one of them changed.
     """
+    from support.parallel import session_dir, worker_count
     from support.shared_runs import SharedRealRuns
 
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # basetemp is <session>/popen-gwN: its parent is this session's and every worker's.
-        root = tmp_path_factory.getbasetemp().parent / "realruns"
-    else:
-        root = tmp_path_factory.mktemp("realruns")
-    runs = SharedRealRuns(root, builders=max(1, 2 // workers))
+    runs = SharedRealRuns(session_dir(tmp_path_factory, "realruns"), builders=max(1, 2 // worker_count()))
     wanted: list[str] = []
     for item in request.session.items:
         for mark in item.iter_markers("realruns"):
