@@ -106,6 +106,10 @@ class SharedRealRuns(RealRuns):
                 return self._build_held(case)
         return self._load(data)
 
+    def finished(self) -> list[Path]:
+        """The scratch folders of the cases whose build has returned (built or failed), in any process."""
+        return sorted(self.root / case for case in BUILDERS if self._record(case).exists())
+
     # ------------------------------------------------------------------ background builds
 
     def prefetch(self, cases: Iterable[str]) -> None:
