@@ -1,4 +1,4 @@
-"""Regenerate the real-run fixtures (tests/realruns.py) into a folder, e.g. to take screenshots of real runs.
+"""Regenerate the real-run fixtures (tests/support/realruns.py) into a folder, e.g. to take screenshots of real runs.
 
     python scripts/make_fixture_runs.py OUT_DIR [--case NAME ...]
 
@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-import realruns  # noqa: E402
+from support import realruns  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -20,16 +20,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-import fixture_runs as fr  # noqa: E402
-import tui_data as d  # noqa: E402
-
 from traceml_tui.tui.app import create_app  # noqa: E402
 from traceml_tui.tui.source import IndexSource  # noqa: E402
+
+from support import fixture_runs as fr  # noqa: E402
+from support import tui_data as d  # noqa: E402
 
 
 async def _shoot(out: Path, tmp: Path) -> list[Path]:
     _, index = fr.build_real_index(tmp / "real")
-    # the hygiene run with an early stop recorded by the real rule over its own receipts (tests/fixture_runs.py)
+    # the hygiene run with an early stop recorded by the real rule over its own receipts (tests/support/fixture_runs.py)
     _, stopped_index = fr.build_real_index(tmp / "stopped", prepare=fr.stop_hygiene_early)
     _, synthetic = d.build_fixture(tmp / "synthetic")
     ref, cand = d.summary_pair(tmp / "summaries")

@@ -42,6 +42,14 @@ def traceml_cmd() -> list[str]:
     return [sys.executable, "-m", "traceml_tui"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``pytest -n N --dist loadgroup``: a module's users of a module-scoped fixture stay on one worker."""
+    from support.parallel import group_module_fixtures
+
+    group_module_fixtures(items)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -52,17 +60,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """Real run directories by case name (tests/realruns.py), each built once per session.
+    """Real run directories by case name (tests/support/realruns.py), each built once per session.
 
-    ``real_runs["rank_raises"]`` is a :class:`realruns.RealRun`, built on
+    ``real_runs["rank_raises"]`` is a :class:`support.realruns.RealRun`, built on
     first access; a case that fails to build raises its error for the tests
     using it and leaves the other cases alone. The cases named by the
     ``@pytest.mark.realruns(...)`` markers of the selected tests start
-    building in the background (two at a time) when the fixture is set up.
-    """
-    from realruns import RealRuns
+    building in the background when the fixture is set up: two at a time in
+    all, whether one process runs the tests or ``pytest -n N`` workers do.
 
-    runs = RealRuns(tmp_path_factory.mktemp("realruns"))
+    The runs are shared by every worker of the session (support/shared_runs.py):
+    a test that changes a run copies it first; the session fails the last test
+    using the runs when one of them changed.
+    """
+    from support.parallel import session_dir, worker_count
+    from support.shared_runs import SharedRealRuns
+
+    runs = SharedRealRuns(session_dir(tmp_path_factory, "realruns"), builders=max(1, 2 // worker_count()))
     wanted: list[str] = []
     for item in request.session.items:
         for mark in item.iter_markers("realruns"):
@@ -70,7 +84,8 @@ def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     runs.prefetch(wanted)
     yield runs
     runs.close()
-
+    changed = runs.changed()
+    assert not changed, "tests changed shared real runs (copy a run before changing it):\n" + "\n".join(changed[:20])
 
 
 @pytest.fixture

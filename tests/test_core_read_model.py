@@ -12,23 +12,21 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
+from daemon.reader import Reader
+from traceml_tui.core import backlog as core_backlog
+from traceml_tui.core import freshness, hygiene_files, stopping
+from traceml_tui.core.state import BacklogState
+from traceml_tui.hygiene import backlog as file_backlog
+from traceml_tui.summary.build import training_section
+from traceml_tui.summary.load import load_ranks
 
-from daemon.reader import Reader  # noqa: E402
-from traceml_tui.core import backlog as core_backlog  # noqa: E402
-from traceml_tui.core import freshness, hygiene_files, stopping  # noqa: E402
-from traceml_tui.core.state import BacklogState  # noqa: E402
-from traceml_tui.hygiene import backlog as file_backlog  # noqa: E402
-from traceml_tui.summary.build import training_section  # noqa: E402
-from traceml_tui.summary.load import load_ranks  # noqa: E402
+from support import fixture_runs as fr
 
 HYGIENE = fr.FIXTURE_RUNS / fr.name_of("hygiene")
 EXPECTED = fr.FACTS["hygiene"]["expected_backlog"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,7 @@ from traceml_tui.core.state import (
     stall_limit_s,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
+from support import fixture_runs as fr
 
 NOW = 1_000_000.0
 

@@ -12,9 +12,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import realruns
 
 from traceml_tui.hygiene.curve import build_figure, is_loss_metric, load_curve_data, render_learning_curve
+
+from support import realruns
 
 TRAIN = textwrap.dedent(
     """

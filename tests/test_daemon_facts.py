@@ -13,14 +13,15 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from test_daemon_support import append_raw, make_v2_index, step_line, steps_path
-from test_daemon_support import index_rows as _rows
 
 from daemon import index as idx
 from daemon import sidefiles
 from daemon.reader import Reader
 from traceml_tui.core import artifacts, records
 from traceml_tui.core.atomic import atomic_write_bytes, atomic_write_json
+
+from support.daemon_files import append_raw, make_v2_index, step_line, steps_path
+from support.daemon_files import index_rows as _rows
 
 DAEMON = Path(__file__).resolve().parents[1] / "daemon"
 

@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_daemon_support import append_raw, header_line, step_line, steps_path, write_steps
 
 from daemon.reader import Reader
 from traceml_tui.core import records
 from traceml_tui.core.atomic import atomic_write_json
+
+from support.daemon_files import append_raw, header_line, step_line, steps_path, write_steps
 
 
 def _run(index: Path, name: str):

@@ -11,11 +11,12 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from test_daemon_support import append_raw, header_line, step_line, write_steps
 
 from daemon import decode
 from daemon.reader import Reader
 from daemon.service import Ingester
+
+from support.daemon_files import append_raw, header_line, step_line, write_steps
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_daemon_support import append_raw, step_line, steps_path, write_steps
 
 from daemon.lock import find_running_daemon
 from daemon.reader import Reader
 
-SUPPORT = Path(__file__).with_name("test_daemon_support.py")
+from support import python_env
+from support.daemon_files import append_raw, step_line, steps_path, write_steps, writer_command
 
 
 def _wait(predicate, timeout: float, interval: float = 0.01):
@@ -64,7 +64,7 @@ def test_sigkilled_daemon_ingests_every_line_exactly_once(tmp_path, traceml_cmd,
     for rank in range(4):
         path = steps_path(run_dir, rank)
         path.parent.mkdir(parents=True)
-        writers.append(subprocess.Popen([sys.executable, str(SUPPORT), str(path), str(rank), "100000", str(rank)]))
+        writers.append(subprocess.Popen(writer_command(path, rank, 100000, rank), env=python_env()))
     rng = random.Random(4)
     kills = 0
     deadline = time.monotonic() + 60
@@ -115,10 +115,9 @@ def test_polling_makes_appends_visible_within_two_intervals(tmp_path, traceml_cm
         for step in (3, 4, 5):
             time.sleep(random.uniform(0, poll))
             t0 = time.monotonic()
-            subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
-                            "from test_daemon_support import append_raw, step_line;"
-                            f"append_raw(__import__('pathlib').Path(sys.argv[2]), step_line('r', 0, {step}))",
-                            str(SUPPORT.parent), str(path)], check=True)
+            subprocess.run([sys.executable, "-c", "import sys; from support.daemon_files import append_raw, step_line;"
+                            f"append_raw(__import__('pathlib').Path(sys.argv[1]), step_line('r', 0, {step}))",
+                            str(path)], check=True, env=python_env())
             written = time.monotonic()
             assert _wait(lambda s=step: _last_step(index) == s, 10, 0.005)
             assert time.monotonic() - written < 2 * poll, f"step {step} took {time.monotonic() - t0:.2f}s"
@@ -210,16 +209,16 @@ def test_daemon_never_imports_textual_or_torch(tmp_path):
     root = tmp_path / "logs"
     write_steps(root / "r", 0, range(1, 4))
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import sys;"
         "import daemon.cli, daemon.status_cli, daemon.reader, daemon.service;"
         "from daemon.service import Ingester;"
-        "ing = Ingester(sys.argv[2] + '/i.sqlite', [sys.argv[3]]); n = ing.run_once(); ing.close();"
-        "daemon.status_cli.main(['--index', sys.argv[2] + '/i.sqlite']);"
+        "ing = Ingester(sys.argv[1] + '/i.sqlite', [sys.argv[2]]); n = ing.run_once(); ing.close();"
+        "daemon.status_cli.main(['--index', sys.argv[1] + '/i.sqlite']);"
         "bad = [m for m in ('textual', 'torch') if m in sys.modules]; assert n == 3, n;"
         "print('BAD' if bad else 'CLEAN', bad)"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parents[1]), str(tmp_path),
-                          str(root)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(root)], capture_output=True, text=True,
+                         timeout=60, env=python_env())
     assert out.returncode == 0, out.stderr
     assert "CLEAN" in out.stdout
 
@@ -237,7 +236,7 @@ def test_run_folder_deleted_while_the_daemon_reads_it(tmp_path, traceml_cmd, cli
     index = tmp_path / "index.sqlite"
     doomed = steps_path(root / "doomed", 0)
     doomed.parent.mkdir(parents=True)
-    writer = subprocess.Popen([sys.executable, str(SUPPORT), str(doomed), "0", "1000000", "7"])
+    writer = subprocess.Popen(writer_command(doomed, 0, 1000000, 7), env=python_env())
     write_steps(root / "alive", 0, range(1, 3))
     proc = _daemon(traceml_cmd, cli_env, root, "--index", index, "--poll-interval", "0.05", "--rescan-interval", "0.2")
     try:

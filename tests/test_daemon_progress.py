@@ -11,10 +11,11 @@ import os
 from pathlib import Path
 
 import pytest
-from test_daemon_support import header_line, step_line, steps_path
 
 from daemon import cli, cold, service, stream
 from daemon.reader import Reader
+
+from support.daemon_files import header_line, step_line, steps_path
 
 RUNS, RANKS, STEPS = 6, 3, 1500
 

@@ -26,14 +26,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_daemon_support import US_ROUNDING, append_raw, header_line, make_v2_index, rows_match, steps_path
-from test_daemon_support import index_rows as _rows
 
 from daemon import index as idx
 from daemon import live
 from daemon.reader import IndexVersionError, Reader
 from daemon.service import Ingester
 from traceml_tui.core import records, steptime
+
+from support.daemon_files import US_ROUNDING, append_raw, header_line, make_v2_index, rows_match, steps_path
+from support.daemon_files import index_rows as _rows
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from test_daemon_support import (
+
+from daemon import index as idx
+from daemon.reader import IndexVersionError, Reader
+from daemon.service import Ingester
+from traceml_tui.core import records
+
+from support.daemon_files import (
     US_ROUNDING,
     V2_STEP_COLUMNS,
     append_raw,
@@ -25,14 +31,9 @@ from test_daemon_support import (
     v2_step_rows,
     write_steps,
 )
-from test_daemon_support import (
+from support.daemon_files import (
     index_rows as _rows,
 )
-
-from daemon import index as idx
-from daemon.reader import IndexVersionError, Reader
-from daemon.service import Ingester
-from traceml_tui.core import records
 
 CLOCK = 5000.0  # the ingesters' "now": both indexes record the same last_seen
 NOW = 5100.0  # the readers' "now"

@@ -26,7 +26,7 @@ STEPS = 5
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    from realruns import subprocess_env
+    from support.realruns import subprocess_env
 
     return subprocess_env(tmp_path / "state")
 

@@ -1,6 +1,6 @@
 """Failure forensics on real failed runs: the summary's ``failure`` section, the card, status and the Run screen.
 
-The runs come from the real SDK and ``traceml run`` (tests/realruns.py):
+The runs come from the real SDK and ``traceml run`` (tests/support/realruns.py):
 ``rank_raises`` (rank 1 raises ``RuntimeError("CUDA out of memory (simulated)")``
 in step 5; rank 0 then fails in its all-reduce) and ``rank_sigkilled`` (rank 1
 SIGKILLs itself after step 4; rank 0 fails in step 5's all-reduce). Every
@@ -17,18 +17,16 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Optional
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import tui_data as d  # noqa: E402
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.failure_panel import FailurePanel
+from traceml_tui.tui.widgets.rank_table import RankTable
 
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.failure_panel import FailurePanel  # noqa: E402
-from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
+from support import tui_data as d
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -156,7 +154,7 @@ def test_status_and_run_screen_show_culprit_and_victim(real_runs, case, tmp_path
 
 def test_before_the_summary_the_panel_names_the_first_failure_from_the_rank_states(tmp_path) -> None:
     # the committed real rank-raises run without its final summary: the launcher has not finalized it (yet)
-    import fixture_runs as fr
+    from support import fixture_runs as fr
 
     root = tmp_path / "logs"
     shutil.copytree(fr.FIXTURE_RUNS / fr.name_of("rank_raises"), root / fr.name_of("rank_raises"))
@@ -187,7 +185,8 @@ def test_a_sigkilled_launcher_leaves_a_lost_run_with_terminated_ranks(tmp_path, 
     # SIGTERMs the ranks, the SDK records each rank_end "terminated"; nobody finalizes, so the run is lost once
     # the launcher's lease (2 s here) has expired (docs/run.md, "Launcher lease")
     import psutil
-    import realruns
+
+    from support import realruns
 
     logs, pids = tmp_path / "logs", tmp_path / "pids"
     env = realruns.subprocess_env(tmp_path / "state", TRACEML_LAUNCHER_LEASE_S="2")

@@ -2,7 +2,7 @@
 
 The pure rule (core/state.py ``hang_roles``) and the line (core/hang.py) are
 tested on facts; the watchdog (sdk/watchdog.py) on a real session in this
-process; the surfaces on the real ``hang`` case of tests/realruns.py: 2-rank
+process; the surfaces on the real ``hang`` case of tests/support/realruns.py: 2-rank
 gloo DDP through ``traceml run`` where rank 1 sleeps before its all_reduce in
 step 3 — once as copied while it hung, once after rank 0's gloo timeout.
 """
@@ -34,8 +34,7 @@ from traceml_tui.core.state import (
     hang_roles,
 )
 
-sys.path.insert(0, str(Path(__file__).parent))
-import realruns  # noqa: E402
+from support import realruns
 
 #: The line of tests/scripts/ddp_train.py where the hang case's rank 1 sleeps.
 SLEEP_LINE = next(i for i, line in enumerate(realruns.DDP_SCRIPT.read_text().splitlines(), 1)

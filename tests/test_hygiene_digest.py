@@ -1,6 +1,6 @@
 """The config binding is real: a drainer refuses a request bound to another recipe/command (seed 004).
 
-On copies of the real hygiene run (tests/realruns.py ``hygiene``): its requests
+On copies of the real hygiene run (tests/support/realruns.py ``hygiene``): its requests
 carry the digest of the declared recipe and worker command.
 """
 
@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import realruns
 
 from traceml_tui.hygiene.config import validation_config_digest
+
+from support import realruns
 
 
 def _copy(real_runs, tmp_path: Path) -> tuple[Path, Path, dict]:

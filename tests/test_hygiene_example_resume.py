@@ -14,13 +14,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import realruns
 import yaml
 
 from traceml_tui.core import records
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.curve import load_curve_data
+
+from support import realruns
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hygiene"
 CADENCE, BUDGET, INTERRUPT_AT = 100, 500, 250

@@ -1,7 +1,7 @@
 """The summary carries validation (seed 004): counts, newest completed, selected best, stop, curve.
 
 Every figure is checked against the files the real hygiene run left under
-``validation/`` (tests/realruns.py ``hygiene``: a backlog in every state), read
+``validation/`` (tests/support/realruns.py ``hygiene``: a backlog in every state), read
 directly from the documented layout, not through the backlog library.
 """
 
@@ -12,13 +12,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-import realruns
 
 from traceml_tui.core import artifacts
 from traceml_tui.hygiene import EarlyStopping
 from traceml_tui.hygiene.report import SELECTION_NOTE
 from traceml_tui.summary.build import build_summary
 from traceml_tui.summary.text import render_text
+
+from support import realruns
 
 
 def _states_from_files(run_dir: Path) -> dict[str, str]:

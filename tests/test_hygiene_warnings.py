@@ -12,11 +12,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import realruns
 import yaml
 
 from traceml_tui.hygiene.warnings import hygiene_warnings, step_facts
 from traceml_tui.run import cli as run_cli
+
+from support import realruns
 
 NEVER_APPLIED = ("early stopping never applied: hygiene.early_stopping is declared but the script never consulted "
                  "it (no early_stopping.json; call EarlyStopping.should_stop after each update)")

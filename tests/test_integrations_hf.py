@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import integrations_support
-from tests.integrations_support import evals, finite, launch, measured_fields, prepare, records, steps
+from support import integrations as integrations_support
+from support.integrations import evals, finite, launch, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,

@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from tests import integrations_support
-from tests.integrations_support import SCRIPTS, evals, finite, measured_fields, prepare, records, steps
+from support import integrations as integrations_support
+from support.integrations import SCRIPTS, evals, finite, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,

@@ -4,22 +4,18 @@ ingester (clock injected: "not seen to change for L" is exact), the real Textual
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import tui_data as d  # noqa: E402
+from daemon.service import Ingester
+from traceml_tui.core.rundir import RunDir
+from traceml_tui.run.lease import LeaseKeeper
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.info_panel import InfoPanel
+from traceml_tui.tui.widgets.runs_table import RunsTable
 
-from daemon.service import Ingester  # noqa: E402
-from traceml_tui.core.rundir import RunDir  # noqa: E402
-from traceml_tui.run.lease import LeaseKeeper  # noqa: E402
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.info_panel import InfoPanel  # noqa: E402
-from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
+from support import tui_data as d
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("lasting_toasts")]
 

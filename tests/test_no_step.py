@@ -39,7 +39,7 @@ def _cli(args: list[str], env: dict, cwd: Path, timeout: float = 240) -> subproc
 @pytest.fixture(scope="module")
 def untraced(tmp_path_factory):
     """name -> (run_dir, launcher result): a clean 2-rank run and a one-process run exiting 3."""
-    from realruns import subprocess_env
+    from support.realruns import subprocess_env
 
     work = tmp_path_factory.mktemp("nostep")
     (work / "traceml.yaml").write_text(yaml.safe_dump({"guard": GUARD}))

@@ -23,19 +23,18 @@ from typing import Any, Optional
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import realruns  # noqa: E402
-import tui_data as d  # noqa: E402
+from daemon.metrics import IndexCollector
+from traceml_tui.core import steptime, straggler
+from traceml_tui.tui import textplot
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel, early_stopping_lines
+from traceml_tui.tui.widgets.info_panel import InfoPanel
+from traceml_tui.tui.widgets.rank_table import RankTable
 
-from daemon.metrics import IndexCollector  # noqa: E402
-from traceml_tui.core import steptime, straggler  # noqa: E402
-from traceml_tui.tui import textplot  # noqa: E402
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel, early_stopping_lines  # noqa: E402
-from traceml_tui.tui.widgets.info_panel import InfoPanel  # noqa: E402
-from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
+from support import realruns
+from support import tui_data as d
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -16,16 +16,20 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from fixture_runs import FIXTURE_RUNS, INGESTED_AT, name_of
 from prometheus_client.parser import text_string_to_metric_families
-from realruns import build_case, subprocess_env
 
 from daemon.metrics import HostPortError, parse_host_port
 from daemon.reader import Reader
 from traceml_tui.core.state import LIVE_RUN_STATES
 
+from support.fixture_runs import FIXTURE_RUNS, INGESTED_AT, name_of
+from support.realruns import build_case, subprocess_env
+
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "examples" / "prometheus"
+# A real Prometheus scraping on its own clock: one such test at a time (README, test lanes); its module-scoped
+# daemons are built once, on that worker.
+pytestmark = pytest.mark.xdist_group("external")
 NEEDS_PROMETHEUS = pytest.mark.skipif(
     shutil.which("prometheus") is None or shutil.which("promtool") is None,
     reason="prometheus/promtool not installed (.ci/run installs Debian's prometheus package)")

@@ -1,4 +1,4 @@
-"""Sanity of the real-run fixtures (tests/realruns.py): raw facts read from their files.
+"""Sanity of the real-run fixtures (tests/support/realruns.py): raw facts read from their files.
 
 No status rule is applied here: only what the SDK and the launcher wrote
 (manifest fields, each rank's records, backlog files), so these tests hold
@@ -8,11 +8,16 @@ whatever words the status rules use.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import time
 from pathlib import Path
 
 import psutil
 import pytest
-import realruns
+
+from support import realruns
+from support.shared_runs import SharedRealRuns
 
 
 def _records(run_dir: Path, rank: int) -> list[dict]:
@@ -66,6 +71,73 @@ def test_a_failing_case_raises_on_every_access_and_spares_the_others(tmp_path: P
     runs.close()
     assert calls == ["completed", "hung", "interrupted"]  # each built once, the failed one too
     assert sorted(runs.built()) == ["hung", "interrupted"]
+
+
+def _quick_builders(monkeypatch, log: Path) -> None:
+    """Every case built in a moment (a file in its run folder); ``completed`` fails. Each build appends the
+    case to ``log`` (O_APPEND: one line per build, from whichever process built it)."""
+
+    def quick(ctx):
+        with open(log, "a") as f:
+            f.write(ctx.case + "\n")
+        time.sleep(0.2)  # long enough that the processes overlap
+        if ctx.case == "completed":
+            raise realruns.CaseBuildError(f"{ctx.case}: boom")
+        ctx.run_dir.mkdir(parents=True)
+        (ctx.run_dir / "manifest.json").write_text("{}")
+        return realruns.RealRun(case=ctx.case, name=ctx.name, run_dir=ctx.run_dir, logs_dir=ctx.logs_dir,
+                                work_dir=ctx.work_dir, now_hint=1.0, expected_backlog={"step-1": "pending"})
+
+    for case in realruns.CASES:
+        monkeypatch.setitem(realruns.BUILDERS, case, quick)
+
+
+def _use_every_case(root: Path, out: Path) -> None:
+    """One test process of a session: prefetch every case, then read each (as the real_runs fixture does)."""
+    runs = SharedRealRuns(root, builders=1)
+    runs.prefetch(realruns.CASES)
+    seen = {}
+    for case in realruns.CASES:
+        try:
+            run = runs[case]
+            seen[case] = [str(run.run_dir), dict(run.expected_backlog)]
+        except realruns.CaseBuildError as exc:
+            seen[case] = str(exc)
+    runs.close()
+    out.write_text(json.dumps(seen))
+
+
+def test_shared_runs_are_built_once_for_every_process_of_a_session(tmp_path: Path, monkeypatch) -> None:
+    """pytest -n N: each worker process asks for every case; each case is built once in all (the failed one
+    too) and every process sees the same run folders and the same error."""
+    log = tmp_path / "builds.log"
+    _quick_builders(monkeypatch, log)
+    root = tmp_path / "shared"
+    fork = multiprocessing.get_context("fork")  # the children keep the quick builders
+    children = [fork.Process(target=_use_every_case, args=(root, tmp_path / f"seen-{i}.json")) for i in range(2)]
+    for child in children:
+        child.start()
+    _use_every_case(root, tmp_path / "seen-main.json")
+    for child in children:
+        child.join(60)
+        assert child.exitcode == 0
+    assert sorted(log.read_text().split()) == sorted(realruns.CASES)
+    seen = [json.loads((tmp_path / f"seen-{i}.json").read_text()) for i in ("main", 0, 1)]
+    assert seen[0] == seen[1] == seen[2]
+    assert seen[0]["completed"] == "completed: boom"
+    assert seen[0]["hung"] == [str(root / "hung" / "logs" / "hung"), {"step-1": "pending"}]
+
+
+def test_shared_runs_say_which_files_a_test_changed(tmp_path: Path, monkeypatch) -> None:
+    _quick_builders(monkeypatch, tmp_path / "builds.log")
+    runs = SharedRealRuns(tmp_path / "shared")
+    hung, interrupted = runs["hung"], runs["interrupted"]
+    assert runs.changed() == []
+    (hung.run_dir / "manifest.json").write_text('{"status": "changed"}')
+    (interrupted.run_dir / "extra.json").write_text("{}")
+    assert runs.changed() == [f"{hung.run_dir / 'manifest.json'}: changed", f"{interrupted.run_dir / 'extra.json'}: added"]
+    (interrupted.run_dir / "manifest.json").unlink()
+    assert f"{interrupted.run_dir / 'manifest.json'}: removed" in runs.changed()
 
 
 @pytest.mark.slow
@@ -190,14 +262,17 @@ def test_hygiene_backlog_files(real_runs) -> None:
 @pytest.mark.realruns("hung")
 def test_nothing_built_is_left_running(real_runs) -> None:
     real_runs["hung"]  # the case that kills its own processes
-    root = str(real_runs.root)
+    # The folders of the cases whose build returned: under pytest -n another worker may be building other cases
+    # in the shared root right now (support/shared_runs.py); those builds have not returned yet.
+    roots = [str(work) + os.sep for work in real_runs.finished()]
+    assert str(real_runs["hung"].work_dir) + os.sep in roots
     leftovers = []
     for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
         try:
-            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "")
+            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "") + os.sep
         except psutil.Error:
             continue
-        if root in text:
+        if any(root in text for root in roots):
             leftovers.append((proc.info["pid"], text[:200]))
     assert leftovers == []
 

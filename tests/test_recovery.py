@@ -14,12 +14,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import realruns
 import yaml
 
 from traceml_tui.core import records
 from traceml_tui.core.atomic import atomic_write_json
 from traceml_tui.core.rundir import RunDir
+
+from support import realruns
 
 torch = pytest.importorskip("torch")
 

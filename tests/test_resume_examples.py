@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import realruns
 
 from traceml_tui.core import records
 from traceml_tui.export import cursor as cursor_mod
 from traceml_tui.export.trackio_export import plan_export
 from traceml_tui.hygiene.curve import _x_label, load_curve_data
 from traceml_tui.sdk.session import examples_before
+
+from support import realruns
 
 BATCH = 16
 

@@ -28,8 +28,7 @@ from daemon.reader import Reader
 from traceml_tui.core import lease as core_lease
 from traceml_tui.core.rundir import RunDir
 
-sys.path.insert(0, str(Path(__file__).parent))
-from realruns import DDP_SCRIPT, TRACEML, _Launch, count_steps, subprocess_env  # noqa: E402
+from support.realruns import DDP_SCRIPT, TRACEML, _Launch, count_steps, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")]
 

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import realruns
 import yaml
 
 from traceml_tui.core import artifacts
+
+from support import realruns
 
 SCRIPT = ("import sys, time\nimport traceml_tui as traceml\n"
           "for _ in range(int(sys.argv[1])):\n    with traceml.trace_step():\n        time.sleep(float(sys.argv[2]))\n"

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import realruns
 import yaml
+
+from support import realruns
 
 
 def _launch(tmp_path: Path, *script_args: str, dispatcher: str | None = None,

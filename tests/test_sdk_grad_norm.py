@@ -9,9 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import realruns
 
 from traceml_tui.core import records
+
+from support import realruns
 
 TRAIN = textwrap.dedent(
     """

@@ -1,6 +1,6 @@
 """One word per run, rank and validation request, on every surface, for runs made by the real thing.
 
-Each case of ``tests/realruns.py`` is a run directory left by the real SDK and
+Each case of ``tests/support/realruns.py`` is a run directory left by the real SDK and
 the real ``traceml run`` (a clean end without ``finish()``, with it, a rank
 that raises, a rank SIGKILLed, a SIGINT'd launch, a hung rank, a hygiene run).
 Every surface must say the same word: the reader, ``traceml status --json``,
@@ -19,17 +19,16 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import tui_data as d  # noqa: E402
+from daemon.reader import Reader
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.backlog import BacklogScreen
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.backlog_table import BacklogTable
+from traceml_tui.tui.widgets.rank_table import RankTable
+from traceml_tui.tui.widgets.runs_table import RunsTable
 
-from daemon.reader import Reader  # noqa: E402
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.backlog import BacklogScreen  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.backlog_table import BacklogTable  # noqa: E402
-from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
-from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
+from support import tui_data as d
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -38,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 STALL_AFTER = 1.0
 
 #: case -> (run status, {rank: the rank states allowed}). The fixtures make the races deterministic
-#: (torchrun's monitor interval lets rank 0 fail on its own before it is torn down; see tests/realruns.py).
+#: (torchrun's monitor interval lets rank 0 fail on its own before it is torn down; see tests/support/realruns.py).
 EXPECTED: dict[str, tuple[str, dict[int, set[str]]]] = {
     "completed": ("completed", {0: {"completed"}, 1: {"completed"}}),  # rank_end "exited": a clean end
     "completed_finish": ("completed", {0: {"completed"}}),  # rank_end "completed" from traceml.finish()

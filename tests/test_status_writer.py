@@ -8,19 +8,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
+from daemon import writer_health as wh
+from daemon.lock import DaemonInfo, find_running_daemon
+from daemon.reader import Reader
 
-from daemon import writer_health as wh  # noqa: E402
-from daemon.lock import DaemonInfo, find_running_daemon  # noqa: E402
-from daemon.reader import Reader  # noqa: E402
+from support import fixture_runs as fr
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -9,18 +9,17 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import tui_data as d  # noqa: E402
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.backlog import BacklogScreen
+from traceml_tui.tui.screens.compare import CompareScreen
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.backlog_table import BacklogTable
+from traceml_tui.tui.widgets.info_panel import InfoPanel
+from traceml_tui.tui.widgets.rank_table import RankTable
+from traceml_tui.tui.widgets.runs_table import RunsTable
 
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.backlog import BacklogScreen  # noqa: E402
-from traceml_tui.tui.screens.compare import CompareScreen  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.backlog_table import BacklogTable  # noqa: E402
-from traceml_tui.tui.widgets.info_panel import InfoPanel  # noqa: E402
-from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
-from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
+from support import tui_data as d
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("lasting_toasts")]
 
@@ -354,9 +353,9 @@ def test_the_tui_holds_no_sql():
 
 def test_compare_screen_shows_the_loss_ratio_of_real_summaries():
     """The loss-ratio row reads our own typed ``training`` section (it once looked for keys never written)."""
-    import fixture_runs as fr
-
     from traceml_tui.tui.source import compare_snapshot
+
+    from support import fixture_runs as fr
 
     ref = json.loads((fr.FIXTURE_RUNS / fr.name_of("completed") / "final_summary.json").read_text())
     cand = json.loads((fr.FIXTURE_RUNS / fr.name_of("rank_sigkilled") / "final_summary.json").read_text())
@@ -532,7 +531,7 @@ async def test_scrolled_right_a_table_never_shows_part_of_a_column(tmp_path):
     """At 80 columns the rank table and the Runs table, at every horizontal scroll position, draw only whole
     cells: a column cut by either edge of the view is blank (a cut "3.89" read "89"). The arrow keys scroll by
     whole columns, so the column beside the pinned ones starts at its first cell."""
-    import fixture_runs as fr
+    from support import fixture_runs as fr
 
     _, index = fr.build_real_index(tmp_path)
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
@@ -566,9 +565,9 @@ async def test_scrolled_right_a_table_never_shows_part_of_a_column(tmp_path):
 async def test_the_backlog_shows_the_start_of_each_error_without_scrolling(tmp_path):
     """Last error is cut at its end to the room the other columns leave (at 120 and at 80 columns): the start of
     a failed request's error is in view, not a blank column running past the edge (whole columns only)."""
-    import fixture_runs as fr
-
     from traceml_tui.tui.widgets.backlog_table import BacklogTable
+
+    from support import fixture_runs as fr
 
     _, index = fr.build_real_index(tmp_path)
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
@@ -597,9 +596,9 @@ async def test_the_backlog_shows_the_start_of_each_error_without_scrolling(tmp_p
 async def test_compare_at_80_columns_shows_change_and_every_number_whole(tmp_path):
     """Two real runs compared at 80×24: the Change column (the verdict's) is in view without scrolling, every
     number is whole, and what gave up room is text cut in the middle (a run name, a declaration, a label)."""
-    import fixture_runs as fr
-
     from traceml_tui.tui.widgets.compare_table import CompareTable
+
+    from support import fixture_runs as fr
 
     def is_number(text: str) -> bool:  # 4.34, +42.9%, 305.11 MiB
         try:
@@ -775,10 +774,11 @@ def test_delta_median_compares_each_ranks_median_with_the_median_ranks(tmp_path)
     """Δ median is like against like: on a real 2-rank run each rank's median against the median rank's — by the
     summary's straggler rule (core/straggler.py: the lower median, so a 2-rank run's faster rank is the median
     rank at +0 % and the other is its skew) — whatever outlier step inflates the window's mean."""
-    import fixture_runs as fr
-
     from daemon.reader import Reader
     from traceml_tui.core import straggler
+
+    from support import fixture_runs as fr
+
 
     _, index = fr.build_real_index(tmp_path)
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)

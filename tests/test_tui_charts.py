@@ -13,22 +13,17 @@ import dataclasses
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
-import tui_data as d  # noqa: E402
-
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.heatmap import ONE_RANK, Heatmap, shade, step_axis, stretch  # noqa: E402
-from traceml_tui.tui.widgets.line_chart import (  # noqa: E402
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.heatmap import ONE_RANK, Heatmap, shade, step_axis, stretch
+from traceml_tui.tui.widgets.line_chart import (
     CLIP_QUANTILE,
     OUTLIER_GLYPH,
     ChartPlot,
@@ -36,6 +31,9 @@ from traceml_tui.tui.widgets.line_chart import (  # noqa: E402
     thin,
     y_range,
 )
+
+from support import fixture_runs as fr
+from support import tui_data as d
 
 pytestmark = pytest.mark.timeout(120)
 aio = d.aio

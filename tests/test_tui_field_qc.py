@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-import tui_data as d  # noqa: E402
+from traceml_tui.core import atomic, records
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.info_panel import InfoPanel
 
-from traceml_tui.core import atomic, records  # noqa: E402
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.info_panel import InfoPanel  # noqa: E402
+from support import tui_data as d
 
 
 def _field(name: str, step: int, low: float, high: float) -> records.FieldStats:

@@ -1,35 +1,32 @@
 """Hygiene on the watch screens (issue 11 item 7) and the Run screen's chart chooser and timing (item 6).
 
-On the committed real runs (``tests/fixture_runs.py``): the ``hygiene`` run has
+On the committed real runs (``tests/support/fixture_runs.py``): the ``hygiene`` run has
 two receipts, a failed, a blocked, a stale-claimed and a pending request
 (facts.json ``expected_backlog``) and declared early stopping off. The enabled
 early-stopping state is made by the real :class:`EarlyStopping` over that run's
 own receipts and put into its summary by the real ``validation_report``
 (``fixture_runs.stop_hygiene_early``). The
 ETA needs a live run with a declared step count: a synthetic one
-(``tests/tui_data.py``), ingested by the real ingester.
+(``tests/support/tui_data.py``), ingested by the real ingester.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
-import tui_data as d  # noqa: E402
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.backlog import BacklogScreen
+from traceml_tui.tui.screens.backlog_request import BacklogRequestScreen
+from traceml_tui.tui.screens.run_detail import RunScreen, timing
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.backlog_table import BacklogTable
+from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel
+from traceml_tui.tui.widgets.line_chart import LineChart
 
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.backlog import BacklogScreen  # noqa: E402
-from traceml_tui.tui.screens.backlog_request import BacklogRequestScreen  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen, timing  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.backlog_table import BacklogTable  # noqa: E402
-from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel  # noqa: E402
-from traceml_tui.tui.widgets.line_chart import LineChart  # noqa: E402
+from support import fixture_runs as fr
+from support import tui_data as d
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import tui_data as d  # noqa: E402
+from daemon import cold, service
+from traceml_tui.core.rundir import RunDir
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.runs_table import RunsTable
 
-from daemon import cold, service  # noqa: E402
-from traceml_tui.core.rundir import RunDir  # noqa: E402
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
+from support import tui_data as d
 
 pytestmark = pytest.mark.timeout(90)
 

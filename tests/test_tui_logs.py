@@ -10,24 +10,21 @@ follow test appends to is the copy under the test's tmp folder.
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
-import tui_data as d  # noqa: E402
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.logtail import LogTail
+from traceml_tui.tui.screens.describe import DescribeScreen
+from traceml_tui.tui.screens.logs import LogScreen
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.describe_tree import DescribeTree
+from traceml_tui.tui.widgets.log_view import LogView
+from traceml_tui.tui.widgets.rank_table import RankTable
+from traceml_tui.tui.widgets.runs_table import RunsTable
 
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.logtail import LogTail  # noqa: E402
-from traceml_tui.tui.screens.describe import DescribeScreen  # noqa: E402
-from traceml_tui.tui.screens.logs import LogScreen  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.describe_tree import DescribeTree  # noqa: E402
-from traceml_tui.tui.widgets.log_view import LogView  # noqa: E402
-from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
-from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
+from support import fixture_runs as fr
+from support import tui_data as d
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
-import tui_data as d  # noqa: E402
+from traceml_tui.tui import messages
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.snapshots import RunsSnapshot
+from traceml_tui.tui.source import IndexSource
 
-from traceml_tui.tui import messages  # noqa: E402
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
-from traceml_tui.tui.snapshots import RunsSnapshot  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
+from support import fixture_runs as fr
+from support import tui_data as d
 
 TUI = Path(__file__).resolve().parents[1] / "traceml_tui" / "tui"
 

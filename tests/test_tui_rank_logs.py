@@ -17,15 +17,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import tui_data as d  # noqa: E402
+from traceml_tui.run.rank_logs import WORK_PREFIX
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.logs import LogScreen
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.log_view import LogView
+from traceml_tui.tui.widgets.rank_table import RankTable
 
-from traceml_tui.run.rank_logs import WORK_PREFIX  # noqa: E402
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.logs import LogScreen  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.log_view import LogView  # noqa: E402
-from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
+from support import tui_data as d
 
 STEPS = 3
 #: Each rank prints to stdout and to stderr every step, and ends stdout without a newline.
@@ -77,7 +76,7 @@ def _expected_lines(stream: str) -> set[str]:
 @pytest.fixture(scope="module")
 def printed_run(tmp_path_factory):
     """One real 2-rank run of SCRIPT through `traceml run` (the launcher's own stdout/stderr captured)."""
-    from realruns import subprocess_env
+    from support.realruns import subprocess_env
 
     work = tmp_path_factory.mktemp("rank-logs")
     (work / "train.py").write_text(SCRIPT)
@@ -183,7 +182,7 @@ async def test_log_screen_gives_every_printed_line_its_rank(printed_run, tmp_pat
 @d.aio
 async def test_rank_filter_on_logs_that_name_no_rank_says_so(tmp_path):
     """Logs written before the launcher tagged every line (a plain ``print`` unprefixed): `L` says why it is empty."""
-    import fixture_runs as fr
+    from support import fixture_runs as fr
 
     def old_logs(root: Path) -> None:
         node = root / fr.name_of("completed") / "nodes" / "node_0"
@@ -225,7 +224,7 @@ def test_two_nodes_tag_their_lines_with_global_ranks(tmp_path):
     """Two launchers (one process each, static rendezvous): node 1's log says rank 1, the rank torch gave it."""
     import socket
 
-    from realruns import subprocess_env
+    from support.realruns import subprocess_env
 
     (tmp_path / "train.py").write_text(MULTI_NODE_SCRIPT)
     with socket.socket() as s:

@@ -1,27 +1,23 @@
 """Snapshot tests (pytest-textual-snapshot) of every `traceml watch` screen and state.
 
 Deterministic: the committed real runs of ``tests/fixtures/runs/`` (written by
-the real SDK and ``traceml run``; see ``tests/fixture_runs.py``), the real
+the real SDK and ``traceml run``; see ``tests/support/fixture_runs.py``), the real
 ingester building the index with a fixed clock, a fixed clock injected into the
 source. The straggler heatmap alone uses synthetic step times
-(``tests/tui_data.py``): a real run cannot be made to straggle to the
+(``tests/support/tui_data.py``): a real run cannot be made to straggle to the
 millisecond. Regenerate after an intended change with
 ``pytest tests/test_tui_snapshots.py --snapshot-update``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
-import tui_data as d  # noqa: E402
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.source import IndexSource
 
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
+from support import fixture_runs as fr
+from support import tui_data as d
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("lasting_toasts")]
 

@@ -16,18 +16,17 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
-import tui_data as d  # noqa: E402
-from fixture_runs import extend, live_copy  # noqa: E402
+from daemon import service
+from daemon.lock import DaemonInfo, find_running_daemon
+from traceml_tui.core.state import commit_overdue
+from traceml_tui.tui import cli as watch_cli
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.source import IndexSource
 
-from daemon import service  # noqa: E402
-from daemon.lock import DaemonInfo, find_running_daemon  # noqa: E402
-from traceml_tui.core.state import commit_overdue  # noqa: E402
-from traceml_tui.tui import cli as watch_cli  # noqa: E402
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
+from support import fixture_runs as fr
+from support import tui_data as d
+from support.fixture_runs import extend, live_copy
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("lasting_toasts")]
 
@@ -375,6 +374,7 @@ def _wait_pane(sock: str, target: str, pattern: str, timeout: float = 60) -> str
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+@pytest.mark.xdist_group("external")  # a real terminal: one such test at a time (README, test lanes)
 def test_two_watches_in_tmux_the_second_takes_over(tmp_path, cli_env):
     """`traceml watch logs` twice on one index (two tmux panes): the second names the first as the writer;
     the first quits (q); the second takes over, shows the records written after, and never shows a stall.

@@ -19,6 +19,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(170),
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+    pytest.mark.xdist_group("external"),  # a real terminal: one such test at a time (README, test lanes)
 ]
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from support import fixture_runs as fr
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,

@@ -20,12 +20,14 @@ from typing import Optional
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from fixture_runs import FIXTURE_RUNS, name_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.fixture_runs import FIXTURE_RUNS, name_of
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.xdist_group("external")  # a real browser: one such test at a time (README, test lanes)
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-B]|\x1b[=>]")
 
 

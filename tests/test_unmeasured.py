@@ -34,7 +34,7 @@ def _cli(args: list[str], env: dict, cwd: Path, timeout: float = 240) -> subproc
 @pytest.fixture(scope="module")
 def dark_run(tmp_path_factory):
     """(run_dir, launcher result, env, work dir) of the real run."""
-    from realruns import subprocess_env
+    from support.realruns import subprocess_env
 
     work = tmp_path_factory.mktemp("unmeasured")
     env = subprocess_env(work / "state")

@@ -22,13 +22,14 @@ sys.path.insert(0, str(REPO / "tests" / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-import tui_data as d  # noqa: E402
 from bench_tui import build_index  # noqa: E402
 from prometheus_client import generate_latest  # noqa: E402
 from prometheus_client.registry import CollectorRegistry  # noqa: E402
 
 from daemon.metrics import IndexCollector  # noqa: E402
 from daemon.reader import Reader  # noqa: E402
+
+from support import tui_data as d  # noqa: E402
 
 
 def _cpu_ms(fn, n: int) -> list[float]:

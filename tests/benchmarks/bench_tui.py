@@ -31,11 +31,12 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
-import tui_data as d  # noqa: E402
 
 from daemon.index import STEPS_TABLE  # noqa: E402
 from traceml_tui.tui.app import create_app  # noqa: E402
 from traceml_tui.tui.source import IndexSource  # noqa: E402
+
+from support import tui_data as d  # noqa: E402
 
 # Step rows are cloned in the table that stores them (``steps`` is a view over it, docs/daemon.md).
 CLONED = ("rank_live", "series", "series_extra", "series_width", "side_files", "system", STEPS_TABLE)

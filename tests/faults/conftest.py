@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parents[1]
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))  # test_daemon_support
-
-from daemon.reader import Reader  # noqa: E402
-from daemon.service import Ingester  # noqa: E402
+from daemon.reader import Reader
+from daemon.service import Ingester
 
 
 class Env:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from test_daemon_support import append_raw, header_line, step_line, write_steps
+
+from support.daemon_files import append_raw, header_line, step_line, write_steps
 
 pytestmark = pytest.mark.faults
 

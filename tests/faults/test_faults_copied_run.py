@@ -6,7 +6,8 @@ import shutil
 import sqlite3
 
 import pytest
-from test_daemon_support import append_raw, write_steps
+
+from support.daemon_files import append_raw, write_steps
 
 pytestmark = pytest.mark.faults
 

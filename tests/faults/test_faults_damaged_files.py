@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_daemon_support import index_rows
 
 from daemon.reader import Reader
+
+from support.daemon_files import index_rows
 
 pytestmark = pytest.mark.faults
 

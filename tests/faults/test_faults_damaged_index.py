@@ -5,7 +5,8 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from test_daemon_support import write_steps
+
+from support.daemon_files import write_steps
 
 pytestmark = pytest.mark.faults
 

@@ -8,10 +8,11 @@ import threading
 import time
 
 import pytest
-from test_daemon_support import write_steps
 
 from daemon import cli
 from daemon.service import IndexWriteError, Ingester
+
+from support.daemon_files import write_steps
 
 pytestmark = pytest.mark.faults
 

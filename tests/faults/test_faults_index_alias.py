@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_daemon_support import write_steps
 
 from daemon.service import IndexLockedError, Ingester
+
+from support.daemon_files import write_steps
 
 pytestmark = pytest.mark.faults
 

@@ -6,9 +6,10 @@ import os
 import sqlite3
 
 import pytest
-from test_daemon_support import append_raw, header_line, step_line, steps_path, write_steps
 
 from daemon.reader import Reader
+
+from support.daemon_files import append_raw, header_line, step_line, steps_path, write_steps
 
 pytestmark = pytest.mark.faults
 

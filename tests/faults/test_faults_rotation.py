@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_daemon_support import header_line, step_line, steps_path, write_steps
 
 from daemon.service import Ingester
+
+from support.daemon_files import header_line, step_line, steps_path, write_steps
 
 pytestmark = pytest.mark.faults
 

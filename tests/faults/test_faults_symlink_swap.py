@@ -6,10 +6,11 @@ import os
 import shutil
 
 import pytest
-from test_daemon_support import write_steps
 
 from daemon.service import Ingester
 from traceml_tui.core.rundir import open_under
+
+from support.daemon_files import write_steps
 
 pytestmark = pytest.mark.faults
 

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pytest
-from fuzz_mutations import damaged, strict_json
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -31,6 +30,8 @@ from traceml_tui.core import hygiene_files
 from traceml_tui.core.jsonsafe import dumps_valid
 from traceml_tui.hygiene.backlog import backlog_status
 from traceml_tui.validate_cli import format_status
+
+from support.fuzz_mutations import damaged, strict_json
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "runs" / "hygiene"
 FILES = sorted(p.relative_to(FIXTURE).as_posix() for p in (FIXTURE / "validation").glob("*/*.json"))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from streams import LINES, big_int_lines, damaged_lines, shifted_lines
 
 from daemon import decode
+
+from support.fuzz_streams import LINES, big_int_lines, damaged_lines, shifted_lines
 
 
 def _block(lines: list[bytes]) -> bytes:

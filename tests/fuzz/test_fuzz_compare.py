@@ -13,11 +13,12 @@ import io
 from pathlib import Path
 
 import pytest
-from fuzz_mutations import damaged, strict_json
 from hypothesis import given
 from hypothesis import strategies as st
 
 from traceml_tui.compare.cli import main
+
+from support.fuzz_mutations import damaged, strict_json
 
 SUMMARIES = Path(__file__).parents[1] / "fixtures" / "summaries"
 PAIRS = (

@@ -12,12 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fuzz_mutations import yaml_mutation
 from hypothesis import given
 from hypothesis import strategies as st
 
 from traceml_tui.guard.config import ConfigError, load_config
 from traceml_tui.hygiene.config import HygieneConfigError, parse_hygiene
+
+from support.fuzz_mutations import yaml_mutation
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 CONFIGS = {name: (EXAMPLES / name / "traceml.yaml").read_text() for name in (".", "hygiene")}  # guard, hygiene

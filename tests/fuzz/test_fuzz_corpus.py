@@ -16,9 +16,10 @@ import logging
 from pathlib import Path
 
 import pytest
-from streams import CLEAN, CLEAN_STEPS, header, ingest, oracle, stored, write_stream
 
 from daemon import decode
+
+from support.fuzz_streams import CLEAN, CLEAN_STEPS, header, ingest, oracle, stored, write_stream
 
 CORPUS = Path(__file__).with_name("corpus")
 BLOCKS = sorted((CORPUS / "blocks").glob("*.jsonl"))

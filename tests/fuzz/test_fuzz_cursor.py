@@ -14,11 +14,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fuzz_mutations import damaged
 from hypothesis import given
 
 from traceml_tui.export import cursor as cm
 from traceml_tui.export import trackio_export as tx
+
+from support.fuzz_mutations import damaged
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "runs" / "completed"
 CORPUS = Path(__file__).parent / "corpus" / "cursor"

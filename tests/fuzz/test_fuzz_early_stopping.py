@@ -13,7 +13,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fuzz_mutations import damaged, strict_json
 from hypothesis import given
 
 from traceml_tui.core.jsonsafe import dumps_valid
@@ -22,6 +21,8 @@ from traceml_tui.hygiene.backlog import read_early_stopping
 from traceml_tui.hygiene.curve import load_curve_data
 from traceml_tui.hygiene.early_stopping import EarlyStopping
 from traceml_tui.hygiene.report import validation_report
+
+from support.fuzz_mutations import damaged, strict_json
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "runs" / "hygiene"
 POLICY = {"metric": "mse", "direction": "min", "patience": 5}

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from fuzz_mutations import damaged
 from hypothesis import given
 
 from daemon import sidefiles
@@ -25,6 +24,8 @@ from daemon.reader import Reader
 from traceml_tui.core import hygiene_files, stopping
 from traceml_tui.core.rundir import EARLY_STOPPING, RunDir
 from traceml_tui.hygiene.early_stopping import EarlyStopping
+
+from support.fuzz_mutations import damaged
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "runs" / "hygiene"
 

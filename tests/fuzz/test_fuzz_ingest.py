@@ -18,10 +18,21 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from streams import CLEAN, CLEAN_STEPS, FIXTURES, damaged_lines, ingest, oracle, shifted_lines, stored, write_stream
 
 from daemon import sidefiles
 from traceml_tui.guard.outcome import build_outcome
+
+from support.fuzz_streams import (
+    CLEAN,
+    CLEAN_STEPS,
+    FIXTURES,
+    damaged_lines,
+    ingest,
+    oracle,
+    shifted_lines,
+    stored,
+    write_stream,
+)
 
 # Each example opens a fresh index: fewer of them than the pure properties (the ``long`` profile scales).
 FEW = settings(max_examples=max(1, settings.default.max_examples // 3))

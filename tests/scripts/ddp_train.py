@@ -1,4 +1,4 @@
-"""Tiny CPU training for tests/realruns.py (modelled on examples/distributed/ddp_minimal.py).
+"""Tiny CPU training for tests/support/realruns.py (modelled on examples/distributed/ddp_minimal.py).
 
 Under `traceml run --nproc-per-node 2` it trains a 2-rank gloo DDP model; as one
 process it trains the same model without a process group. The options make one

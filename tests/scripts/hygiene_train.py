@@ -1,4 +1,4 @@
-"""Tiny hygiene training for tests/realruns.py: publishes checkpoints, never validates inline.
+"""Tiny hygiene training for tests/support/realruns.py: publishes checkpoints, never validates inline.
 
 Run with `traceml run` from a folder whose traceml.yaml has a `hygiene:` block:
 every `hygiene.validation.cadence` updates (and at `first_evaluation` 0, the

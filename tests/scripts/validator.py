@@ -1,4 +1,4 @@
-"""Validation worker for tests/realruns.py: one checkpoint in, metrics JSON out (no torch: fast).
+"""Validation worker for tests/support/realruns.py: one checkpoint in, metrics JSON out (no torch: fast).
 
     python validator.py --checkpoint PATH --step N
 

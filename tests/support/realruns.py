@@ -55,7 +55,7 @@ from typing import Callable, Optional
 import psutil
 import yaml
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 DDP_SCRIPT = SCRIPTS / "ddp_train.py"
 HYGIENE_SCRIPT = SCRIPTS / "hygiene_train.py"
 VALIDATOR_SCRIPT = SCRIPTS / "validator.py"
@@ -129,6 +129,16 @@ class RealRun:
             "build_s": round(self.build_s, 2),
             "live_copy": None if self.live_copy is None else str(self.live_copy),
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "RealRun":
+        """The run :meth:`to_json` wrote (another process of the same test session built it)."""
+        return cls(
+            case=data["case"], name=data["name"], run_dir=Path(data["run_dir"]), logs_dir=Path(data["logs_dir"]),
+            work_dir=Path(data["work_dir"]), now_hint=data["now_hint"], returncode=data["returncode"],
+            captured_at=data["captured_at"], expected_backlog=MappingProxyType(dict(data["expected_backlog"])),
+            build_s=data["build_s"], live_copy=None if data["live_copy"] is None else Path(data["live_copy"]),
+        )
 
 
 # --------------------------------------------------------------------------- environment & processes

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-FIXTURE_RUNS = Path(__file__).resolve().parent / "fixtures" / "runs"
+FIXTURE_RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 FACTS: dict = json.loads((FIXTURE_RUNS / "facts.json").read_text())
 #: When the ingester stored the runs ("last seen"): right after the last one ended.
 INGESTED_AT = max(f["now_hint"] for f in FACTS.values())

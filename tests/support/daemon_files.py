@@ -1,7 +1,8 @@
 """Writers shared by the daemon tests (no tests here).
 
-Run as a script it is a writer process: ``python test_daemon_support.py PATH RANK N SEED`` appends
-N step records to ``PATH`` (header first when the file is new) in small random bursts.
+Run as a module it is a writer process: ``python -m support.daemon_files PATH RANK N SEED`` (see
+:func:`writer_command`) appends N step records to ``PATH`` (header first when the file is new) in small
+random bursts.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from traceml_tui.core import records  # noqa: E402
-from traceml_tui.core.atomic import append_line, open_append  # noqa: E402
-from traceml_tui.core.rundir import RunDir  # noqa: E402
+from traceml_tui.core import records
+from traceml_tui.core.atomic import append_line, open_append
+from traceml_tui.core.rundir import RunDir
 
 
 def header_line(run: str, rank: int, attempt: int = 0, uuid: str | None = None) -> bytes:
@@ -154,6 +153,12 @@ def make_v2_index(index: Path, rows: list[tuple] | None = None, lacking: tuple[s
         conn.execute("COMMIT")
     finally:
         conn.close()
+
+
+def writer_command(path: Path, rank: int, n: int, seed: int) -> list[str]:
+    """The command of a writer process appending ``n`` steps of ``rank`` to ``path`` (run it with
+    ``env=support.python_env()``)."""
+    return [sys.executable, "-m", "support.daemon_files", str(path), str(rank), str(n), str(seed)]
 
 
 def _writer_main(argv: list[str]) -> None:

@@ -5,7 +5,7 @@ times (a recurring straggler for the heatmap), hundreds of runs for the
 benchmark, fixed timestamps. Their lifecycle speaks exactly as the real thing
 does — the manifest is the launcher's :class:`~traceml_tui.core.artifacts.Manifest`
 and a rank that returns normally ends ``exited`` as the SDK writes it — but
-tests of *status words* use the real runs of ``tests/realruns.py``, never these.
+tests of *status words* use the real runs of ``tests/support/realruns.py``, never these.
 The index is built by the real daemon :class:`~daemon.service.Ingester`.
 """
 
