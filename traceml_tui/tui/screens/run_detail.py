@@ -122,24 +122,30 @@ def error_lines(detail: RunDetail) -> list:
 class RunScreen(Screen):
     """One run in detail."""
 
+    # The footer shows the main actions first (Help lists every key). PageUp/PageDown scroll the screen even
+    # while the rank table has the focus (priority: the table would take them for its few rows).
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
-        Binding("b", "backlog", "Backlog"),
-        Binding("l", "logs", "Log", show=False),
-        Binding("L", "rank_logs", "Log of the selected rank", show=False),
-        Binding("d", "describe", "Describe", show=False),
-        Binding("c", "next_metric", "Chart metric"),
+        Binding("q", "app.pop_screen", "Back", show=False),
+        Binding("l", "logs", "Log"),
+        Binding("d", "describe", "Describe"),
+        Binding("L", "rank_logs", "Rank log"),
+        Binding("c", "next_metric", "Metric"),
         Binding("C", "previous_metric", "Previous chart metric", show=False),
-        Binding("v", "chart_ranks", "Chart: all ranks / the selected rank", show=False),
+        Binding("v", "chart_ranks", "All/one rank"),
+        Binding("b", "backlog", "Backlog"),
+        Binding("pagedown", "page_body(1)", "Scroll the screen down a page", show=False, priority=True),
+        Binding("pageup", "page_body(-1)", "Scroll the screen up a page", show=False, priority=True),
     ]
 
-    detail: reactive[Optional[RunDetail]] = reactive(None)
+    detail: reactive[Optional[RunDetail]] = reactive(None, repaint=False)  # the widgets redraw what changed
 
     def __init__(self, run_id: int) -> None:
         super().__init__()
         self.run_id = run_id
         #: The chosen chart, (metric, rank or None for every rank); None: the default (step time, every rank).
         self.chart: Optional[tuple[str, Optional[int]]] = None
+        self._chart_inputs: dict[str, tuple] = {}  # each chart's inputs as last drawn (see _chart_changed)
 
     def compose(self) -> ComposeResult:
         yield ScreenHeader(show_clock=False)
@@ -171,9 +177,31 @@ class RunScreen(Screen):
         table = self.query_one(RankTable)
         table.table_rows = tuple((r.rank, rank_cells(r)) for r in detail.ranks)
         table.styles.height = min(10, len(detail.ranks) + 2)
-        self.query_one("#chart-step", TextChart).data = chosen_chart(detail)
+        # A chart is given new data only when what it draws changed: a repaint sends its whole area to the
+        # terminal, once a second otherwise (docs/watch.md "Cheap over SSH").
+        if self._chart_changed("#chart-step", (detail.chart, detail.chart_metric, detail.chart_rank, detail.metrics)):
+            self.query_one("#chart-step", TextChart).data = chosen_chart(detail)
         labels = tuple(f"r{r.rank}" for r in detail.ranks)
         self.query_one("#heatmap", Heatmap).data = (labels, detail.heatmap, detail.heat_steps)
+        if self._chart_changed("#chart-ratio", (detail.loss_ratio, detail.ratio_name)):
+            self._show_ratio(detail)
+        if self._chart_changed("#chart-eval", (detail.train_metric, detail.evals, detail.eval_metric_name)):
+            self._show_eval(detail)
+        self.query_one(EarlyStoppingPanel).data = detail.early_stopping
+        if detail.fields:
+            self._field_panel().data = ("Field QC (spread vs initialization)", field_lines(detail))
+        self.query_one("#nodes", InfoPanel).data = ("Nodes", node_lines(detail))
+        self.query_one("#outcomes", InfoPanel).data = ("Guard outcomes", outcome_lines(detail))
+        self.query_one("#errors", InfoPanel).data = (f"Ingest errors ({detail.run.errors})", error_lines(detail))
+
+    def _chart_changed(self, selector: str, inputs: tuple) -> bool:
+        """Whether a chart's inputs differ from those it shows (and remember them)."""
+        if self._chart_inputs.get(selector) == inputs:
+            return False
+        self._chart_inputs[selector] = inputs
+        return True
+
+    def _show_ratio(self, detail: RunDetail) -> None:
         if detail.loss_ratio is not None:
             s = detail.loss_ratio
             ratio = ChartData(f"Scale-free loss ratio: {detail.ratio_name}",
@@ -182,6 +210,8 @@ class RunScreen(Screen):
         else:
             ratio = ChartData("Scale-free loss ratio", empty="(no loss components logged: log(components=…))")
         self.query_one("#chart-ratio", TextChart).data = ratio
+
+    def _show_eval(self, detail: RunDetail) -> None:
         series = []
         if detail.train_metric is not None:
             series.append(("train loss", detail.train_metric.x, detail.train_metric.y))
@@ -197,12 +227,6 @@ class RunScreen(Screen):
             legend=f"● train  ○ eval{' ' + detail.eval_metric_name if detail.eval_metric_name else ''} ({len(done)})"
                    f"  ▵ pending ({pending})"
                    f"  ✗ failed ({failed})")
-        self.query_one(EarlyStoppingPanel).data = detail.early_stopping
-        if detail.fields:
-            self._field_panel().data = ("Field QC (spread vs initialization)", field_lines(detail))
-        self.query_one("#nodes", InfoPanel).data = ("Nodes", node_lines(detail))
-        self.query_one("#outcomes", InfoPanel).data = ("Guard outcomes", outcome_lines(detail))
-        self.query_one("#errors", InfoPanel).data = (f"Ingest errors ({detail.run.errors})", error_lines(detail))
 
     def _field_panel(self) -> InfoPanel:
         """The field-QC panel, mounted on first use so runs without latent fields look unchanged."""
@@ -215,6 +239,14 @@ class RunScreen(Screen):
 
     def action_backlog(self) -> None:
         self.app.open_backlog(self.run_id)
+
+    def action_page_body(self, direction: int) -> None:
+        """PageDown / PageUp: scroll the whole Run screen, whichever widget has the focus."""
+        body = self.query_one("#run-body", VerticalScroll)
+        if direction > 0:
+            body.scroll_page_down(animate=False)
+        else:
+            body.scroll_page_up(animate=False)
 
     def action_logs(self) -> None:
         self.app.open_logs(self.run_id)
