@@ -87,6 +87,14 @@ _KEY_NAMES = {"escape": "Esc", "enter": "Enter", "slash": "/", "question_mark": 
               "ctrl+c": "Ctrl+C", "home": "Home", "end": "End", "pagedown": "PgDn", "pageup": "PgUp"}
 
 
+#: Help's longer words for actions whose footer word is short ("Quit") but whose rule is not.
+ACTION_HELP = {"quit_or_back": "quit on the Runs screen; on any other screen, back",
+               "quit": "quit, from any screen",
+               "rank_logs": "the log of the rank under the cursor",
+               "next_metric": "next chart metric",
+               "chart_ranks": "chart every rank / the rank under the cursor"}
+
+
 def key_name(key: str) -> str:
     return _KEY_NAMES.get(key, key)
 
@@ -99,6 +107,7 @@ def binding_lines(bindings, extra: tuple[tuple[str, str], ...] = ()) -> list[tup
             key, desc, action = b.key, b.description, b.action
         else:
             key, action, desc = (tuple(b) + ("",))[:3]
+        desc = ACTION_HELP.get(action, desc)
         out.append((" ".join(key_name(k.strip()) for k in key.split(",")), desc or action.replace("_", " ")))
     return out + list(extra)
 
@@ -123,8 +132,7 @@ def _screens() -> list[tuple[str, type, tuple[tuple[str, str], ...]]]:
     from traceml_tui.tui.screens.runs import RunsScreen
 
     return [
-        ("Runs", RunsScreen, (("Enter", "open the run under the cursor"), ("q", "quit (Ctrl+C too)"),
-                              ("click", "a header sorts by that column"))),
+        ("Runs", RunsScreen, (("Enter", "open the run under the cursor"), ("click", "a header sorts by that column"))),
         ("Run", RunScreen, ()),
         ("Log", LogScreen, ()),
         ("Describe", DescribeScreen, ()),
