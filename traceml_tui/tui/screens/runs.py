@@ -41,19 +41,20 @@ def filter_rows(rows, text: str):
 class RunsScreen(Screen):
     """All runs in the index."""
 
-    # The footer shows the main actions first (at 80 columns it cuts what comes last; Help lists every key).
-    # Enter is the table's own binding, shown as "Open" (RunsTable): a screen binding for it would be shadowed.
+    # The footer shows the main actions first, then Help (at 80 columns it cuts what comes last; Help lists
+    # every key; the filter box says "press /" itself). Enter is the table's own binding, shown as "Open"
+    # (RunsTable): a screen binding for it would be shadowed by the table's.
     BINDINGS = [
         Binding("l", "logs", "Log"),
         Binding("d", "describe", "Describe"),
         Binding("m", "mark", "Mark ref"),
         Binding("c", "compare", "Compare"),
-        Binding("slash", "focus_filter", "Filter"),
+        Binding("slash", "focus_filter", "Filter", show=False),
         Binding("s", "next_sort", "Sort"),
         Binding("O", "pick_sort", "Sort by… (a picker of every column)", show=False),
         Binding("S", "reverse_sort", "Reverse", show=False),
         Binding("o", "default_order", "Default order", show=False),
-        Binding("b", "backlog", "Backlog"),
+        Binding("b", "backlog", "Backlog", show=False),
         Binding("escape", "clear_filter", "Clear", show=False),
     ]
 
