@@ -299,7 +299,7 @@ async def test_help_opens_on_the_keys_of_the_screen_it_came_from(source):
     run = help_text("Run")
     assert run[0] == "Keys of this screen (Run)"
     head = "\n".join(run[:20])
-    assert "PgDn" in head and "Rank log" in head and "j k" in head, head
+    assert "PgDn" in head and "Log of the rank under the cursor" in head and "j k" in head, head
     assert "Keys: Run" not in run and "Keys: Runs" in run  # listed once, first
     runs = "\n".join(help_text("Runs")[:20])
     assert runs.startswith("Keys of this screen (Runs)") and "Sort by…" in runs and "O" in runs, runs

@@ -88,11 +88,11 @@ _KEY_NAMES = {"escape": "Esc", "enter": "Enter", "slash": "/", "question_mark": 
 
 
 #: Help's longer words for actions whose footer word is short ("Quit") but whose rule is not.
-ACTION_HELP = {"quit_or_back": "quit on the Runs screen; on any other screen, back",
-               "quit": "quit, from any screen",
-               "rank_logs": "the log of the rank under the cursor",
-               "next_metric": "next chart metric",
-               "chart_ranks": "chart every rank / the rank under the cursor"}
+ACTION_HELP = {"quit_or_back": "Quit on the Runs screen; on any other screen, Back",
+               "quit": "Quit, from any screen",
+               "rank_logs": "Log of the rank under the cursor",
+               "next_metric": "Next chart metric",
+               "chart_ranks": "Chart every rank / the rank under the cursor"}
 
 
 def key_name(key: str) -> str:

@@ -171,8 +171,11 @@ class RunScreen(Screen):
     def watch_detail(self, detail: Optional[RunDetail]) -> None:
         if detail is None or not self.is_mounted:
             return
+        found = self.query("#headline")
+        if not found:  # the app is closing: its screens' widgets are gone before the last snapshot is handled
+            return
         self.sub_title = detail.run.name
-        self.query_one("#headline", InfoPanel).data = ("", headline(detail))
+        found.first(InfoPanel).data = ("", headline(detail))
         self.query_one(FailurePanel).data = detail.failure
         table = self.query_one(RankTable)
         table.table_rows = tuple((r.rank, rank_cells(r)) for r in detail.ranks)
