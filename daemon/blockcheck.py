@@ -1,6 +1,6 @@
 """When the block fast path may be trusted: it must store exactly what line-by-line decoding stores.
 
-The fast path (:func:`daemon.tailer.parse_block`) decodes a block of complete lines as one JSON array,
+The fast path (:func:`daemon.decode.parse_block`) decodes a block of complete lines as one JSON array,
 the newlines turned into commas. That is one C call for ~10k records, but it is only line-by-line decoding
 if every array element is exactly one line. Counting elements is not enough: a torn line (``{… "x":[0``)
 and its continuation (``0]}``) join into one element, and a line holding two records (``{…},{…}``)

@@ -17,7 +17,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from traceml_tui.core.state import LIVE_RUN_STATES, BacklogState, RankState, RunStatus
 
-from .reader import Reader, RunSummary
+from .reader import BacklogItem, Reader, RunSummary
+from .views import RunFigures
 
 #: Default seconds a finished run stays exported after its last record.
 DEFAULT_RETENTION_S = 3600.0
@@ -82,10 +83,14 @@ class IndexCollector(Collector):
         with reader:
             all_runs = reader.list_runs(now=now)
             runs = [r for r in all_runs if exported(r, now, self.retention_s)]
+            backlogs = {r.run_id: reader.backlog(r.run_id, now=now) for r in runs}
+            # the figures every surface shows, computed once by the reader (daemon/views.py)
+            figures = {r.run_id: reader.figures(r, now, backlogs[r.run_id]) for r in runs}
             yield from self._run_families(runs, now)
+            yield from self._figure_families(runs, figures)
             yield from self._rank_families(reader, runs, now)
             yield from self._hang_families(runs)
-            yield from self._backlog_families(reader, runs, now)
+            yield from self._backlog_families(backlogs, runs, now)
             yield from self._ingest_families(all_runs, now)
         up = GaugeMetricFamily("traceml_index_up", "1 when the index could be read at this scrape")
         up.add_metric([], 1)
@@ -103,7 +108,8 @@ class IndexCollector(Collector):
         eps = GaugeMetricFamily("traceml_run_examples_per_second", "Examples per second (rolling window)",
                                 labels=["run", "run_id"])
         strag = GaugeMetricFamily("traceml_run_straggler_score",
-                                  "Slowest rank's median step time over the median rank's (1 = even)",
+                                  "Slowest rank's median step time over the median rank's (1 = even;"
+                                  " the lower median with two ranks, as the summary's straggler rule)",
                                   labels=["run", "run_id"])
         age = GaugeMetricFamily("traceml_run_last_record_age_seconds", "Seconds since the run's newest record",
                                 labels=["run", "run_id"])
@@ -129,6 +135,40 @@ class IndexCollector(Collector):
                 lost.add_metric([*lab, str(node)], 1.0)
         yield from (status, sps, eps, strag, age, step, lost)
 
+    def _figure_families(self, runs: list[RunSummary], figures: dict[int, RunFigures]) -> Iterator:
+        """The run's figures as every surface shows them: step time, straggler verdict, eval lag, early-stopping
+        best (docs/cluster.md)."""
+        lab_names = ["run", "run_id"]
+        step = GaugeMetricFamily("traceml_run_step_time_median_seconds",
+                                 "The median rank's median step time over its rolling window", labels=lab_names)
+        slowest = GaugeMetricFamily("traceml_run_slowest_rank", "The rank with the slowest median step time",
+                                    labels=lab_names)
+        verdict = GaugeMetricFamily("traceml_run_straggler",
+                                    "1 when the slowest rank is at least 10% slower than the median rank",
+                                    labels=lab_names)
+        lag = GaugeMetricFamily("traceml_run_eval_lag_steps", "Training steps since the newest evaluated step",
+                                labels=lab_names)
+        best = GaugeMetricFamily("traceml_run_early_stopping_best",
+                                 "Early stopping's best value of its monitored metric so far",
+                                 labels=[*lab_names, "metric"])
+        best_step = GaugeMetricFamily("traceml_run_early_stopping_best_step", "The step of early stopping's best",
+                                      labels=[*lab_names, "metric"])
+        for run in runs:
+            fig, lab = figures[run.run_id], self._labels(run)
+            if fig.step_ms is not None:
+                step.add_metric(lab, fig.step_ms / 1000.0)
+            if fig.slowest_rank is not None:
+                slowest.add_metric(lab, fig.slowest_rank)
+                verdict.add_metric(lab, 1.0 if fig.straggler else 0.0)
+            if fig.eval_lag is not None:
+                lag.add_metric(lab, fig.eval_lag)
+            if (b := fig.best) is not None:
+                metric = fig.early_stopping.metric if fig.early_stopping is not None else None
+                best.add_metric([*lab, str(metric or "")], b[2])
+                if b[1] is not None:
+                    best_step.add_metric([*lab, str(metric or "")], b[1])
+        yield from (step, slowest, verdict, lag, best, best_step)
+
     def _rank_families(self, reader: Reader, runs: list[RunSummary], now: float) -> Iterator:
         labels = ["run", "run_id", "rank"]
         median = GaugeMetricFamily("traceml_rank_step_time_median_seconds", "Median step time of the rank's window",
@@ -138,22 +178,24 @@ class IndexCollector(Collector):
         silence = GaugeMetricFamily("traceml_rank_silence_seconds", "Seconds since the rank's newest record",
                                     labels=labels)
         # Only the current state (value 1): all seven per rank would be most of a 64-rank job's series.
+        delta = GaugeMetricFamily("traceml_rank_step_time_delta_ratio",
+                                  "The rank's median step time over the median rank's, minus 1 (Δ)", labels=labels)
         state = GaugeMetricFamily("traceml_rank_state", "The rank's state (1; other states are absent)",
                                   labels=[*labels, "state"])
         for run in runs:
-            for row in reader.rank_rows(run.run_id, now=now):
-                if not row.latest:
-                    continue
+            for row in reader.rank_views(run, reader.rank_rows(run.run_id, now=now)):
                 lab = [*self._labels(run), str(row.rank)]
-                if row.median_step_ms is not None:
-                    median.add_metric(lab, row.median_step_ms / 1000.0)
-                if row.median_input_wait_ms is not None:
-                    wait.add_metric(lab, row.median_input_wait_ms / 1000.0)
+                if row.step_ms is not None:
+                    median.add_metric(lab, row.step_ms / 1000.0)
+                if row.delta_pct is not None:
+                    delta.add_metric(lab, row.delta_pct / 100.0)
+                if row.input_wait_ms is not None:
+                    wait.add_metric(lab, row.input_wait_ms / 1000.0)
                 if row.state in _SILENT_STATES and (a := _age(now, row.last_seen or row.last_ts)) is not None:
                     silence.add_metric(lab, a)
                 if row.state is not None:
                     state.add_metric([*lab, str(row.state)], 1.0)
-        yield from (median, wait, silence, state)
+        yield from (median, wait, delta, silence, state)
 
     def _hang_families(self, runs: list[RunSummary]) -> Iterator:
         """The ranks of a hang (core/hang.py): ``role="culprit"`` never reached the collective its peers wait
@@ -172,19 +214,20 @@ class IndexCollector(Collector):
                 hang.add_metric([*self._labels(run), str(rank), "waiting", ""], 1.0)
         yield hang
 
-    def _backlog_families(self, reader: Reader, runs: list[RunSummary], now: float) -> Iterator:
+    def _backlog_families(self, backlogs: dict[int, tuple[BacklogItem, ...]], runs: list[RunSummary],
+                          now: float) -> Iterator:
         backlog = GaugeMetricFamily("traceml_backlog_requests", "Validation requests by state",
                                     labels=["run", "run_id", "state"])
         oldest = GaugeMetricFamily("traceml_backlog_oldest_outstanding_age_seconds",
                                    "Age of the oldest request not yet completed", labels=["run", "run_id"])
         for run in runs:
-            items = reader.backlog(run.run_id, now=now)
+            items = backlogs[run.run_id]
             if not items:
                 continue
             lab = self._labels(run)
             for word in BacklogState:
                 backlog.add_metric([*lab, str(word)], sum(1 for i in items if i.state is word))
-            waiting = [i.created for i in items if i.state is not BacklogState.COMPLETED and i.created is not None]
+            waiting = [i.created for i in items if i.outstanding and i.created is not None]  # core/backlog.py
             if waiting:
                 oldest.add_metric(lab, max(0.0, now - min(waiting)))
         yield from (backlog, oldest)

@@ -8,7 +8,11 @@ cheap enough to poll several times a second; when it moved,
 :meth:`Reader.changes_since` names the runs that changed.
 
 ``traceml status``, ``traceml watch`` and its alerts all read runs through
-:meth:`Reader.list_runs`, so they show the same word for the same run.
+:meth:`Reader.list_runs`, so they show the same word for the same run; they
+read a run's figures (step time, Δ, straggler, steps/s, eval lag, the
+early-stopping best) from the views of :mod:`daemon.views`
+(:meth:`Reader.runs_view`, :meth:`Reader.figures`, :meth:`Reader.run_view`,
+:meth:`Reader.backlog_view`), so they show the same number too.
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.core import artifacts, coverage, hygiene_files
+from traceml_tui.core import artifacts, coverage, freshness, hygiene_files, stopping, straggler
+from traceml_tui.core import backlog as core_backlog
 from traceml_tui.core import hang as hangs_mod
-from traceml_tui.core.owner import probe_owner
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import (
-    DEFAULT_MAX_ATTEMPTS,
+    BACKLOG_ORDER,
     STALL_FLOOR_S,
     STOPPED_RANK_STATES,
     BacklogState,
@@ -35,8 +39,6 @@ from traceml_tui.core.state import (
     RankState,
     RunFacts,
     RunStatus,
-    claim_is_stale,
-    decide_backlog,
     decide_run,
     describe,
     lost_nodes,
@@ -45,6 +47,7 @@ from traceml_tui.core.state import (
 )
 
 from . import index as idx
+from . import views
 from .leases import lease_facts
 
 #: Which rank states explain a run's word (RunSummary.explaining_ranks).
@@ -89,6 +92,11 @@ class RunSummary:
     lost_nodes: tuple[int, ...] = ()
     # The hang its ranks' watchdogs recorded, when core.state.hang_roles names a culprit (core/hang.py)
     hang: Optional[hangs_mod.HangReport] = None
+    # The run's step time (views.STEP_STATISTIC of its median rank) and the straggler rule's verdict on its ranks
+    # (core/straggler.py): slowest_rank and straggler_score above come from the same spread.
+    step_ms: Optional[float] = None
+    straggler_pct: Optional[float] = None
+    straggler: bool = False
 
     @property
     def status_text(self) -> str:
@@ -98,6 +106,15 @@ class RunSummary:
     def ranks_in(self, *states: RankState) -> tuple[int, ...]:
         """The ranks whose newest attempt is in one of ``states``."""
         return tuple(r for r, s in self.rank_states if s in states)
+
+    @property
+    def first_failed(self) -> Optional[int]:
+        """The rank that failed first: the core marks every later failure ``aborted``, so it is the one failed or
+        lost rank of a failed or lost run (None: not failed, or no single such rank)."""
+        if self.status not in (RunStatus.FAILED, RunStatus.LOST):
+            return None
+        first = self.ranks_in(RankState.FAILED, RankState.LOST)
+        return first[0] if len(first) == 1 else None
 
     @property
     def silent_ranks(self) -> tuple[int, ...]:
@@ -202,24 +219,8 @@ class NodeSample:
     gpus: tuple[dict, ...]
 
 
-@dataclass(frozen=True)
-class BacklogItem:
-    """One checkpoint of the validation backlog and where it stands."""
-
-    checkpoint: str
-    state: BacklogState
-    step: Optional[int]
-    created: Optional[float]
-    claimed: Optional[float]
-    heartbeat: Optional[float]
-    lease_s: Optional[float]
-    completed: Optional[float]
-    failures: int
-    last_error: Optional[str]
-    metrics: tuple[tuple[str, Any], ...]
-    owner: Optional[str] = None  # "host:pid" of the claim's owner
-    # Every failed attempt, oldest first: (attempt number as written, when it failed, its full error text).
-    attempts: tuple[tuple[Optional[int], Optional[float], str], ...] = ()
+#: One checkpoint of the validation backlog and where it stands (assembled once, in core: docs/contracts.md).
+BacklogItem = core_backlog.BacklogEntry
 
 
 @dataclass(frozen=True)
@@ -335,6 +336,9 @@ class IngestProgress:
         left = f" · {self.eta_s:.0f} s left" if self.eta_s is not None else ""
         return f"indexing {_count(self.records_done)}{total} records{left}"
 
+
+#: The newest evaluations a run view charts (``eval`` records; receipts come with the backlog).
+MAX_EVALS = 500
 
 #: A progress row older than this was left by an ingester that stopped mid-backlog: not shown.
 PROGRESS_STALE_S = 60.0
@@ -476,17 +480,21 @@ class Reader:
     def _summary(self, row: tuple, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()) -> RunSummary:
         d = dict(zip(_RUN_COLS, row))
         status, rank_states, hang = self._decide(d, latest, now, leases)
+        # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score.
+        step_ms, slowest, score, skew, verdict = views.step_figures(
+            straggler.spread((r["rank"], r["median_step_ms"]) for r in latest))
         return RunSummary(
             run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"], status=status,
             missing=bool(d["missing"]), ranks=d["ranks_total"], ranks_ended=d["ranks_ended"],
             last_step=d["last_step"], last_ts=d["last_ts"], last_seen=d["last_seen"], steps_per_s=d["steps_per_s"],
-            examples_per_s=d["examples_per_s"], slowest_rank=d["slowest_rank"],
-            straggler_score=d["straggler_score"], records=d["records"], errors=d["errors"],
+            examples_per_s=d["examples_per_s"], slowest_rank=slowest,
+            straggler_score=score, records=d["records"], errors=d["errors"],
             manifest_status=d["manifest_status"], training_status=d["training_status"],
             outcomes_total=d["outcomes_total"], outcomes_failed=d["outcomes_failed"], nnodes=d["nnodes"],
             nproc_per_node=d["nproc_per_node"], world_size=d["world_size"], started_at=d["started_at"],
             ended_at=d["ended_at"], version=d["updated_version"], median_interval_s=d["median_interval_s"],
             rank_states=rank_states, lost_nodes=lost_nodes(leases), hang=hang,
+            step_ms=step_ms, straggler_pct=skew, straggler=verdict,
         )
 
     def list_runs(self, roots: Optional[list[str]] = None, now: Optional[float] = None) -> tuple[RunSummary, ...]:
@@ -573,6 +581,19 @@ class Reader:
         content = self.summary_bytes(run_id)
         return artifacts.decode_validation(content) if content is not None else None
 
+    def early_stopping(self, run_id: int) -> Optional[stopping.StoppingView]:
+        """The early-stopping policy's own state (``early_stopping.json`` as indexed): best value and step, patience
+        used, stopped or not and why, ``min_delta`` and warm-up as the policy file says; None when the run has no
+        such file or it is damaged (its error row names it)."""
+        rows = self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'early_stopping'"
+                          " AND content IS NOT NULL AND error IS NULL", (run_id,))
+        if not rows:
+            return None
+        try:
+            return stopping.stopping_view(hygiene_files.decode_early_stopping(rows[0][0]))
+        except hygiene_files.DamagedFile:
+            return None
+
     def log_files(self, run_id: int) -> tuple[str, tuple[LogFile, ...]]:
         """The run's directory and its nodes' training logs (stdout, stderr; paths from core.rundir).
 
@@ -614,6 +635,91 @@ class Reader:
                          tuple(sorted(outcomes, key=lambda o: (o.node is None, o.node or 0))),
                          self.manifest(run_id, run.version), self._summary_status(run_id), nodes,
                          self.series_metrics(run_id))
+
+    # ------------------------------------------------------------------ views (daemon/views.py)
+    def runs_view(self, roots: Optional[list[str]] = None, now: Optional[float] = None) -> views.RunsView:
+        """Every run (optionally only those under ``roots``) with its states and step-time figures decided."""
+        version = self.data_version()
+        return views.RunsView(runs=self.list_runs(roots, now), version=version,
+                              backlog_outstanding=tuple(sorted(self.backlog_outstanding().items())),
+                              indexing=self.ingest_progress())
+
+    def figures(self, run: RunSummary, now: Optional[float] = None,
+                backlog: Optional[tuple[BacklogItem, ...]] = None) -> views.RunFigures:
+        """The figures every surface shows for ``run`` (a few queries: the caller caches them per run version)."""
+        backlog = self.backlog(run.run_id, now=now) if backlog is None else backlog
+        # Eval freshness and the early-stopping best from the reader's functions as they are now; when core holds
+        # the typed backlog and eval-freshness rules, these two lines call those instead.
+        eval_step = self.newest_evaluated_step(run.run_id)
+        manifest = self.manifest(run.run_id, run.version)
+        early = views.early_stopping(self.validation(run.run_id), manifest, backlog, self.early_stopping(run.run_id))
+        declared = manifest.last_step_ahead(run.last_step) if manifest is not None else None
+        latest = self._rank_rows(f"run_id = ? AND {_LATEST}", (run.run_id,)).get(run.run_id, [])
+        ratios = next((r for r in (_loads(d["ratios"]) for d in latest) if r), None)
+        ratio_name, loss_ratio = views.worst_ratio(ratios)
+        return views.RunFigures(
+            statistic=views.STEP_STATISTIC, step_ms=run.step_ms, slowest_rank=run.slowest_rank,
+            straggler_score=run.straggler_score, straggler_pct=run.straggler_pct, straggler=run.straggler,
+            steps_per_s=run.steps_per_s, examples_per_s=run.examples_per_s, eval_step=eval_step,
+            eval_lag=freshness.eval_lag(run.last_step, eval_step), early_stopping=early, declared_steps=declared,
+            eta_s=views.eta_s(run.status, run.last_step, declared, run.steps_per_s), ratio_name=ratio_name,
+            loss_ratio=loss_ratio)
+
+    def rank_views(self, run: RunSummary, rows: tuple[RankRow, ...]) -> tuple[views.RankView, ...]:
+        """The newest attempt of each rank with its step time and Δ against the median rank (core/straggler.py)."""
+        spread = straggler.spread((r.rank, r.median_step_ms) for r in rows if r.latest)
+        return tuple(views.RankView(
+            rank=r.rank, attempt=r.attempt, node=r.node, state=r.state, records=r.records, last_step=r.last_step,
+            last_ts=r.last_ts, last_seen=r.last_seen, step_ms=r.median_step_ms,
+            delta_pct=spread.delta_pct(r.median_step_ms) if spread is not None else None,
+            input_wait_ms=r.median_input_wait_ms, steps_per_s=r.steps_per_s, examples_per_s=r.examples_per_s,
+            loss=r.loss, ratios=r.ratios, ended=r.ended, exit_code=r.exit_code, parts=r.step_parts)
+            for r in rows if r.latest)
+
+    def run_view(self, run_id: int, now: Optional[float] = None) -> Optional[views.RunView]:
+        """One run as every surface shows it (None when the index does not hold it)."""
+        now = time.time() if now is None else now
+        detail = self.run_detail(run_id, now)
+        if detail is None:
+            return None
+        backlog = self.backlog(run_id, now=now)
+        current = summary_is_current(detail.run.manifest_status)
+        content = self.summary_bytes(run_id) if current else None
+        summary = artifacts.decode_summary(content) if content is not None else None
+        ranks = self.rank_views(detail.run, detail.ranks)
+        figures = self.figures(detail.run, now, backlog)
+        preferred = figures.early_stopping.metric if figures.early_stopping is not None else None
+        evals, eval_metric = views.eval_points(self.events(run_id, kind="eval", limit=MAX_EVALS), backlog, preferred)
+        failure = views.recorded_failure(summary.failure if summary is not None else None)
+        return views.RunView(
+            run=detail.run, figures=figures, ranks=ranks, attempts=detail.ranks, outcomes=detail.outcomes,
+            manifest=detail.manifest, summary_status=detail.summary_status, nodes=detail.nodes,
+            metrics=detail.metrics, backlog=backlog, failure=failure or views.inferred_failure(detail.run, ranks),
+            diagnosis=views.diagnosis_line(summary), evals=evals, eval_metric=eval_metric)
+
+    def backlog_view(self, run_id: Optional[int] = None, now: Optional[float] = None) -> views.BacklogView:
+        """The validation backlog of one run (or of every run), with the newest completed checkpoint and its lag."""
+        now = time.time() if now is None else now
+        runs = self.list_runs(now=now)
+        if run_id is not None:
+            runs = tuple(r for r in runs if r.run_id == run_id)
+        items: list[tuple[str, BacklogItem]] = []
+        newest = lag = train_step = None
+        for run in sorted(runs, key=lambda r: r.name):
+            run_items = self.backlog(run.run_id, now=now)
+            items += [(run.name, b) for b in run_items]
+            best = freshness.newest(freshness.Evaluated(b.step, b.checkpoint) for b in run_items
+                                    if b.state is BacklogState.COMPLETED and b.step is not None)
+            if best is not None:
+                if newest is None or best.step > (newest[2] or 0):
+                    newest = (run.name, best.checkpoint, best.step)
+                    if run.last_step is not None:
+                        train_step, lag = run.last_step, freshness.eval_lag(run.last_step, best.step)
+            elif run.last_step is not None and run_id is not None:
+                train_step = run.last_step
+        counts = tuple((state, n) for state in BACKLOG_ORDER if (n := sum(1 for _, b in items if b.state is state)))
+        return views.BacklogView(tuple(items), counts, newest, lag, train_step,
+                                 run=runs[0].name if run_id is not None and runs else None)
 
     def _summary_status(self, run_id: int) -> Optional[str]:
         if not summary_is_current(self._run_value(run_id, "manifest_status")):
@@ -682,86 +788,59 @@ class Reader:
         return tuple(out)
 
     def backlog(self, run_id: int, now: Optional[float] = None) -> tuple[BacklogItem, ...]:
-        """Validation backlog items of a run, by step (newest last), each with its decided state."""
+        """Validation backlog entries of a run in checkpoint order, each with its decided state.
+
+        Assembled by :func:`traceml_tui.core.backlog.backlog_entries` from the stored bytes of its files, as
+        ``traceml validate status`` assembles them from the files; the run's settings from its manifest.
+        """
         now = time.time() if now is None else now
-        max_rows = self._rows("SELECT max_attempts FROM runs WHERE run_id = ?", (run_id,))
-        max_attempts = (max_rows[0][0] if max_rows and max_rows[0][0] else None) or DEFAULT_MAX_ATTEMPTS
-        items: dict[str, dict] = {}
-        for kind, _key, path, content in self._rows(
-            "SELECT kind, key, path, content FROM side_files WHERE run_id = ? AND kind IN"
-            " ('request', 'claim', 'receipt', 'failure')", (run_id,)
-        ):
-            # The one decoder of each backlog file (core.hygiene_files), as `validate status` reads it.
-            folder, name = hygiene_files.FOLDER_OF_KIND[kind], os.path.basename(path)
-            try:
-                body = hygiene_files.decode_named(folder, name, content) if content is not None else None
-            except hygiene_files.DamagedFile:
-                body = None
-            if body is None:
-                # Damaged: not a request, claim or result — but a failure file still counts as the failed attempt
-                # its name records (backlog.read_backlog_file's rule).
-                key = hygiene_files.checkpoint_of(folder, name) if kind == "failure" else None
-                if key is None:
-                    continue
-                body = hygiene_files.Failure(checkpoint=key, error="the failure record is damaged")
-            item = items.setdefault(body.checkpoint, {"failures": []})
-            if kind == "failure":
-                item["failures"].append(body)
-            else:
-                item[kind] = body
-        out = []
-        for checkpoint, item in items.items():
-            req: Optional[hygiene_files.Request] = item.get("request")
-            claim: Optional[hygiene_files.Claim] = item.get("claim")
-            receipt: Optional[hygiene_files.Receipt] = item.get("receipt")
-            failures = sorted(item["failures"], key=lambda f: f.failed or 0.0)
-            heartbeat, lease = (claim.heartbeat, claim.lease_s) if claim is not None else (None, None)
-            owner = claim.owner if claim is not None else None
-            stale = claim is not None and claim_is_stale(
-                heartbeat=heartbeat, lease_s=lease, now=now,
-                owner_alive=probe_owner(hygiene_files.as_dict(owner) if owner is not None else None))
-            state = decide_backlog(has_receipt=receipt is not None, has_claim=claim is not None, claim_stale=stale,
-                                   failures=len(failures), max_attempts=max_attempts)
-            step = req.step if req is not None and req.step is not None else (
-                receipt.step if receipt is not None else None)
-            metrics = receipt.metrics if receipt is not None else {}
-            out.append(BacklogItem(
-                checkpoint=checkpoint, state=state, step=step, created=req.created if req is not None else None,
-                claimed=claim.claimed if claim is not None else None, heartbeat=heartbeat, lease_s=lease,
-                completed=receipt.completed if receipt is not None else None, failures=len(failures),
-                last_error=str(failures[-1].error) if failures else None,
-                metrics=tuple(sorted(metrics.items())),
-                owner=f"{owner.host or '?'}:{owner.pid if owner.pid is not None else '?'}" if owner is not None else None,
-                attempts=tuple((f.attempt, f.failed, str(f.error)) for f in failures),
-            ))
-        out.sort(key=lambda b: (b.step is None, b.step or 0, b.checkpoint))
-        return tuple(out)
+        files = [(hygiene_files.FOLDER_OF_KIND[kind], os.path.basename(path), content)
+                 for kind, path, content in self._rows(
+                     "SELECT kind, path, content FROM side_files WHERE run_id = ? AND kind IN"
+                     " ('request', 'claim', 'receipt', 'failure') ORDER BY path", (run_id,))]
+        settings = core_backlog.validation_settings(self.manifest(run_id))
+        return core_backlog.backlog_entries(files, now, settings=settings)
 
     def backlog_outstanding(self) -> dict[int, int]:
-        """Per run: validation requests without a receipt (the Runs table's backlog column)."""
+        """Per run: validation requests without a receipt (the Runs table's backlog column).
+
+        The fast path of ``sum(e.outstanding for e in backlog(run))`` (:func:`traceml_tui.core.backlog.is_outstanding`)
+        for every run in one query, without decoding: a stored backlog file decoded when it was indexed
+        (``error`` is NULL exactly when :func:`traceml_tui.core.hygiene_files.decode_named` accepted it), and a
+        valid file's key is its checkpoint. A test holds the two equal on damaged files.
+        """
         out: dict[int, int] = {}
         for run_id, n in self._rows(
-            "SELECT q.run_id, count(*) FROM side_files q WHERE q.kind = 'request' AND NOT EXISTS"
-            " (SELECT 1 FROM side_files c WHERE c.run_id = q.run_id AND c.kind = 'receipt' AND c.key = q.key)"
+            "SELECT q.run_id, count(*) FROM side_files q WHERE q.kind = 'request' AND q.content IS NOT NULL"
+            " AND q.error IS NULL AND NOT EXISTS (SELECT 1 FROM side_files c WHERE c.run_id = q.run_id"
+            " AND c.kind = 'receipt' AND c.key = q.key AND c.content IS NOT NULL AND c.error IS NULL)"
             " GROUP BY q.run_id"
         ):
             out[run_id] = n
         return out
 
-    def newest_evaluated_step(self, run_id: int) -> Optional[int]:
-        """Step of the newest completed evaluation: an ``eval`` record or a validation receipt."""
-        steps = [r[0] for r in self._rows(
-            "SELECT max(step) FROM events WHERE run_id = ? AND kind = 'eval'"
-            " AND json_extract(body, '$.status') = 'completed'", (run_id,)) if r[0] is not None]
+    def eval_freshness(self, run_id: int, train_step: Optional[int] = None) -> freshness.EvalFreshness:
+        """The run's newest completed evaluation — an ``eval`` record or a validation receipt — and its lag behind
+        ``train_step`` (default: the run's newest step), by :func:`traceml_tui.core.freshness.eval_freshness`."""
+        evaluated = [freshness.Evaluated(step, checkpoint) for step, checkpoint in self._rows(
+            "SELECT step, json_extract(body, '$.checkpoint') FROM events WHERE run_id = ? AND kind = 'eval'"
+            " AND json_extract(body, '$.status') = 'completed' AND step IS NOT NULL ORDER BY step DESC LIMIT 1",
+            (run_id,))]
         for path, content in self._rows("SELECT path, content FROM side_files WHERE run_id = ? AND kind = 'receipt'"
-                                        " AND content IS NOT NULL", (run_id,)):
+                                        " AND content IS NOT NULL AND error IS NULL", (run_id,)):
             try:
-                step = hygiene_files.decode_named("receipts", os.path.basename(path), content).step
+                receipt = hygiene_files.decode_named("receipts", os.path.basename(path), content)
             except hygiene_files.DamagedFile:
                 continue  # a damaged receipt is no result
-            if step is not None:
-                steps.append(step)
-        return max(steps, default=None)
+            if receipt.step is not None:
+                evaluated.append(freshness.Evaluated(receipt.step, receipt.checkpoint))
+        if train_step is None:
+            train_step = self._run_value(run_id, "last_step")
+        return freshness.eval_freshness(train_step, evaluated)
+
+    def newest_evaluated_step(self, run_id: int) -> Optional[int]:
+        """Step of the newest completed evaluation: an ``eval`` record or a validation receipt (:meth:`eval_freshness`)."""
+        return self.eval_freshness(run_id).newest_step
 
     def errors(self, run_id: Optional[int] = None, limit: int = 100, after_id: int = 0) -> tuple[IngestError, ...]:
         """Ingest errors (newest ``limit`` after ``after_id``), oldest first."""

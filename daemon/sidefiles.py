@@ -11,6 +11,9 @@ and hands its bytes to :func:`parse`. What comes back is what it stores:
   :mod:`traceml_tui.core.artifacts` and judged by :mod:`traceml_tui.core.state`
   (never by rules of our own): :class:`ManifestFacts`, :class:`OutcomeFacts`
   or :class:`SummaryFacts`; None for backlog files and for anything unreadable.
+
+Backlog files and ``early_stopping.json`` are checked by their own decoders
+(:mod:`traceml_tui.core.hygiene_files`; the latter through :mod:`daemon.early_stopping`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Iterable, NamedTuple, Optional, Union
 import msgspec
 
 from traceml_tui.core import artifacts, bounds, hygiene_files, jsonsafe, rundir, state
+
+from . import early_stopping
 
 SIDE_MAX_BYTES = 64 << 20
 #: Side-file kinds of the validation backlog (``validation/<folder>/*.json``).
@@ -170,6 +175,8 @@ def parse(kind: str, rel: str, key: Optional[str], data: bytes) -> SideRead:
             # Kept as content (the reader leaves it out of the backlog) and named in the run's errors.
             return SideRead(content, f"{rel}: {exc}", key)
         return SideRead(content, None, key)
+    if kind == early_stopping.KIND:
+        return SideRead(*early_stopping.parse(rel, key, data, content), key)
     if kind in TYPED_KINDS:
         facts = decode_facts(kind, data, key)
         if facts is None:

@@ -122,12 +122,15 @@ def main(argv: list[str]) -> int:
             out = {"index": index_path, "data_version": reader.data_version(), "writer": health.to_json(clock),
                    "runs": []}
             for r in runs:
+                rows = reader.rank_rows(r.run_id, now)
+                # Δ against the median rank, by the one straggler rule (daemon/views.py, core/straggler.py)
+                delta = {v.rank: v.delta_pct for v in reader.rank_views(r, rows)}
                 ranks = [
                     {"rank": k.rank, "attempt": k.attempt, "state": None if k.state is None else str(k.state),
                      "latest": k.latest, "records": k.records, "last_step": k.last_step, "last_record_ts": k.last_ts,
-                     "median_step_ms": k.median_step_ms, "steps_per_s": k.steps_per_s, "ended": k.ended,
-                     "exit_code": k.exit_code}
-                    for k in reader.rank_rows(r.run_id, now)
+                     "median_step_ms": k.median_step_ms, "delta_pct": delta.get(k.rank) if k.latest else None,
+                     "steps_per_s": k.steps_per_s, "ended": k.ended, "exit_code": k.exit_code}
+                    for k in rows
                 ]
                 d = asdict(r)
                 d["status"] = str(r.status)
@@ -135,6 +138,8 @@ def main(argv: list[str]) -> int:
                 d["rank_count"] = d.pop("ranks")
                 d["ranks"] = ranks
                 d["error_count"] = r.errors
+                # the figures every surface shows (step time, straggler, steps/s, eval lag, early-stopping best)
+                d["figures"] = reader.figures(r, now).to_json()
                 # who failed first, where and why: the summary's failure section (docs/run.md "Failure forensics")
                 failure = reader.failure(r.run_id) if r.status in (RunStatus.FAILED, RunStatus.LOST) else None
                 d["failure"] = artifacts.to_builtins(failure) if failure is not None else None

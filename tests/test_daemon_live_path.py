@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_daemon_support import append_raw, header_line, step_line, write_steps
 
-from daemon import tailer
+from daemon import decode
 from daemon.reader import Reader
 from daemon.service import Ingester
 
@@ -115,7 +115,7 @@ def test_descriptors_stay_within_the_cache_bound(live):
     for rank in range(12):
         write_steps(root / "r", rank, range(1, 3))
     ing.open()
-    ing._fds.cap = 5  # a tiny bound; every file is still read (re-opened when evicted)
+    ing.streams.fds.cap = 5  # a tiny bound; every file is still read (re-opened when evicted)
     ing.run_once()
     for rank in range(12):
         append_raw(write_steps(root / "r", rank, (), header=False), step_line("r", rank, 3))
@@ -324,7 +324,7 @@ def test_an_inotify_hint_makes_an_append_visible_before_the_next_poll(tmp_path):
 
 @pytest.mark.parametrize("odd", [None, b"{not json\n", b"\n", "header"])
 def test_blocks_decoded_together_equal_blocks_decoded_one_by_one(odd):
-    """A live pass decodes every file's small append at once (tailer.prepare_blocks): the same rows, errors and
+    """A live pass decodes every file's small append at once (decode.prepare_blocks): the same rows, errors and
     other records as one prepare_block per file, also when one block holds a bad line, a blank line or a header."""
     blocks = []
     for rank in range(6):
@@ -332,8 +332,8 @@ def test_blocks_decoded_together_equal_blocks_decoded_one_by_one(odd):
         if odd is not None and rank == 3:
             data = (header_line("r", rank) if odd == "header" else odd) + data
         blocks.append((data, 1000 * rank + 17))
-    together = tailer.prepare_blocks(blocks)
-    one_by_one = [tailer.prepare_block(b, base) for b, base in blocks]
+    together = decode.prepare_blocks(blocks)
+    one_by_one = [decode.prepare_block(b, base) for b, base in blocks]
     assert together == one_by_one
     assert sum(len(p.errors) for p in together) == (1 if odd == b"{not json\n" else 0)
 
@@ -406,15 +406,15 @@ def test_passes_under_load_are_further_apart_but_bounded():
     """The gap after a hint-driven pass (docs/daemon.md, "Live path"): a pass over one stream leaves the
     next one MIN_PASS_GAP_S after it; the gap grows with the streams a pass read, never past
     MAX_PASS_GAP_S after the pass began, and a pass longer than that leaves MIN_PASS_GAP_S after it."""
-    from daemon import service
+    from daemon import plan
 
     start = 100.0
-    assert service._next_hint(start, start + 0.001, 1) == pytest.approx(start + 0.001 + service.MIN_PASS_GAP_S)
-    gaps = [service._next_hint(start, start + 0.01, n) - start for n in (1, 50, 200, 400, 1280, 100_000)]
+    assert plan.next_hint(start, start + 0.001, 1) == pytest.approx(start + 0.001 + plan.MIN_PASS_GAP_S)
+    gaps = [plan.next_hint(start, start + 0.01, n) - start for n in (1, 50, 200, 400, 1280, 100_000)]
     assert gaps == sorted(gaps) and gaps[0] < gaps[-1]
-    assert gaps[-1] == pytest.approx(service.MAX_PASS_GAP_S)
-    slow = start + 2 * service.MAX_PASS_GAP_S
-    assert service._next_hint(start, slow, 100_000) == pytest.approx(slow + service.MIN_PASS_GAP_S)
+    assert gaps[-1] == pytest.approx(plan.MAX_PASS_GAP_S)
+    slow = start + 2 * plan.MAX_PASS_GAP_S
+    assert plan.next_hint(start, slow, 100_000) == pytest.approx(slow + plan.MIN_PASS_GAP_S)
 
 
 def test_a_live_daemon_under_load_reads_every_stream_to_its_last_line(tmp_path):
@@ -477,16 +477,16 @@ def test_a_timed_poll_reads_the_hinted_streams_even_quiet_ones(live):
     busy = write_steps(root / "r", 0, range(1, 4))
     quiet = write_steps(root / "r", 1, range(1, 4))
     ing.run_once()
-    for _, f in ing._paths.values():
+    for _, f in ing.plan.paths.values():
         f.changed = -1e9  # quiet for ages: polled only in its turn
     rounds = max(1, int(ing.rescan_interval / ing.poll_interval))
-    assert rounds > len(ing._paths) + 1
-    ing._poll_round = rounds - 2  # the next round is nobody's turn
+    assert rounds > len(ing.plan.paths) + 1
+    ing.plan.poll_round = rounds - 2  # the next round is nobody's turn
     append_raw(busy, step_line("r", 0, 4))
     append_raw(quiet, step_line("r", 1, 4))
-    ing._mark_dirty({str(quiet)})
-    ing._timed_pass()
-    ing._commit()
+    ing.plan.mark_dirty({str(quiet)})
+    ing.timed_pass()
+    ing.commit()
     with Reader(index) as r:
         rows = {x.rank: x.last_step for x in r.rank_rows(r.find_run("r").run_id)}
     assert rows[1] == 4  # the hinted quiet stream was read by this poll
@@ -504,42 +504,42 @@ def test_a_timed_poll_leaves_streams_inotify_names_to_their_hints_until_events_a
     ing = Ingester(tmp_path / "index.sqlite", [str(root)], poll_interval=0.05, use_inotify=True)
     try:
         ing.run_once()
-        from daemon import service, watcher
+        from daemon import plan, watcher
 
-        ing._watcher = watcher.Watcher(ing.roots, ing._mark_dirty)
-        assert ing._watcher.start() and ing._watcher.reports_losses
+        ing.plan.watcher = watcher.Watcher(ing.roots, ing.plan.mark_dirty)
+        assert ing.plan.watcher.start() and ing.plan.watcher.reports_losses
         rounds = max(1, int(ing.rescan_interval / ing.poll_interval))
-        assert rounds > len(ing._paths) + 1
+        assert rounds > len(ing.plan.paths) + 1
 
         def polled() -> set[str]:
-            ing._poll_round = rounds - 2  # the next round is nobody's share
-            return {f.path for _, f in ing._poll_targets()}
+            ing.plan.poll_round = rounds - 2  # the next round is nobody's share
+            return {f.path for _, f in ing.plan.poll_targets()}
 
         assert polled() == {str(local), str(remote)}  # both changed lately, neither named yet
         append_raw(local, step_line("r", 0, 4))
-        assert _wait_for(lambda: str(local) in ing._dirty, timeout=10)
-        ing._poll_dirty()  # the hint-driven pass reads it and remembers the hint
-        ing._commit()
+        assert _wait_for(lambda: str(local) in ing.plan.dirty_paths(), timeout=10)
+        ing.hinted_pass()  # the hint-driven pass reads it and remembers the hint
+        ing.commit()
         assert polled() == {str(remote)}
-        ing._watcher._dispatch([(-1, watcher.IN_Q_OVERFLOW, 0, "")])  # the kernel's queue overflowed
-        assert ing._watcher.losses == 1 and ing._take_dirty() == set(ing.roots)
+        ing.plan.watcher._dispatch([(-1, watcher.IN_Q_OVERFLOW, 0, "")])  # the kernel's queue overflowed
+        assert ing.plan.watcher.losses == 1 and ing.plan.take_dirty() == set(ing.roots)
         assert polled() == {str(local), str(remote)}
         assert polled() == {str(remote)}  # one full poll, then hints are trusted again
         # The named stream still has its share of the quiet rounds (an append inotify missed waits for it).
-        order = [f.path for _, f in ing._paths.values()]
-        ing._poll_round = order.index(str(local)) % rounds - 1
-        assert str(local) in {f.path for _, f in ing._poll_targets()}
+        order = [f.path for _, f in ing.plan.paths.values()]
+        ing.plan.poll_round = order.index(str(local)) % rounds - 1
+        assert str(local) in {f.path for _, f in ing.plan.poll_targets()}
         # A name older than HINTED_WITHIN_S is not trusted any more.
-        hit = ing._paths[str(local)][1]
-        hit.hinted -= service.HINTED_WITHIN_S + 1
+        hit = ing.plan.paths[str(local)][1]
+        hit.hinted -= plan.HINTED_WITHIN_S + 1
         assert polled() == {str(local), str(remote)}
-        hit.hinted += service.HINTED_WITHIN_S + 1
+        hit.hinted += plan.HINTED_WITHIN_S + 1
         assert polled() == {str(remote)}
         # A reader that died, or watchdog's observer (it drops an overflow silently), is never trusted.
-        ing._watcher.stop()
-        assert not ing._watcher.reports_losses and polled() == {str(local), str(remote)}
-        ing._watcher = watcher.Watcher(ing.roots, ing._mark_dirty, backend="watchdog")
-        assert ing._watcher.start() and not ing._watcher.reports_losses
+        ing.plan.watcher.stop()
+        assert not ing.plan.watcher.reports_losses and polled() == {str(local), str(remote)}
+        ing.plan.watcher = watcher.Watcher(ing.roots, ing.plan.mark_dirty, backend="watchdog")
+        assert ing.plan.watcher.start() and not ing.plan.watcher.reports_losses
         assert polled() == {str(local), str(remote)}
     finally:
         ing.close()
@@ -558,7 +558,7 @@ def test_a_live_rank_recomputes_its_figures_when_half_its_window_is_new_or_ten_s
     ing.open()
     ing.live_settings()
     clock = [0.0]
-    ing._agg.tick = lambda: clock[0]
+    ing.store.agg.tick = lambda: clock[0]
     assert service.FIGURES_NEW_STEPS == live_mod.WINDOW // 2
 
     def after(seconds: float, steps=(), ts_base: float = 0.0, run: str = "r", stream=None):
@@ -566,7 +566,7 @@ def test_a_live_rank_recomputes_its_figures_when_half_its_window_is_new_or_ten_s
         for s in steps:
             append_raw(stream or path, step_line(run, 0, s, ts=ts_base + s))
         ing.run_once()
-        ing._commit_pass()  # as the serve loop ends each pass: quiet ranks whose figures fell due get them
+        ing.commit_pass()  # as the serve loop ends each pass: quiet ranks whose figures fell due get them
         row = _rank(index, run)[1]
         return row.last_step, round(row.steps_per_s, 4)
 
@@ -596,17 +596,17 @@ def test_figures_left_stale_are_written_after_a_rollback_and_when_the_daemon_sto
     ing = Ingester(index, [str(root)], use_inotify=False)
     ing.open()
     ing.live_settings()
-    ing._agg.tick = lambda: 0.0
+    ing.store.agg.tick = lambda: 0.0
     ing.run_once()
     for s in range(71, 76):
         append_raw(path, step_line("r", 0, s, ts=2000.0 + s))
     ing.run_once()
     row = _rank(index, "r")[1]
     assert (row.last_step, round(row.steps_per_s, 4)) == (75, 1.0)  # stale: current columns only
-    ing._begin()
-    ing._rollback()
-    assert ing._agg.stale and ing._agg.due_stale()
-    ing._commit_pass()  # the serve loop's next pass
+    ing.begin()
+    ing.rollback()
+    assert ing.store.agg.stale and ing.store.agg.due_stale()
+    ing.commit_pass()  # the serve loop's next pass
     assert round(_rank(index, "r")[1].steps_per_s, 4) == fresh
     ing.close()
 
@@ -636,7 +636,7 @@ def test_a_window_split_when_figures_are_asked_equals_one_split_at_every_append(
 
     lines = b"".join(step_line("r", 0, s, step_ms=50.0 + (s * 37) % 23, ts=1000.0 + s * (1 + (s % 5) / 10))
                      for s in range(1, 400))
-    rows = tailer.prepare_block(lines, 0).groups[(0, 0)][0]
+    rows = decode.prepare_block(lines, 0).groups[(0, 0)][0]
     stored = [tuple(r[c] for c in (2, 3, 19, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 22, 23)) for r in rows[:40]]
     eager, lazy = live_mod.RankWindow(), live_mod.RankWindow()
     for w in (eager, lazy):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_daemon_support import header_line, step_line, steps_path
 
-from daemon import cli, service
+from daemon import cli, cold, service, stream
 from daemon.reader import Reader
 
 RUNS, RANKS, STEPS = 6, 3, 1500
@@ -34,7 +34,7 @@ def _backlog(root: Path) -> list[str]:
 @pytest.fixture
 def small_batches(monkeypatch):
     """A backlog of a few MiB counts as large, and commits every 1,000 rows: many observations, quickly."""
-    monkeypatch.setattr(service, "PROGRESS_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(cold, "PROGRESS_MIN_BYTES", 1 << 20)
     monkeypatch.setattr(service, "BATCH_ROWS", 1000)
 
 
@@ -149,23 +149,23 @@ def test_a_backlog_decoded_by_the_worker_process_is_the_same_index(tmp_path, mon
             lines += [step_line(f"run{i}", rank, s, step_ms=100.0 + s % 7, ratio=0.5) for s in range(1, 3001)]
             lines.insert(1500, b'{"kind": "step", "v": 1, "broken\n')  # one malformed line: one error row
             path.write_bytes(b"".join(lines))
-    monkeypatch.setattr(service, "PROGRESS_MIN_BYTES", 1 << 20)
-    monkeypatch.setattr(service, "AHEAD_MIN_BYTES", 1 << 10)
-    monkeypatch.setattr(service, "_core_free", lambda: True)
-    monkeypatch.setattr(service.tailer, "READ_BYTES", 256 << 10)  # several blocks per file: read ahead within one
+    monkeypatch.setattr(cold, "PROGRESS_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(cold, "AHEAD_MIN_BYTES", 1 << 10)
+    monkeypatch.setattr(cold, "core_free", lambda: True)
+    monkeypatch.setattr(stream, "READ_BYTES", 256 << 10)  # several blocks per file: read ahead within one
     results = {}
     for mode, threshold in (("writer", 1 << 60), ("worker", 1 << 20)):
-        monkeypatch.setattr(service, "WORKER_MIN_BYTES", threshold)
+        monkeypatch.setattr(cold, "WORKER_MIN_BYTES", threshold)
         ing = service.Ingester(tmp_path / f"{mode}.sqlite", [str(root)], use_inotify=False)
         used = []
-        take = ing._prepared
+        take = ing.cold.prepared
 
-        def prepared(f, block, offset, take=take, ing=ing, used=used):
-            ahead = ing._ahead.get(f.file_id)
+        def prepared(file_id, block, offset, take=take, ing=ing, used=used):
+            ahead = ing.cold.ahead.get(file_id)
             used.append(ahead is not None and ahead[0] == offset and ahead[1] == block)
-            return take(f, block, offset)
+            return take(file_id, block, offset)
 
-        ing._prepared = prepared
+        ing.cold.prepared = prepared
         try:
             assert ing.run_once() == 3 * 2 * 3000
         finally:

@@ -193,8 +193,9 @@ def test_summary_and_panel_agree_with_the_stop_and_name_what_came_after(tmp_path
     pytest.importorskip("textual")
     from types import SimpleNamespace
 
+    from daemon.views import early_stopping  # the reader's rule; the panel's snapshot maps it
     from traceml_tui.hygiene.report import report_lines, validation_report
-    from traceml_tui.tui.source import _early_stopping
+    from traceml_tui.tui.present import early_stopping_info as _early_stopping
     from traceml_tui.tui.widgets.early_stopping_panel import early_stopping_lines
 
     run_dir = tmp_path / "run"
@@ -207,7 +208,8 @@ def test_summary_and_panel_agree_with_the_stop_and_name_what_came_after(tmp_path
     assert [e["step"] for e in section["early_stopping"]["after_stop"]] == [1000, 1100, 1200, 1300]
     assert ("  early stopping: stopped, patience_exhausted at step-00000900 (update 900); "
             "4 evaluations after the stop not counted") in report_lines(section)
-    info = _early_stopping(SimpleNamespace(early_stopping=section["early_stopping"], best=section["best"]), None, [])
+    info = _early_stopping(early_stopping(
+        SimpleNamespace(early_stopping=section["early_stopping"], best=section["best"]), None, []))
     lines = [line[0] if isinstance(line, tuple) else line for line in early_stopping_lines(info)]
     assert lines == [
         "metric r2 (↑ higher is better) · patience 3/3 used, 0 left",
@@ -258,9 +260,10 @@ def test_a_metric_no_receipt_reports_is_flagged_in_the_summary_and_the_panel(tmp
     pytest.importorskip("textual")
     from types import SimpleNamespace
 
+    from daemon.views import early_stopping  # the reader's rule; the panel's snapshot maps it
     from traceml_tui.core.state import BacklogState
     from traceml_tui.hygiene.report import report_lines, validation_report
-    from traceml_tui.tui.source import _early_stopping
+    from traceml_tui.tui.present import early_stopping_info as _early_stopping
     from traceml_tui.tui.widgets.early_stopping_panel import early_stopping_lines
 
     run_dir = tmp_path / "run"
@@ -279,13 +282,14 @@ def test_a_metric_no_receipt_reports_is_flagged_in_the_summary_and_the_panel(tmp
         return [line[0] if isinstance(line, tuple) else line for line in early_stopping_lines(info)]
 
     # at the end: from the summary's section
-    info = _early_stopping(SimpleNamespace(early_stopping=section["early_stopping"], best=section["best"]), None, [])
+    info = _early_stopping(early_stopping(
+        SimpleNamespace(early_stopping=section["early_stopping"], best=section["best"]), None, []))
     assert texts(info)[-1] == note
     # live: from the manifest's policy and the receipts so far (same words)
     manifest = SimpleNamespace(hygiene_block={"early_stopping": {"metric": "R2", "direction": "max", "patience": 2}})
     rows = [SimpleNamespace(state=BacklogState.COMPLETED, metrics=(("mse", 1.0), ("r2", 0.5)), checkpoint=c, step=s)
             for c, s in zip(ckpts, (10, 20))]
-    assert texts(_early_stopping(None, manifest, rows))[-1] == note
+    assert texts(_early_stopping(early_stopping(None, manifest, rows)))[-1] == note
 
 
 def test_the_curve_marks_a_budget_stop_at_its_update(tmp_path):

@@ -45,3 +45,21 @@ def test_example_trains_validates_stops_and_renders(tmp_path, traceml_cmd, cli_e
     steps = (run_dir / "ranks" / "rank_0" / "steps-0.jsonl").read_text().splitlines()
     last_step = [line for line in steps if '"kind":"step"' in line][-1]
     assert '"ratio"' in last_step and '"r2"' in last_step
+
+    # The index shows the policy's own state (issue 25): the real daemon ingests the run, the reader returns
+    # what early_stopping.json says — the policy's best (min_delta and warm-up weighed), patience, the stop.
+    from daemon.reader import Reader
+    from traceml_tui.core import hygiene_files, stopping
+
+    index = tmp_path / "index.sqlite"
+    daemon = subprocess.run([*traceml_cmd, "daemon", str(run_dir.parent), "--once", "--no-inotify", "--index",
+                             str(index)], env=cli_env, capture_output=True, text=True, timeout=240)
+    assert daemon.returncode == 0, daemon.stderr[-3000:]
+    with Reader(index) as reader:
+        (run,) = reader.list_runs()
+        view = reader.early_stopping(run.run_id)
+    assert view == stopping.stopping_view(hygiene_files.decode_early_stopping((run_dir / "early_stopping.json")
+                                                                              .read_bytes()))
+    assert (view.metric, view.direction, view.min_delta, view.warmup, view.patience) == ("r2", "max", 0.002, 100, 2)
+    assert view.stopped and view.reason == state["reason"] and view.best_checkpoint == state["best_checkpoint"]
+    assert view.best_value == state["best_metric"] and view.patience_used == state["patience_counter"]

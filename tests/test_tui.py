@@ -772,13 +772,13 @@ async def test_a_cell_whose_style_alone_changes_is_redrawn():
 
 
 def test_delta_median_compares_each_ranks_median_with_the_median_ranks(tmp_path):
-    """Δ median is like against like: on a real 2-rank run one rank is above the median and one below,
-    whatever outlier step inflates the window's mean step time shown beside it."""
-    import statistics
-
+    """Δ median is like against like: on a real 2-rank run each rank's median against the median rank's — by the
+    summary's straggler rule (core/straggler.py: the lower median, so a 2-rank run's faster rank is the median
+    rank at +0 % and the other is its skew) — whatever outlier step inflates the window's mean."""
     import fixture_runs as fr
 
     from daemon.reader import Reader
+    from traceml_tui.core import straggler
 
     _, index = fr.build_real_index(tmp_path)
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
@@ -790,6 +790,7 @@ def test_delta_median_compares_each_ranks_median_with_the_median_ranks(tmp_path)
         deltas = {r.rank: r.delta_pct for r in detail.ranks}
     finally:
         source.close()
-    middle = statistics.median(medians.values())
+    middle = straggler.spread(medians.items()).median
+    assert middle == min(medians.values())
     assert deltas == pytest.approx({rank: (ms / middle - 1) * 100 for rank, ms in medians.items()})
     assert len(deltas) == 2 and min(deltas.values()) <= 0 <= max(deltas.values())

@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import tui_data as d  # noqa: E402
 
-from daemon import service  # noqa: E402
+from daemon import cold, service  # noqa: E402
 from traceml_tui.core.rundir import RunDir  # noqa: E402
 from traceml_tui.tui.app import create_app  # noqa: E402
 from traceml_tui.tui.source import IndexSource  # noqa: E402
@@ -29,7 +29,7 @@ RUNS, RANKS, STEPS = 5, 2, 400
 
 
 def test_runs_fill_in_newest_first_while_the_header_shows_indexing(tmp_path, monkeypatch):
-    monkeypatch.setattr(service, "PROGRESS_MIN_BYTES", 64 << 10)  # this backlog counts as a large one
+    monkeypatch.setattr(cold, "PROGRESS_MIN_BYTES", 64 << 10)  # this backlog counts as a large one
     monkeypatch.setattr(service, "BATCH_ROWS", 200)  # … committed in many batches
     root = tmp_path / "logs"
     root.mkdir()

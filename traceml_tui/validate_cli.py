@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from traceml_tui.core.cliargs import EXIT_USAGE, RaisingParser, UsageError, positive_seconds, seconds, usage_line
+from traceml_tui.core.freshness import eval_lag
 from traceml_tui.core.jsonsafe import dumps_valid
 from traceml_tui.core.rundir import run_dir_problem
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
@@ -259,9 +260,8 @@ def format_status(status: dict) -> str:
         metrics = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(newest["metrics"].items()))
         lines.append(f"newest completed: {newest['checkpoint']} (step {newest['step']}) {metrics}".rstrip())
     if latest is not None:
-        lag = None
-        if newest is not None and isinstance(latest["step"], int) and isinstance(newest["step"], int):
-            lag = latest["step"] - newest["step"]
+        # how far the newest request is ahead of the newest result (core/freshness.py, the one lag rule)
+        lag = eval_lag(latest["step"], newest["step"]) if newest is not None else None
         lines.append(f"latest requested: {latest['checkpoint']} (step {latest['step']})" + (f", eval lag {lag} updates" if lag is not None else ""))
     counts = status["counts"]  # BacklogState words in attention order (core.state.BACKLOG_ORDER)
     summary = ", ".join(f"{n} {word}" for word, n in counts.items() if n)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 
-from daemon import blockcheck, live, tailer  # noqa: E402
+from daemon import blockcheck, decode, live  # noqa: E402
 from daemon import index as idx  # noqa: E402
 from daemon.reader import Reader  # noqa: E402
 from daemon.service import Ingester  # noqa: E402
@@ -64,7 +64,7 @@ def bench_cold(tmp: Path, total: int) -> None:
     rows_by_run = []
     for path in sorted(root.rglob("steps-0.jsonl")):
         data = path.read_bytes()
-        parsed = tailer.parse_block(data, 0)
+        parsed = decode.parse_block(data, 0)
         steps = [r for r in parsed.records if type(r) in (records.Step, records.LeanStep)]
         rows, _ = live.step_rows(steps)
         rows_by_run.append((int(path.parts[-4][3:]) + 1, rows))
@@ -107,7 +107,7 @@ def bench_cold(tmp: Path, total: int) -> None:
     # bound what one writer core plus one decoding core can reach (docs/daemon.md, "Cold-ingest ceiling").
     blocks = [p.read_bytes() for p in sorted(root.rglob("steps-0.jsonl"))]
     t0 = time.perf_counter()
-    decoded = [tailer.parse_block(b, 0) for b in blocks]
+    decoded = [decode.parse_block(b, 0) for b in blocks]
     decode_s = time.perf_counter() - t0
     # The fast path's proof that each record is its own line (daemon/blockcheck.py), on the same blocks:
     # part of decode_s above, shown on its own against it.
@@ -200,6 +200,7 @@ def bench_rss(tmp: Path, total: int) -> None:
     root = tmp / "cold"
     if not root.exists():
         make_dataset(root, total)
+    total = total // FILES * FILES  # what make_dataset wrote (whole records per file): else this waits forever
     index = tmp / "rss.sqlite"
     proc = _daemon(index, root, "--poll-interval", "1")
     p = psutil.Process(proc.pid)

@@ -59,8 +59,8 @@ def _measure(tmp: Path, case: str, runs: int, nodes: int, scans: int) -> tuple[f
             for k in keepers:  # every launcher beat since the last scan (the writer's cost is not counted)
                 k._write()
         t = time.process_time()
-        ingester._scan()
-        ingester._commit()
+        ingester.scan()
+        ingester.commit()
         scan_ms.append((time.process_time() - t) * 1000)
     ingester.close()
     with Reader(index) as reader:

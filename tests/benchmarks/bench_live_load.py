@@ -138,7 +138,7 @@ def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int 
     """CPU seconds per record of one live pass without the writers' noise: one ``Ingester`` in this process
     over 20 runs × 64 ranks with the live daemon's settings (``live_settings``) on a simulated clock
     ``seconds_per_pass`` apart; each pass appends ``lines`` lines to every stream, then reads them all
-    (``_poll``) and commits (``_commit``). Only the pass is timed."""
+    (``poll``) and commits (``commit_pass``). Only the pass is timed."""
     root = tmp / f"inproc{lines}"
     streams = make_runs(root, 20, 64)
     ing = Ingester(tmp / f"inproc{lines}.sqlite", [str(root)], use_inotify=False)
@@ -146,9 +146,9 @@ def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int 
         ing.run_once()
         ing.live_settings()
         clock = [time.monotonic()]
-        ing._agg.tick = lambda: clock[0]
+        ing.store.agg.tick = lambda: clock[0]
         fds = [(run, rank, open_append(_stream(root, run, rank))) for run, rank in streams]
-        targets = list(ing._paths.values())
+        targets = ing.plan.everything()
         rng = random.Random(3)
         step = 11
         used = 0.0
@@ -159,8 +159,8 @@ def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int 
                 step += 1
             clock[0] += seconds_per_pass
             t0 = time.process_time()
-            ing._poll(targets)
-            ing._commit_pass()
+            ing.poll(targets)
+            ing.commit_pass()
             if i >= 5:
                 used += time.process_time() - t0
         for *_, fd in fds:

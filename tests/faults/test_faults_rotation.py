@@ -55,3 +55,26 @@ def test_nul_region_overwritten_later_is_read(env):
     env.ingest()
     _, steps, errors, _ = env.run("r")
     assert steps == 6 and not errors
+
+
+def test_nul_region_behind_a_line_of_nuls_only_is_waited_for(env):
+    """A complete line of NULs only is a bad line (one error row), and the look-out for a NUL region goes on
+    behind it: the region holding lines 4-5 (line 6 landed behind them) is not committed past until they land."""
+    write_steps(env.root / "r", 0, range(1, 4))
+    path = steps_path(env.root / "r", 0)
+    env.ingest()
+    late = _lines(*(step_line("r", 0, s) for s in (4, 5)))
+    landed = _lines(step_line("r", 0, 6))
+    with open(path, "ab") as fh:
+        fh.write(b"\0" * 8 + b"\n" + b"\0" * len(late) + landed)
+    env.ingest()
+    _, steps, errors, _ = env.run("r")
+    assert steps == 3 and len(errors) == 1  # the line of NULs only; nothing past the region
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, late, os.path.getsize(path) - len(late) - len(landed))
+    finally:
+        os.close(fd)
+    env.ingest()
+    _, steps, errors, _ = env.run("r")
+    assert steps == 6 and len(errors) == 1

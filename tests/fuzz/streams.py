@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from daemon import tailer
+from daemon import decode
 from daemon.service import Ingester
 from traceml_tui.core import records
 from traceml_tui.core.rundir import RunDir
@@ -126,7 +126,7 @@ def oracle(lines: list[bytes]) -> tuple[set, int]:
         if not line.rstrip(b"\r").strip():
             continue
         try:
-            rec = tailer.decode_line(line.rstrip(b"\r"))  # the one line alone: records' schema, 64-bit rule
+            rec = decode.decode_line(line.rstrip(b"\r"))  # the one line alone: records' schema, 64-bit rule
         except records.RecordError:
             bad += 1
             continue

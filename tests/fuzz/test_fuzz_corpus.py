@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from streams import CLEAN, CLEAN_STEPS, header, ingest, oracle, stored, write_stream
 
-from daemon import tailer
+from daemon import decode
 
 CORPUS = Path(__file__).with_name("corpus")
 BLOCKS = sorted((CORPUS / "blocks").glob("*.jsonl"))
@@ -32,7 +32,7 @@ SIDE_PATHS = {"manifest": "manifest.json", "summary": "final_summary.json",
 def test_block(path, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="traceml.daemon")
     block = path.read_bytes()
-    fast, slow = tailer.parse_block(block, 7), tailer._parse_slow(block[:-1].split(b"\n"), 7)
+    fast, slow = decode.parse_block(block, 7), decode._parse_slow(block[:-1].split(b"\n"), 7)
     assert (fast.records, fast.offsets, fast.errors) == (slow.records, slow.offsets, slow.errors)
     root, index = tmp_path / "logs", tmp_path / "index.sqlite"
     body = block[:-1].split(b"\n")

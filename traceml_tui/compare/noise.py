@@ -42,7 +42,7 @@ def read_step_times(run_dir: Path, clock: str, window: tuple[Optional[int], Opti
     one (a resume re-runs steps). Malformed lines are skipped: noise is
     context, and the summary already passed strict reading.
     """
-    from traceml_tui.core import records, steptime
+    from traceml_tui.core import jsonl, records, steptime
 
     start, end = window
     per_rank_step: dict[tuple[int, int], float] = {}
@@ -51,17 +51,14 @@ def read_step_times(run_dir: Path, clock: str, window: tuple[Optional[int], Opti
     for path in [s.path for s in sorted(RunDir(run_dir).step_files(), key=lambda s: s.attempt)]:
         try:
             with open(path, "rb") as handle:
-                for line in handle:
-                    budget -= len(line)
+                for line in jsonl.stream_lines(handle):  # complete lines only (core/jsonl.py)
+                    budget -= len(line) + 1
                     if budget < 0:
                         break
-                    if b'"step"' not in line or not line.endswith(b"\n"):
+                    if b'"step"' not in line:
                         continue
-                    try:
-                        record = records.decode(line)
-                    except (records.RecordError, RecursionError):  # RecursionError: nested too deeply
-                        continue
-                    if not isinstance(record, records.Step):
+                    record = next(jsonl.iter_records((line,), (records.Step,)), None)
+                    if record is None:
                         continue
                     if start is not None and record.step < start or end is not None and record.step > end:
                         continue

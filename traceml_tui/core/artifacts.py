@@ -19,12 +19,14 @@ stores or shows its numbers (docs/daemon.md, "Damaged input").
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+import functools
+from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
 
 from traceml_tui.core import jsonsafe
 from traceml_tui.core.bounds import INT64_MAX, Count, Epoch, Int64, IntKey, parse_int_key
+from traceml_tui.core.hygiene_files import MAX_SECONDS
 
 MANIFEST_SCHEMA_VERSION = 1
 
@@ -81,6 +83,109 @@ class Telemetry(msgspec.Struct):
     reasons: list[str] = msgspec.field(default_factory=list)
 
 
+# --------------------------------------------------------------------------- the manifest's blocks, typed
+#
+# The manifest keeps its ``guard.contract`` and ``hygiene`` blocks as written (the launcher writes what
+# ``guard/contract.py`` and ``hygiene/config.py`` normalized; a resume compares them item by item), and
+# readers see them through these structs: :meth:`Manifest.contract` and :meth:`Manifest.hygiene_settings`.
+# A block is read field by field (:func:`decode_lenient`): a field out of its bounds — an edited manifest — is
+# absent (its default applies) and the block's other fields still count.
+
+Positive = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_SECONDS)]  # seconds a block may declare (a claim's bound)
+NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_SECONDS)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]
+
+
+class ContractWorkload(msgspec.Struct):
+    name: Optional[str] = None
+
+
+class ContractMeasurement(msgspec.Struct):
+    start_step: Optional[Int64] = None
+    completed_steps: Optional[Count] = None
+
+
+class GuardContract(msgspec.Struct):
+    """``guard.contract`` of a guarded run's manifest (normalized by :mod:`traceml_tui.guard.contract`)."""
+
+    workload: Optional[ContractWorkload] = None
+    measurement: Optional[ContractMeasurement] = None
+
+    @property
+    def window_end(self) -> Optional[int]:
+        """The measurement window's last step (``start_step + completed_steps - 1``), when declared."""
+        m = self.measurement
+        if m is None or m.start_step is None or m.completed_steps is None:
+            return None
+        return m.start_step + m.completed_steps - 1
+
+
+class ValidationBlock(msgspec.Struct):
+    """``hygiene.validation`` (docs/hygiene.md); None: not declared or out of bounds (the default applies)."""
+
+    recipe: Optional[str] = None
+    cadence: Optional[AtLeastOne] = None
+    max_attempts: Optional[AtLeastOne] = None
+    lease_s: Optional[Positive] = None
+    retry_backoff_s: Optional[NonNegative] = None
+    timeout_s: Optional[Positive] = None
+
+
+class EarlyStoppingBlock(msgspec.Struct):
+    """``hygiene.early_stopping`` as declared (the policy's state is ``early_stopping.json``: core/stopping.py)."""
+
+    enabled: bool = True
+    reason: Optional[str] = None
+    metric: Optional[str] = None
+    direction: Optional[Literal["min", "max"]] = None
+    min_delta: Optional[NonNegative] = None
+    patience: Optional[AtLeastOne] = None
+    warmup: Optional[Count] = None
+    max_budget: Optional[AtLeastOne] = None
+
+
+class HygieneSettings(msgspec.Struct):
+    """The manifest's ``hygiene`` block, typed (sections a run did not declare are None)."""
+
+    validation: Optional[ValidationBlock] = None
+    early_stopping: Optional[EarlyStoppingBlock] = None
+
+
+def decode_lenient(value: Any, kind: type) -> Any:
+    """``value`` (a JSON object) as a ``kind`` struct, leaving out each field that does not convert (its default
+    applies); None when ``value`` is not an object. Nested struct fields are read the same way."""
+    if not isinstance(value, dict):
+        return None
+    fields: dict[str, Any] = {}
+    for key, name, annotation, nested in _field_plan(kind):
+        if key not in value:
+            continue
+        raw = value[key]
+        if nested is not None and isinstance(raw, dict):
+            fields[name] = decode_lenient(raw, nested)
+            continue
+        try:
+            fields[name] = msgspec.convert(raw, annotation)
+        except (msgspec.ValidationError, TypeError, OverflowError, RecursionError):
+            continue
+    return kind(**fields)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_plan(kind: type) -> tuple[tuple[str, str, Any, Optional[type]], ...]:
+    """(JSON key, field name, annotation, nested struct) of each field of ``kind``: resolving annotations is slow
+    (measured: most of a backlog read), and a struct's fields never change."""
+    return tuple((f.encode_name, f.name, f.type, _struct_of(f.type)) for f in msgspec.structs.fields(kind))
+
+
+def _struct_of(annotation: Any) -> Optional[type]:
+    """The struct type of an ``Optional[SomeStruct]`` field annotation, else None."""
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
+            return candidate
+    return None
+
+
 class Manifest(msgspec.Struct, omit_defaults=False):
     """``manifest.json``: written by node 0's launcher at start and at the end (no paths, hosts, args, env)."""
 
@@ -110,12 +215,21 @@ class Manifest(msgspec.Struct, omit_defaults=False):
         return self.guard.training.status if isinstance(self.guard, Guard) and self.guard.training else None
 
     @property
+    def contract(self) -> GuardContract:
+        """``guard.contract``, typed (empty for an unguarded run)."""
+        raw = self.guard.contract if isinstance(self.guard, Guard) else None
+        return decode_lenient(raw, GuardContract) or GuardContract()
+
+    @property
+    def hygiene_settings(self) -> HygieneSettings:
+        """The ``hygiene`` block, typed (empty for a run without one)."""
+        return decode_lenient(self.hygiene_block, HygieneSettings) or HygieneSettings()
+
+    @property
     def workload(self) -> Optional[str]:
         """The declared workload name of a guarded run."""
-        contract = self.guard.contract if isinstance(self.guard, Guard) else None
-        wl = contract.get("workload") if isinstance(contract, dict) else None
-        name = wl.get("name") if isinstance(wl, dict) else None
-        return name if isinstance(name, str) else None
+        workload = self.contract.workload
+        return workload.name if workload is not None else None
 
     @property
     def declared_last_step(self) -> Optional[int]:
@@ -126,11 +240,7 @@ class Manifest(msgspec.Struct, omit_defaults=False):
         the run has not passed it (:meth:`last_step_ahead`)."""
         if self.trace_max_steps is not None:
             return self.trace_max_steps
-        contract = self.guard.contract if isinstance(self.guard, Guard) else None
-        m = contract.get("measurement") if isinstance(contract, dict) else None
-        if isinstance(m, dict) and isinstance(m.get("start_step"), int) and isinstance(m.get("completed_steps"), int):
-            return m["start_step"] + m["completed_steps"] - 1
-        return None
+        return self.contract.window_end
 
     def last_step_ahead(self, step: Optional[int]) -> Optional[int]:
         """:attr:`declared_last_step` while the run, at ``step``, has not passed it (shown as ``step/last`` and
@@ -145,9 +255,8 @@ class Manifest(msgspec.Struct, omit_defaults=False):
     @property
     def max_validation_attempts(self) -> Optional[int]:
         """``hygiene.validation.max_attempts`` as declared (None: the default applies)."""
-        validation = self.hygiene_block.get("validation")
-        value = validation.get("max_attempts") if isinstance(validation, dict) else None
-        return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= INT64_MAX else None
+        validation = self.hygiene_settings.validation
+        return validation.max_attempts if validation is not None else None
 
 
 class OutcomeTraining(msgspec.Struct):

@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 from typing import Optional
 
-from traceml_tui.core import atomic
+from traceml_tui.core import atomic, jsonl
 
 _CHUNK = 1 << 20
 #: The fields of one declared-input line (besides those of :func:`identity`).
@@ -113,17 +113,13 @@ def declare(log_path: os.PathLike[str] | str, entry: dict) -> bool:
     the existing file are ignored.
     """
     key = (entry.get("rank"), entry.get("path"), entry.get("sha256"))
-    try:
-        with open(log_path, "rb") as handle:
-            for line in handle:
-                try:
-                    old = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(old, dict) and (old.get("rank"), old.get("path"), old.get("sha256")) == key:
-                    return False
-    except FileNotFoundError:
-        pass
+    for line in jsonl.read_lines(log_path):  # complete lines only: a half-written one is no declaration
+        try:
+            old = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(old, dict) and (old.get("rank"), old.get("path"), old.get("sha256")) == key:
+            return False
     line = (json.dumps(entry, allow_nan=False, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
     fd = atomic.open_append(log_path)
     try:

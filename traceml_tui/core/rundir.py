@@ -217,7 +217,7 @@ class SideFile(NamedTuple):
     """A JSON side file of a run, relative to the run directory."""
 
     rel: str
-    kind: str  # manifest | summary | outcome | lease | request | claim | receipt | failure
+    kind: str  # manifest | summary | early_stopping | outcome | lease | request | claim | receipt | failure
     key: Optional[str]  # checkpoint id (backlog) or node rank (outcome, lease)
     size: int
     mtime_ns: int
@@ -564,6 +564,8 @@ class RunDir:
                 side(entry, MANIFEST, "manifest", None)
             elif entry.name == SUMMARY_JSON:
                 side(entry, SUMMARY_JSON, "summary", None)
+            elif entry.name == EARLY_STOPPING:
+                side(entry, EARLY_STOPPING, "early_stopping", None)
         for rank, rank_entry in _numbered_dirs(self.ranks, parse_rank_name, refused, "rank"):
             for f in _scandir(rank_entry.path):
                 attempt = parse_steps_name(f.name)

@@ -28,7 +28,7 @@ from typing import Any, Iterator, Optional
 
 import msgspec
 
-from traceml_tui.core import atomic, hygiene_files, jsonsafe
+from traceml_tui.core import atomic, hygiene_files, jsonl, jsonsafe
 from traceml_tui.core.rundir import RunDir
 
 CURSOR_VERSION = hygiene_files.CURSOR_VERSION
@@ -144,11 +144,8 @@ def read_new_lines(path: Path, state: Optional[dict]) -> tuple[list[bytes], Opti
             data = handle.read()
     except OSError:
         return [], state
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], {"head": identity, "offset": offset}
-    lines = [line for line in data[:end].split(b"\n") if line.strip()]
-    return lines, {"head": identity, "offset": offset + end + 1}
+    # Complete lines only (core.jsonl): the cursor stops at the last newline, a half-written line is read next time.
+    return jsonl.complete_lines(data), {"head": identity, "offset": offset + jsonl.complete_end(data)}
 
 
 def iter_step_files(run_dir: Path) -> Iterator[tuple[int, Path]]:

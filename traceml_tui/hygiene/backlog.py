@@ -27,19 +27,19 @@ import signal
 import socket
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from traceml_tui.core import artifacts, hygiene_files, state
+from traceml_tui.core import backlog as core_backlog
 from traceml_tui.core import owner as core_owner
 from traceml_tui.core.atomic import atomic_write_json, dumps_json, fsync_dir
 from traceml_tui.core.jsonsafe import decode_bounded, loads_bounded
 from traceml_tui.core.rundir import BACKLOG_KINDS, EARLY_STOPPING, VALIDATION, RunDir
 from traceml_tui.core.state import (
-    DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRY_BACKOFF_S,
-    DEFAULT_WORKER_TIMEOUT_S,
     BacklogState,
 )
 
@@ -116,25 +116,15 @@ def read_early_stopping(path: Path, errors: Optional[list[str]] = None) -> Optio
     return decode_bounded(data)
 
 
-def order_key(request: dict) -> tuple:
-    """Checkpoint order: step, then publication time, then id (re-published steps after a resume)."""
-    step = request.get("step")
-    created = request.get("created")
-    return (
-        step if isinstance(step, int) else -1,
-        created if isinstance(created, (int, float)) else 0.0,
-        str(request.get("checkpoint", "")),
-    )
-
-
 def list_requests(run_dir: Path, errors: Optional[list[str]] = None) -> list[dict]:
-    """All readable requests, in checkpoint order (damaged ones reported in ``errors``)."""
+    """All readable requests, in checkpoint order (:func:`traceml_tui.core.backlog.request_order`; damaged ones
+    reported in ``errors``)."""
     requests = []
     for path in RunDir(run_dir).backlog_files("requests"):
         request = read_backlog_file(path, "requests", errors)
         if request is not None:
             requests.append(request)
-    requests.sort(key=order_key)
+    requests.sort(key=lambda r: core_backlog.request_order(hygiene_files.Request(**r)))
     return requests
 
 
@@ -156,7 +146,7 @@ def _failure_record(path: Path, errors: Optional[list[str]] = None) -> Optional[
     checkpoint = hygiene_files.checkpoint_of("failures", path.name)
     record = read_backlog_file(path, "failures", errors)
     if record is None and checkpoint is not None:
-        record = {"checkpoint": checkpoint, "attempt": None, "error": "the failure record is damaged", "failed": None}
+        record = {"checkpoint": checkpoint, "attempt": None, "error": core_backlog.DAMAGED_FAILURE, "failed": None}
     return record
 
 
@@ -558,33 +548,15 @@ def claimable(run_dir: Path, checkpoint: str, *, max_attempts: int = DEFAULT_MAX
 def declared_validation(run_dir: Path) -> dict[str, float]:
     """The run's validation settings as its manifest declares them, defaults filled in (docs/hygiene.md).
 
-    The one place that answers "the run's max_attempts" (and lease, retry
-    backoff, worker timeout) for drainers, ``validate status``, the summary,
-    early stopping and watch's source: ``max_attempts``, ``lease_s``,
-    ``retry_backoff_s``, ``timeout_s``. A run without a manifest (the SDK
-    without ``traceml run``) gets the defaults of :mod:`traceml_tui.core.state`.
+    ``max_attempts``, ``lease_s``, ``retry_backoff_s``, ``timeout_s`` for drainers, ``validate status``, the
+    summary and early stopping: :func:`traceml_tui.core.backlog.validation_settings` of the run's manifest,
+    the rule the index side applies too.
     """
     try:
         manifest = artifacts.decode_manifest(RunDir(run_dir).manifest.read_bytes())
     except OSError:
         manifest = None
-    block = manifest.hygiene_block.get("validation") if manifest is not None else None
-    block = block if isinstance(block, dict) else {}
-
-    def number(key: str, default: float, *, zero_ok: bool = False) -> float:
-        # Within the bounds traceml.yaml allows (hygiene/config.py), so a lease written into a claim is one the
-        # claim's decoder accepts; anything else (an edited manifest) falls back on the default.
-        value = _seconds(block.get(key))
-        ok = value is not None and (value > 0 or (zero_ok and value == 0)) and value <= hygiene_files.MAX_SECONDS
-        return value if ok else default
-
-    attempts = manifest.max_validation_attempts if manifest is not None else None
-    return {
-        "max_attempts": attempts if attempts is not None else DEFAULT_MAX_ATTEMPTS,
-        "lease_s": number("lease_s", DEFAULT_LEASE_S),
-        "retry_backoff_s": number("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S, zero_ok=True),
-        "timeout_s": number("timeout_s", DEFAULT_WORKER_TIMEOUT_S),
-    }
+    return core_backlog.validation_settings(manifest).as_dict()
 
 
 def declared_max_attempts(run_dir: Path) -> int:
@@ -592,69 +564,67 @@ def declared_max_attempts(run_dir: Path) -> int:
     return int(declared_validation(run_dir)["max_attempts"])
 
 
+def backlog_files(run_dir: Path, errors: Optional[list[str]] = None) -> Iterator[core_backlog.BacklogFile]:
+    """Every backlog file of a run as ``(folder, name, bytes)`` (bytes None when unreadable: one line in ``errors``)."""
+    layout = RunDir(run_dir)
+    for folder in BACKLOG_KINDS:
+        for path in layout.backlog_files(folder):
+            try:
+                with open(path, "rb") as handle:
+                    data: Optional[bytes] = handle.read()
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # gone since the listing (a released claim)
+            except OSError as exc:
+                _damaged(errors, folder, path, f"cannot read: {exc.strerror or exc}")
+                data = None
+            yield folder, path.name, data
+
+
+def backlog_entries(run_dir: Path, *, now: Optional[float] = None, max_attempts: Optional[int] = None,
+                    errors: Optional[list[str]] = None) -> tuple[core_backlog.BacklogEntry, ...]:
+    """The run's backlog as :func:`traceml_tui.core.backlog.backlog_entries` assembles it from its files (the index
+    side assembles the same entries from the same bytes). ``max_attempts`` defaults to the run's declared value."""
+    settings = core_backlog.ValidationSettings(**declared_validation(run_dir))
+    if max_attempts is not None:
+        settings = replace(settings, max_attempts=max_attempts)
+    return core_backlog.backlog_entries(backlog_files(run_dir, errors), time.time() if now is None else now,
+                                        settings=settings, errors=errors)
+
+
 def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Optional[float] = None) -> dict:
     """The state of every request, in the :class:`~traceml_tui.core.state.BacklogState` words.
 
     ``pending``, ``claimed``, ``stale-claim``, ``failed`` (a retry is left),
     ``blocked`` (every allowed attempt failed) or ``completed``, decided by
-    :func:`traceml_tui.core.state.decide_backlog`.
+    :func:`traceml_tui.core.state.decide_backlog` over the entries of :func:`backlog_entries`.
 
     Returns ``{requests: [...], newest_completed, latest_requested, counts, outstanding, errors}``;
-    ``errors`` holds one line per damaged backlog file (:func:`read_backlog_file`), which is left out of the rest;
+    ``errors`` holds one line per damaged backlog file, which is left out of the rest;
     ``counts`` follows :data:`~traceml_tui.core.state.BACKLOG_ORDER`; ``outstanding``
     lists every request that has no receipt (a pending or failed request is never a result).
     ``max_attempts`` defaults to the run's declared value (:func:`declared_max_attempts`).
     """
-    now = time.time() if now is None else now
-    declared = declared_validation(run_dir)
-    if max_attempts is None:
-        max_attempts = int(declared["max_attempts"])
     errors: list[str] = []  # one line per damaged backlog file; every other file is still reported
-    requests = list_requests(run_dir, errors)
-    receipts = list_receipts(run_dir, errors)
-    failures = list_failures(run_dir, errors)
+    entries = backlog_entries(run_dir, now=now, max_attempts=max_attempts, errors=errors)
     rows = []
-    newest = None
-    for request in requests:
-        ckpt = request["checkpoint"]
-        fails = failures.get(ckpt, [])
-        row = {
-            "checkpoint": ckpt,
-            "step": request.get("step"),
-            "created": request.get("created"),
-            "failures": len(fails),
-            "last_error": fails[-1].get("error") if fails else None,
-        }
-        receipt = receipts.get(ckpt)
-        claim = read_claim(run_dir, ckpt, errors) if receipt is None else None
-        word = state.decide_backlog(
-            has_receipt=receipt is not None,
-            has_claim=claim is not None,
-            claim_stale=claim is not None and claim_is_stale(claim, now=now),
-            failures=len(fails),
-            max_attempts=max_attempts,
-        )
-        row["state"] = word.value
-        # A failed request with a retry left waits out its backoff (core/state.py retry_ready_at).
-        ready = state.retry_ready_at(failures=len(fails), last_failed=last_failed(fails),
-                                     backoff_s=declared["retry_backoff_s"]) if word is BacklogState.FAILED else None
-        row["retry_at"] = ready if ready is not None and ready > now else None
-        if receipt is not None:
-            row["metrics"] = receipt.get("metrics", {})
-            row["completed"] = receipt.get("completed")
-            newest = row
+    for entry in entries:
+        row = {"checkpoint": entry.checkpoint, "step": entry.step, "created": entry.created,
+               "failures": entry.failures, "last_error": entry.last_error, "state": entry.state.value,
+               "retry_at": entry.retry_at}
+        if entry.receipt is not None:
+            row["metrics"] = dict(entry.receipt.metrics)
+            row["completed"] = entry.completed
         rows.append(row)
-    counts = state.count_states((row["state"] for row in rows), state.BACKLOG_ORDER)
-    outstanding = [row for row in rows if row["state"] != BacklogState.COMPLETED]
-    latest = rows[-1] if rows else None
+    newest = core_backlog.newest_completed(entries)
+    latest = entries[-1] if entries else None
     return {
         "requests": rows,
         "newest_completed": None if newest is None else {
-            "checkpoint": newest["checkpoint"], "step": newest["step"], "metrics": newest.get("metrics", {})},
-        "latest_requested": None if latest is None else {"checkpoint": latest["checkpoint"], "step": latest["step"]},
-        "counts": counts,
-        "outstanding": [{"checkpoint": r["checkpoint"], "step": r["step"], "state": r["state"],
-                         "failures": r["failures"], "last_error": r["last_error"], "retry_at": r["retry_at"]}
-                        for r in outstanding],
+            "checkpoint": newest.checkpoint, "step": newest.step, "metrics": dict(newest.receipt.metrics)},
+        "latest_requested": None if latest is None else {"checkpoint": latest.checkpoint, "step": latest.step},
+        "counts": state.count_states((e.state.value for e in entries), state.BACKLOG_ORDER),
+        "outstanding": [{"checkpoint": e.checkpoint, "step": e.step, "state": e.state.value, "failures": e.failures,
+                         "last_error": e.last_error, "retry_at": e.retry_at}
+                        for e in core_backlog.outstanding(entries)],
         "errors": errors,
     }

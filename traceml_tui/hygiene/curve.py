@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from traceml_tui.core import records
+from traceml_tui.core import jsonl, records
 from traceml_tui.core.atomic import atomic_write_bytes
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.core.state import BacklogState
@@ -66,15 +66,6 @@ class CurveData:
         return max((a.steps[-1] for a in self.attempts if a.steps), default=0)
 
 
-def _complete_lines(path: Path) -> list[bytes]:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return []
-    end = data.rfind(b"\n")
-    return data[: end + 1].splitlines() if end >= 0 else []
-
-
 def load_curve_data(run_dir: Path) -> CurveData:
     """Read rank 0's step/eval records and the validation backlog into plain columns."""
     run_dir = Path(run_dir)
@@ -85,11 +76,8 @@ def load_curve_data(run_dir: Path) -> CurveData:
     layout = RunDir(run_dir)
     for attempt, path in [(s.attempt, s.path) for s in layout.step_files(rank=0)]:
         series = AttemptSeries(attempt=attempt)
-        for line in _complete_lines(path):
-            try:
-                rec = records.decode(line)
-            except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
-                continue  # a damaged line is an ingest error elsewhere, not a reason to lose the curve
+        # complete lines only; a damaged line is an ingest error elsewhere, not a reason to lose the curve
+        for rec in jsonl.file_records(path):
             if isinstance(rec, records.Header):
                 run_name = rec.run or run_name
             elif isinstance(rec, records.Step):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from traceml_tui.core import lifeline
+from traceml_tui.core import lifeline, state
 from traceml_tui.core.jsonsafe import NestingError, loads_bounded
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import resolve_checkpoint_path
@@ -153,10 +153,10 @@ def drain(
     command: list[str],
     *,
     max_runtime: Optional[float] = None,
-    lease_s: float = backlog.DEFAULT_LEASE_S,
-    max_attempts: int = backlog.DEFAULT_MAX_ATTEMPTS,
-    retry_backoff_s: float = backlog.DEFAULT_RETRY_BACKOFF_S,
-    worker_timeout_s: float = backlog.DEFAULT_WORKER_TIMEOUT_S,
+    lease_s: float = state.DEFAULT_LEASE_S,
+    max_attempts: int = state.DEFAULT_MAX_ATTEMPTS,
+    retry_backoff_s: float = state.DEFAULT_RETRY_BACKOFF_S,
+    worker_timeout_s: float = state.DEFAULT_WORKER_TIMEOUT_S,
     on_receipt: Optional[Callable[[dict], None]] = None,
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
     config_digest: Optional[str] = None,

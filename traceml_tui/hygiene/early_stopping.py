@@ -45,6 +45,7 @@ from typing import Any, Optional
 
 from traceml_tui.core.atomic import atomic_write_json
 from traceml_tui.core.rundir import EARLY_STOPPING, RunDir
+from traceml_tui.core.state import BacklogState, decide_backlog
 from traceml_tui.hygiene import backlog
 
 STATE_FILE = EARLY_STOPPING  # relative to the run directory
@@ -236,7 +237,10 @@ class EarlyStopping:
     def _blocked(self, checkpoint: str) -> Optional[str]:
         """Why a request without a receipt will not get one from any drainer (blocked), else None."""
         records = backlog.failures_of(self.run_dir, checkpoint)
-        if len(records) < max(1, self.max_attempts):
+        # the backlog's own rule (core.state.decide_backlog): claims aside, only the failures decide
+        word = decide_backlog(has_receipt=False, has_claim=False, claim_stale=False, failures=len(records),
+                              max_attempts=self.max_attempts)
+        if word is not BacklogState.BLOCKED:
             return None
         error = records[-1].get("error") if records else None
         return f"blocked after {len(records)} failed attempts" + (f" (last: {error})" if error else "")

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from traceml_tui.core import records
+from traceml_tui.core import jsonl, records
 from traceml_tui.core.rundir import RunDir
 
 SPACES = ("linear", "log")
@@ -190,23 +190,9 @@ def load_field_records(run_dir: Path) -> list[records.FieldStats]:
     """Every field_stats record of every rank's step streams (complete lines only)."""
     out: list[records.FieldStats] = []
     for stream in RunDir(run_dir).step_files():
-        path = stream.path
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        end = data.rfind(b"\n")
-        if end < 0 or b"field_stats" not in data:
-            continue
-        for line in data[:end].split(b"\n"):
-            if b"field_stats" not in line:  # cheap filter: most lines are step records
-                continue
-            try:
-                rec = records.decode(line)
-            except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
-                continue
-            if isinstance(rec, records.FieldStats):
-                out.append(rec)
+        # cheap filter before decoding: most lines are step records
+        lines = [line for line in jsonl.read_lines(stream.path) if b"field_stats" in line]
+        out.extend(jsonl.iter_records(lines, (records.FieldStats,)))
     return out
 
 

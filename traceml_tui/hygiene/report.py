@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from traceml_tui.core.rundir import LEARNING_CURVE, RunDir
 from traceml_tui.core.state import BACKLOG_ORDER, BacklogState
+from traceml_tui.core.stopping import state_word
 from traceml_tui.hygiene import backlog
 
 #: The section's status words.
@@ -50,11 +51,11 @@ def _early_stopping(run_dir: Path, declared: dict) -> Optional[dict[str, Any]]:
         "disabled_reason": None if enabled else policy.get("reason"),
     }
     if state is None:
-        out["state"] = "disabled" if not enabled else "not-recorded"
+        out["state"] = state_word(recorded=False, stopped=False, enabled=enabled)
         return out
     stopped = bool(state.get("stopped"))
     out.update(
-        state="stopped" if stopped else ("disabled" if not enabled else "not-stopped"),
+        state=state_word(recorded=True, stopped=stopped, enabled=enabled),  # core/stopping.py, the one rule
         reason=state.get("reason"),
         trigger_checkpoint=state.get("trigger_checkpoint"),
         trigger_step=state.get("trigger_step"),
@@ -117,7 +118,7 @@ def validation_report(run_dir: Path, hygiene: Optional[dict] = None) -> Optional
     status = backlog.backlog_status(run_dir)
     counts = {_count_key(word): status["counts"].get(word.value, 0) for word in BACKLOG_ORDER}
     requested = len(status["requests"])
-    outstanding = requested - counts["completed"]
+    outstanding = len(status["outstanding"])  # requests without a receipt (core/backlog.py is_outstanding)
     missing: Optional[str] = None
     if requested == 0:
         missing = "no checkpoint was published for validation"

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from traceml_tui.core import flight_recorder, forensics, records
+from traceml_tui.core import flight_recorder, forensics, jsonl, records
 from traceml_tui.core.rundir import RunDir
 
 #: Bytes read from the end of a rank's step file: the newest records, the end record among them.
@@ -52,15 +52,9 @@ def rank_trail(path: Path, rank: int) -> forensics.RankTrail:
             node = header.node_rank
     except (records.RecordError, RecursionError):
         pass
-    data = _tail(path, _RANK_TAIL)
     last_step = last_ts = end = hang = None
-    for line in data[: data.rfind(b"\n") + 1].split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            record = records.decode(line)
-        except (records.RecordError, RecursionError):
-            continue  # a cut first line of the tail, or a malformed one: the daemon reports those
+    # complete lines of the tail (a cut first line left out); malformed ones skipped: the daemon reports those
+    for record in jsonl.iter_records(jsonl.read_tail_lines(path, _RANK_TAIL)):
         ts = getattr(record, "ts", None)
         if isinstance(record, records.Header):
             continue

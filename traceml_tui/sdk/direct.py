@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from traceml_tui.core import records
+from traceml_tui.core import jsonl, records
 from traceml_tui.core.rundir import RunDir
 from traceml_tui.sdk import env
 
@@ -50,21 +50,8 @@ def rank_ended(run_dir: Path, rank: int) -> bool:
     files = RunDir(run_dir).step_files(rank)
     if not files:
         return False
-    path = files[-1].path  # by attempt: the newest
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            handle.seek(max(0, size - _TAIL_BYTES))
-            tail = handle.read()
-    except OSError:
-        return False
-    lines = tail.split(b"\n")
-    if len(lines) < 2:
-        return False
-    try:
-        return isinstance(records.decode(lines[-2]), records.RankEnd)  # lines[-1] is after the last newline
-    except records.RecordError:
-        return False
+    lines = jsonl.read_tail_lines(files[-1].path, _TAIL_BYTES)  # by attempt: the newest; complete lines only
+    return any(True for _ in jsonl.iter_records(lines[-1:], (records.RankEnd,)))
 
 
 def wait_for_peers(run_dir: Path, world_size: int, timeout_s: float = PEER_WAIT_S) -> list[int]:

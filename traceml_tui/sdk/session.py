@@ -19,7 +19,7 @@ from pathlib import Path
 from threading import get_ident
 from typing import Any, Callable, Optional
 
-from traceml_tui.core import atomic, records
+from traceml_tui.core import atomic, jsonl, records
 from traceml_tui.core.rundir import RunDir, validate_run_name
 from traceml_tui.sdk import env
 from traceml_tui.sdk.errors import Refused
@@ -91,7 +91,11 @@ def last_recorded_step(run_dir: Path, rank: int) -> tuple[int, int]:
     return best_attempt, best_step
 
 
-def _read_tail(handle, limit: int = 1 << 20) -> tuple[bytes, bool]:
+#: Bytes of a step file's end read to find its newest step.
+_TAIL_LIMIT = 1 << 20
+
+
+def _read_tail(handle, limit: int = _TAIL_LIMIT) -> tuple[bytes, bool]:
     """The last ``limit`` bytes of an open file, and whether that is the whole file."""
     size = handle.seek(0, os.SEEK_END)
     chunk = min(size, limit)
@@ -100,20 +104,9 @@ def _read_tail(handle, limit: int = 1 << 20) -> tuple[bytes, bool]:
 
 
 def _last_step_in_file(path: Path) -> int:
-    try:
-        with open(path, "rb") as handle:
-            data, _ = _read_tail(handle)
-    except OSError:
-        return 0
-    end = data.rfind(b"\n")
-    if end < 0:
-        return 0
-    for line in reversed(data[:end].split(b"\n")):
-        try:
-            record = records.decode(line)
-        except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
-            continue
-        if isinstance(record, (records.Step, records.RankEnd)) and record.step:
+    lines = jsonl.read_tail_lines(path, _TAIL_LIMIT)  # complete lines of the last MiB (core/jsonl.py)
+    for record in jsonl.iter_records(reversed(lines), (records.Step, records.RankEnd)):
+        if record.step:
             return record.step
     return 0
 
@@ -142,28 +135,19 @@ def _examples_at(path: Path, step: int) -> tuple[bool, Optional[int]]:
             data, whole = _read_tail(handle)
             if not whole and _first_step(data) > step:  # resumed from far back: read the whole file
                 handle.seek(0)
-                data = handle.read()
+                data, whole = handle.read(), True
     except OSError:
         return False, None
-    for line in reversed(data[: data.rfind(b"\n") + 1].split(b"\n")):
-        try:
-            record = records.decode(line)
-        except (records.RecordError, RecursionError):
-            continue
-        if isinstance(record, records.Step) and record.step == step:
+    for record in jsonl.iter_records(reversed(jsonl.complete_lines(data, partial_head=not whole)), (records.Step,)):
+        if record.step == step:
             return True, record.examples
     return False, None
 
 
 def _first_step(data: bytes) -> int:
-    for line in data.split(b"\n")[1:]:  # the first piece may be a partial line
-        try:
-            record = records.decode(line)
-        except (records.RecordError, RecursionError):
-            continue
-        if isinstance(record, records.Step):
-            return record.step
-    return 0
+    """The first step recorded in a tail of a file (its first piece may be a partial line)."""
+    record = next(jsonl.iter_records(jsonl.complete_lines(data, partial_head=True), (records.Step,)), None)
+    return record.step if record is not None else 0
 
 
 class _StepState:

@@ -32,7 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from traceml_tui.core import coverage, records, steptime
+from traceml_tui.core import backlog as core_backlog
+from traceml_tui.core import coverage, freshness, records, steptime, straggler
 from traceml_tui.summary.load import RankSteps, load_ranks, load_system
 
 SCHEMA_VERSION = 1.9
@@ -166,17 +167,17 @@ def _points(rows: dict[str, dict[str, Optional[float]]], metrics: tuple[str, ...
     median: dict[str, dict[str, Any]] = {}
     worst: dict[str, dict[str, Any]] = {}
     for name in metrics:
-        values = sorted(((row["metrics"].get(name), key) for key, row in rows.items() if row["metrics"].get(name) is not None))
-        if not values:
+        # the median and worst rank by the one straggler rule (core/straggler.py), for every metric alike
+        found = straggler.spread((key, row["metrics"].get(name)) for key, row in rows.items())
+        if found is None:
             average[name] = None
             median[name] = {"value": None, "idx": None}
             worst[name] = {"value": None, "idx": None}
             continue
-        average[name] = sum(v for v, _ in values) / len(values)
-        mid_value, mid_key = values[(len(values) - 1) // 2]
-        median[name] = {"value": mid_value, "idx": mid_key}
-        top_value, top_key = values[-1]
-        worst[name] = {"value": top_value, "idx": top_key}
+        values = sorted(row["metrics"][name] for row in rows.values() if row["metrics"].get(name) is not None)
+        average[name] = sum(values) / len(values)  # summed in value order, as before
+        median[name] = {"value": found.median, "idx": found.median_key}
+        worst[name] = {"value": found.worst, "idx": found.worst_key}
     return average, median, worst
 
 
@@ -226,12 +227,11 @@ def diagnose_step_time(average: dict, median: dict, worst: dict, steps: int, clo
         "data_wait_measured": parts["data_wait_measured"],
     }
     issues = []
-    step_med = median["step_time_ms"]["value"]
-    step_worst = worst["step_time_ms"]["value"]
-    if step_med and step_worst and worst["step_time_ms"]["idx"] != median["step_time_ms"]["idx"]:
-        skew = (step_worst - step_med) / step_med * 100.0
-        if skew >= 10.0:
-            rank = worst["step_time_ms"]["idx"]
+    step_med, step_worst = median["step_time_ms"], worst["step_time_ms"]
+    if step_med["value"] is not None and step_worst["value"] is not None:
+        found = straggler.Spread(step_med["idx"], step_med["value"], step_worst["idx"], step_worst["value"])
+        if found.straggler:  # the one rule (core/straggler.py): the index's score and Δ use it too
+            skew, rank = found.skew_pct, found.worst_key
             issues.append(_issue(
                 "STRAGGLER", "STRAGGLER", "warn",
                 f"Rank {rank} is {skew:.0f}% slower than the median rank.",
@@ -514,21 +514,29 @@ def training_section(ranks: dict[int, RankSteps], run_dir: Path) -> dict:
             }
     evals = [e for e in series.evals if e.status == "completed"]
     pending = [e for e in series.evals if e.status == "pending"]
-    newest = max(evals, key=lambda e: e.step) if evals else None
-    out["eval"] = {
-        "completed": len(evals),
-        "pending": len(pending),
-        "newest_checkpoint": newest.checkpoint if newest else None,
-        "newest_step": newest.step if newest else None,
-        "lag_steps": (steps[-1].step - newest.step) if newest else None,
-    }
+    evaluated = [freshness.Evaluated(e.step, e.checkpoint) for e in evals]
     from traceml_tui.core.rundir import RunDir
 
-    layout = RunDir(run_dir)
-    if layout.backlog_dir("requests").is_dir():
-        # outstanding = every request without a receipt (core.state.decide_backlog: only a receipt completes one)
-        done = {p.stem for p in layout.backlog_files("receipts")}
-        out["eval"]["backlog"] = sum(1 for p in layout.backlog_files("requests") if p.stem not in done)
+    entries = None
+    if RunDir(run_dir).backlog_dir("requests").is_dir():
+        from traceml_tui.hygiene.backlog import backlog_entries  # imported here: `traceml compare` loads this module
+
+        entries = backlog_entries(run_dir)
+        reported = {e.checkpoint for e in evals if e.checkpoint}
+        # a receipt is a completed evaluation too (core/freshness.py), counted once beside its eval record
+        evaluated += [freshness.Evaluated(e.step, e.checkpoint) for e in entries
+                      if e.receipt is not None and e.step is not None and e.checkpoint not in reported]
+    fresh = freshness.eval_freshness(steps[-1].step, evaluated)
+    out["eval"] = {
+        "completed": len(evaluated),
+        "pending": len(pending),
+        "newest_checkpoint": fresh.newest_checkpoint,
+        "newest_step": fresh.newest_step,
+        "lag_steps": fresh.lag_steps,
+    }
+    if entries is not None:
+        # outstanding = every request without a receipt (core/backlog.py is_outstanding)
+        out["eval"]["backlog"] = len(core_backlog.outstanding(entries))
     return out
 
 

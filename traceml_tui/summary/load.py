@@ -1,7 +1,8 @@
 """Read a run directory's JSONL streams into compact per-rank columns.
 
 Only complete lines count; a malformed line is skipped (the daemon reports
-those), and so is a line nested too deeply to decode. When a rank has several attempts, the newest attempt's record of a
+those), and so is a line nested too deeply to decode (:mod:`traceml_tui.core.jsonl`,
+the one rule). When a rank has several attempts, the newest attempt's record of a
 step supersedes an older one, so a resumed history has each step once.
 """
 
@@ -9,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
-from traceml_tui.core import records
+from traceml_tui.core import jsonl, records
 from traceml_tui.core.rundir import RunDir
 
 
@@ -28,20 +29,6 @@ class RankSteps:
     ended: Optional[records.RankEnd] = None
 
 
-def iter_complete_lines(path: Path) -> Iterator[bytes]:
-    """Yield the complete (newline-terminated) lines of a file; a trailing partial line is ignored."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return
-    end = data.rfind(b"\n")
-    if end < 0:
-        return
-    for line in data[:end].split(b"\n"):
-        if line.strip():
-            yield line
-
-
 def load_ranks(run_dir: Path) -> dict[int, RankSteps]:
     """Load every rank's step records (attempts in order: a newer attempt's record of a step supersedes)."""
     out: dict[int, RankSteps] = {}
@@ -51,11 +38,7 @@ def load_ranks(run_dir: Path) -> dict[int, RankSteps]:
     for rank, paths in by_rank.items():
         series = RankSteps(rank)
         for path in paths:
-            for line in iter_complete_lines(path):
-                try:
-                    record = records.decode(line)
-                except (records.RecordError, RecursionError):  # RecursionError: a line nested too deeply
-                    continue
+            for record in jsonl.file_records(path):  # complete lines only, malformed ones skipped
                 if isinstance(record, records.Step):
                     series.steps[record.step] = record
                     series.attempts.add(record.attempt)
@@ -76,11 +59,7 @@ def load_system(run_dir: Path) -> dict[int, list[records.SystemSample]]:
     """Load node samples: node_rank → samples in time order."""
     out: dict[int, list[records.SystemSample]] = {}
     for _node, path in RunDir(run_dir).system_files():
-        for line in iter_complete_lines(path):
-            try:
-                record = records.decode(line)
-            except (records.RecordError, RecursionError):
-                continue
+        for record in jsonl.file_records(path, (records.SystemSample,)):
             if isinstance(record, records.SystemSample):
                 out.setdefault(record.node_rank, []).append(record)
     return out

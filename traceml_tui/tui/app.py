@@ -15,14 +15,28 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-from textual import work
+from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Header
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from traceml_tui.tui.messages import BacklogUpdated, CompareUpdated, RunsUpdated, RunUpdated
+from traceml_tui.core.state import RunStatus
+from traceml_tui.tui.messages import (
+    BacklogUpdated,
+    CompareThreshold,
+    CompareUpdated,
+    OpenBacklog,
+    OpenCompare,
+    OpenDescribe,
+    OpenLogs,
+    OpenRun,
+    RunsUpdated,
+    RunUpdated,
+    ViewChanged,
+)
+from traceml_tui.tui.present import compare_snapshot
 from traceml_tui.tui.screens.backlog import BacklogScreen
 from traceml_tui.tui.screens.compare import CompareScreen
 from traceml_tui.tui.screens.describe import DescribeScreen
@@ -38,7 +52,7 @@ from traceml_tui.tui.snapshots import (
     RunsSnapshot,
     SourceHealth,
 )
-from traceml_tui.tui.source import Source, compare_snapshot
+from traceml_tui.tui.source import Source
 from traceml_tui.tui.widgets.screen_header import set_screen_title
 
 #: Ages (silent for N s) move even when no data arrives: rebuild at least this often.
@@ -119,7 +133,36 @@ class WatchApp(App):
             self._wanted = wanted
             self._wake.set()
 
-    # -- navigation (called by screens)
+    # -- what screens ask (typed messages, docs/watch.md "Architecture"); the methods below do it
+    @on(ViewChanged)
+    def _view_changed(self, _: ViewChanged) -> None:
+        self._update_wanted()
+
+    @on(OpenRun)
+    def _open_run(self, message: OpenRun) -> None:
+        self.open_run(message.run_id)
+
+    @on(OpenBacklog)
+    def _open_backlog(self, message: OpenBacklog) -> None:
+        self.open_backlog(message.run_id)
+
+    @on(OpenLogs)
+    def _open_logs(self, message: OpenLogs) -> None:
+        self.open_logs(message.run_id, message.rank)
+
+    @on(OpenDescribe)
+    def _open_describe(self, message: OpenDescribe) -> None:
+        self.open_describe(message.run_id)
+
+    @on(OpenCompare)
+    def _open_compare(self, message: OpenCompare) -> None:
+        self.open_compare(message.reference, message.candidate)
+
+    @on(CompareThreshold)
+    def _compare_threshold(self, message: CompareThreshold) -> None:
+        self.set_compare_threshold(message.value)
+
+    # -- navigation
     def open_run(self, run_id: int) -> None:
         self.push_screen(RunScreen(run_id))
         self._wanted = ("run", run_id, None)
@@ -198,7 +241,8 @@ class WatchApp(App):
             self.set_timer(2.0, self.poll_source)
 
     # -- snapshots → screens
-    def on_runs_updated(self, message: RunsUpdated) -> None:
+    @on(RunsUpdated)
+    def _runs_updated(self, message: RunsUpdated) -> None:
         previous, snap = self.runs_snapshot, message.snapshot
         self.runs_snapshot = snap
         self._alert_runs(previous, snap)
@@ -211,24 +255,27 @@ class WatchApp(App):
                     screen.snapshot = snap
         self.refreshes += 1
 
-    def on_run_updated(self, message: RunUpdated) -> None:
+    @on(RunUpdated)
+    def _run_updated(self, message: RunUpdated) -> None:
         for screen in self.screen_stack:
             if isinstance(screen, RunScreen) and screen.run_id == message.run_id and message.detail is not None:
                 screen.detail = message.detail
         detail = message.detail
-        if detail is not None and detail.run.status == "missing" and message.run_id not in self._missing_said:
+        if detail is not None and detail.run.status is RunStatus.MISSING and message.run_id not in self._missing_said:
             self._missing_said.add(message.run_id)
             self.notify(f"run {detail.run.name}: its folder is gone from disk (missing) — showing what was indexed",
                         severity="warning", timeout=10)
         self.refreshes += 1
 
-    def on_backlog_updated(self, message: BacklogUpdated) -> None:
+    @on(BacklogUpdated)
+    def _backlog_updated(self, message: BacklogUpdated) -> None:
         for screen in self.screen_stack:
             if isinstance(screen, BacklogScreen) and ("backlog", screen.run_id) == message.key:
                 screen.snapshot = message.snapshot
         self.refreshes += 1
 
-    def on_compare_updated(self, message: CompareUpdated) -> None:
+    @on(CompareUpdated)
+    def _compare_updated(self, message: CompareUpdated) -> None:
         snap = message.snapshot
         for screen in self.screen_stack:
             if isinstance(screen, CompareScreen):
@@ -289,7 +336,7 @@ class WatchApp(App):
         before = {r.run_id: r for r in previous.rows}
         for row in snap.rows:
             old = before.get(row.run_id)
-            if not writer_steady and row.status == "stalled":
+            if not writer_steady and row.status is RunStatus.STALLED:
                 continue
             if row.status in ATTENTION_WORDS and (old is None or old.status != row.status):
                 first = f" — rank {row.first_failed} failed first" if row.first_failed is not None else ""

@@ -12,18 +12,19 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from daemon.reader import IngestError  # one ingest-error type: the reader's, shown as it is
+from daemon.views import EvalPoint, FailureView  # the reader's views, shown as they are
 from daemon.writer_health import WRITER_DAEMON, WRITER_EMBEDDED, WRITER_NONE, WRITER_WATCH  # noqa: F401 - the words
-from traceml_tui.core.state import ALERT_STATES, BACKLOG_ORDER, RUN_ATTENTION
+from traceml_tui.core.state import ALERT_STATES, BACKLOG_ORDER, RUN_ATTENTION, BacklogState, RankState, RunStatus
 from traceml_tui.tui.textplot import duration
 
 #: Run states shown in the Runs table, in the order used to sort by status (the core's attention order).
-RUN_STATES: tuple[str, ...] = tuple(str(s) for s in RUN_ATTENTION)
+RUN_STATES: tuple[RunStatus, ...] = RUN_ATTENTION
 
 #: Run states that need the user's attention: counted in the Runs header, announced by the bell.
-ATTENTION_WORDS: frozenset[str] = frozenset(str(s) for s in ALERT_STATES)
+ATTENTION_WORDS: frozenset[RunStatus] = ALERT_STATES
 
 #: Backlog states, in display order (the core's words).
-BACKLOG_STATES: tuple[str, ...] = tuple(str(s) for s in BACKLOG_ORDER)
+BACKLOG_STATES: tuple[BacklogState, ...] = BACKLOG_ORDER
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class RunRow:
 
     run_id: int
     name: str
-    status: str  # one of RUN_STATES
+    status: RunStatus
     silent_ranks: tuple[int, ...] = ()
     explaining_ranks: tuple[int, ...] = ()  # named beside the status word, as `traceml status` names them
     lost_nodes: tuple[int, ...] = ()  # nodes whose launcher lease expired while another's did not (`lost node 1`)
@@ -55,6 +56,8 @@ class RunRow:
     dir: str = ""  # the run directory (in memory only: compare picks a run by it, not by its name)
     slowest_rank: Optional[int] = None  # the rank with the slowest median step time
     straggler_score: Optional[float] = None  # its median step time over the median rank's (1.0 = even)
+    straggler_pct: Optional[float] = None  # the same as a skew in % (None with one timed rank)
+    straggler: bool = False  # the straggler rule's verdict (core/straggler.py, as the summary's STRAGGLER)
     first_failed: Optional[int] = None  # the rank that failed first (core/state.py first_failure; the others aborted)
 
 
@@ -139,7 +142,7 @@ class RankRow:
     silent_s: Optional[float]  # seconds since its newest record
     silent: bool = False  # stalled or lost
     ended: Optional[str] = None  # the rank_end record's status word, as written
-    state: Optional[str] = None  # the core's RankState word
+    state: Optional[RankState] = None  # the core's decision (None: an older attempt)
 
 
 @dataclass(frozen=True)
@@ -151,14 +154,6 @@ class Series:
     y: tuple[Optional[float], ...]
     lo: tuple[Optional[float], ...] = ()
     hi: tuple[Optional[float], ...] = ()
-
-
-@dataclass(frozen=True)
-class EvalPoint:
-    step: int
-    value: Optional[float]
-    status: str  # completed | pending | failed
-    checkpoint: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -192,22 +187,8 @@ class FieldVerdict:
     factor: float
 
 
-@dataclass(frozen=True)
-class FailureInfo:
-    """Who failed first, where and why: the run's ``failure`` summary section (core/forensics.py)."""
-
-    cause: str
-    rank: Optional[int] = None
-    node: Optional[int] = None
-    step: Optional[int] = None
-    state: Optional[str] = None  # the first failing rank's RankState word: failed | lost
-    cause_text: str = ""
-    exit_code: Optional[int] = None
-    signal: Optional[str] = None
-    exception: Optional[str] = None
-    victims: tuple[int, ...] = ()
-    log: Optional[str] = None
-    hang: Optional[str] = None  # the hang's one line (core/hang.py): the culprit's frame, who waits where
+#: Who failed first, where and why (the reader's view: the summary's failure section, else the rank states).
+FailureInfo = FailureView
 
 
 @dataclass(frozen=True)
@@ -216,10 +197,10 @@ class EarlyStoppingInfo:
 
     ``source`` says where the facts come from: ``summary`` — the state the run
     recorded at its end (``final_summary.json`` ``validation.early_stopping`` and
-    ``best``); ``declared`` — only the policy the manifest's hygiene block
-    declares (a live run, or a summary without the section), with the best
-    completed receipt so far on ``metric`` (``best_*``; not the rule's own best,
-    which also weighs ``min_delta`` and ``warmup``).
+    ``best``); ``policy`` — the policy's own state as it goes (``early_stopping.json``
+    as indexed: ``core/stopping.py``; its best weighs ``min_delta`` and the warm-up);
+    ``declared`` — only the policy the manifest's hygiene block declares (nothing
+    consumed yet: no best).
     """
 
     enabled: bool
@@ -239,6 +220,8 @@ class EarlyStoppingInfo:
     receipts: int = 0  # completed evaluations in the backlog now
     after_stop_steps: tuple[Optional[int], ...] = ()  # checkpoints consumed after the stop, not counted (summary only)
     notes: tuple[str, ...] = ()  # what early stopping could not use (hygiene/report.py early_stopping_notes)
+    min_delta: Optional[float] = None  # improvement the policy requires over its best (policy file or declared)
+    warmup: Optional[int] = None  # updates before an evaluation counts
 
 
 @dataclass(frozen=True)
@@ -269,6 +252,7 @@ class RunDetail:
     ended_at: Optional[float] = None  # the manifest's end (None while running)
     eta_s: Optional[float] = None  # seconds to the declared last step at the current steps/s (running only)
     early_stopping: Optional[EarlyStoppingInfo] = None  # runs that declared or recorded early stopping
+    diagnosis: Optional[str] = None  # the final summary's primary diagnosis and what to do next, in one line
 
 
 @dataclass(frozen=True)
@@ -276,7 +260,7 @@ class BacklogItem:
     run: str
     checkpoint: str
     step: Optional[int]
-    state: str  # one of BACKLOG_STATES
+    state: BacklogState
     age_s: Optional[float]  # since the request was created
     owner: Optional[str] = None
     heartbeat_age_s: Optional[float] = None
@@ -343,7 +327,7 @@ class DescribeSnapshot:
 
     run_id: int
     name: str
-    status: str
+    status: RunStatus
     folder: str
     manifest: Optional[dict] = field(default=None, hash=False)  # the typed manifest as plain values
     declaration: Optional[dict] = field(default=None, hash=False)  # the final summary's run_context.declaration

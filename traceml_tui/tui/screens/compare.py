@@ -11,6 +11,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input
 
 from traceml_tui.compare.policy import ThresholdError, parse_threshold
+from traceml_tui.tui.messages import CompareThreshold
 from traceml_tui.tui.snapshots import CompareSnapshot
 from traceml_tui.tui.widgets.compare_table import CompareTable, compare_cells
 from traceml_tui.tui.widgets.info_panel import InfoPanel
@@ -72,7 +73,7 @@ class CompareScreen(Screen):
             self.notify(str(exc), severity="error")
             return
         self.threshold_pct = value
-        self.app.set_compare_threshold(value)
+        self.post_message(CompareThreshold(value))
         self.query_one(CompareTable).focus()
 
     def action_focus_threshold(self) -> None:

@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Footer
 from traceml_tui.core.state import LIVE_RUN_STATES, describe
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
+from traceml_tui.tui.messages import OpenBacklog, OpenDescribe, OpenLogs, ViewChanged
 from traceml_tui.tui.snapshots import RunDetail
 from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel
 from traceml_tui.tui.widgets.failure_panel import FailurePanel
@@ -32,8 +33,10 @@ def headline(detail: RunDetail) -> list:
     # the ranks and lost nodes the Runs table and `traceml status` name beside the word (core/state.py describe)
     status = describe(r.status.upper(), r.explaining_ranks, r.lost_nodes)
     facts = [f"step {r.step if r.step is not None else '–'}" + (f"/{r.declared_steps}" if r.declared_steps else ""),
-             f"median {textplot.fmt_num(r.median_step_ms)} ms",
-             f"{textplot.fmt_num(r.steps_per_s)} steps/s", f"{textplot.fmt_num(r.examples_per_s)} ex/s"]
+             f"median {textplot.fmt_num(r.median_step_ms)} ms"]
+    if r.slowest_rank is not None and r.straggler_pct is not None:  # the rank table's Δ of that rank
+        facts.append(f"{'straggler' if r.straggler else 'slowest'} r{r.slowest_rank} {r.straggler_pct:+.0f}%")
+    facts += [f"{textplot.fmt_num(r.steps_per_s)} steps/s", f"{textplot.fmt_num(r.examples_per_s)} ex/s"]
     if r.loss_ratio is not None:
         facts.append(f"loss/0 {textplot.fmt_num(r.loss_ratio)}")
     if r.eval_step is not None:
@@ -241,7 +244,7 @@ class RunScreen(Screen):
         return panel
 
     def action_backlog(self) -> None:
-        self.app.open_backlog(self.run_id)
+        self.post_message(OpenBacklog(self.run_id))
 
     def action_page_body(self, direction: int) -> None:
         """PageDown / PageUp: scroll the whole Run screen, whichever widget has the focus."""
@@ -252,19 +255,19 @@ class RunScreen(Screen):
             body.scroll_page_up(animate=False)
 
     def action_logs(self) -> None:
-        self.app.open_logs(self.run_id)
+        self.post_message(OpenLogs(self.run_id))
 
     def action_rank_logs(self) -> None:
         key = self.query_one(RankTable).selected_key()
-        self.app.open_logs(self.run_id, None if key is None else int(key))
+        self.post_message(OpenLogs(self.run_id, None if key is None else int(key)))
 
     def action_describe(self) -> None:
-        self.app.open_describe(self.run_id)
+        self.post_message(OpenDescribe(self.run_id))
 
-    # -- the chart chooser: the wanted chart goes to the refresh worker (app._update_wanted), which re-reads
+    # -- the chart chooser: the wanted chart goes to the refresh worker (ViewChanged), which re-reads
     def _choose(self, metric: str, rank: Optional[int]) -> None:
         self.chart = None if (metric, rank) == ("step_ms", None) else (metric, rank)
-        self.app._update_wanted()
+        self.post_message(ViewChanged())
 
     def _current(self) -> tuple[str, Optional[int]]:
         return self.chart or ("step_ms", None)

@@ -10,6 +10,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
+from traceml_tui.tui.messages import OpenBacklog, OpenCompare, OpenDescribe, OpenLogs, OpenRun
 from traceml_tui.tui.screens.sort_picker import SortPicker
 from traceml_tui.tui.snapshots import ATTENTION_WORDS, RunRow, RunsSnapshot
 from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable, run_cells
@@ -148,7 +149,7 @@ class RunsScreen(Screen):
     def action_open_run(self) -> None:
         key = self.query_one(RunsTable).selected_key()
         if key is not None:
-            self.app.open_run(int(key))
+            self.post_message(OpenRun(int(key)))
 
     def action_focus_filter(self) -> None:
         self.query_one("#filter", Input).focus()
@@ -223,19 +224,19 @@ class RunsScreen(Screen):
                         severity="warning", timeout=4)
             return
         # By directory, not by name: two runs may share a name (the source finds a run by its directory first).
-        self.app.open_compare(reference.dir or reference.name, candidate.dir or candidate.name)
+        self.post_message(OpenCompare(reference.dir or reference.name, candidate.dir or candidate.name))
 
     def action_backlog(self) -> None:
-        self.app.open_backlog(None)
+        self.post_message(OpenBacklog(None))
 
     def action_logs(self) -> None:
         """The selected run's training logs (the Log screen)."""
         row = self._selected()
         if row is not None:
-            self.app.open_logs(row.run_id)
+            self.post_message(OpenLogs(row.run_id))
 
     def action_describe(self) -> None:
         """The selected run's manifest, contract, hygiene block and versions (the Describe screen)."""
         row = self._selected()
         if row is not None:
-            self.app.open_describe(row.run_id)
+            self.post_message(OpenDescribe(row.run_id))

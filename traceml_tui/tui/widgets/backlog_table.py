@@ -5,13 +5,15 @@ from __future__ import annotations
 from rich.text import Text
 from textual.binding import Binding
 
+from traceml_tui.core.state import BacklogState
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import backlog_label
 from traceml_tui.tui.snapshots import BacklogItem
 from traceml_tui.tui.widgets.table_base import PADDING, Col, FedTable, cell_width
 
-STATE_STYLE = {"pending": "yellow", "claimed": "green", "completed": "cyan", "failed": "red",
-               "blocked": "bold red", "stale-claim": "bold white on red"}
+STATE_STYLE = {BacklogState.PENDING: "yellow", BacklogState.CLAIMED: "green", BacklogState.COMPLETED: "cyan",
+               BacklogState.FAILED: "red", BacklogState.BLOCKED: "bold red",
+               BacklogState.STALE_CLAIM: "bold white on red"}
 
 
 def metric_names(items) -> tuple[str, ...]:

@@ -27,8 +27,12 @@ def early_stopping_lines(info: EarlyStoppingInfo) -> list:
             head += f" · patience {info.patience_used}/{info.patience} used, {left} left"
         else:
             head += f" · patience {info.patience}"
+    if info.min_delta:
+        head += f" · min Δ {textplot.fmt_num(info.min_delta, 4)}"
+    if info.warmup:
+        head += f" · warm-up {info.warmup} updates"
     lines: list = [head]
-    label = "best" if info.source == "summary" else "best receipt so far"
+    label = "best"
     if info.best_checkpoint is not None:
         lines.append(f"{label}: {info.best_checkpoint} (step {'–' if info.best_step is None else info.best_step})"
                      f" {info.metric}={textplot.fmt_num(info.best_value, 4)}")
@@ -44,12 +48,12 @@ def early_stopping_lines(info: EarlyStoppingInfo) -> list:
                       "bold yellow"))
         if info.after_stop_steps:
             lines.append((_after_stop_text(info.after_stop_steps), "dim"))
-    elif info.source == "summary":
+    elif info.source in ("summary", "policy"):
         evals = f" after {info.evaluations} evaluation{'s' if info.evaluations != 1 else ''}" \
             if info.evaluations is not None else ""
         lines.append(f"not stopped{evals}" if info.state != "not-recorded" else ("no state recorded", "dim"))
     else:
-        lines.append(("patience used and the stop reason: recorded in the final summary (none with them yet)", "dim"))
+        lines.append(("nothing consumed yet: no state recorded by the policy", "dim"))
     lines.extend((note, "yellow") for note in info.notes)
     return lines
 

@@ -10,6 +10,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from traceml_tui.core import forensics
+from traceml_tui.core.state import RunStatus
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import FailureInfo
 
@@ -17,7 +18,7 @@ from traceml_tui.tui.snapshots import FailureInfo
 def failure_text(info: FailureInfo) -> Text:
     """The panel's text: the core's lines for the section (the same as the summary card's), styled."""
     first, *rest = forensics.section_lines(dataclasses.asdict(info))
-    out = Text(run_label("failed", "Failure") + ": ", style="bold red")
+    out = Text(run_label(RunStatus.FAILED, "Failure") + ": ", style="bold red")
     out.append(first, style="bold")
     for line in rest:
         out.append("\n  ")

@@ -7,14 +7,15 @@ from typing import Any, Optional, Sequence
 from rich.text import Text
 from textual.binding import Binding
 
-from traceml_tui.core.state import describe
+from traceml_tui.core.state import RunStatus, describe
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RUN_STATES, RunRow
 from traceml_tui.tui.widgets.table_base import PADDING, Col, FedTable, cell_width
 
-STATUS_STYLE = {"failed": "bold red", "lost": "bold red", "stalled": "bold yellow", "interrupted": "yellow",
-                "running": "green", "completed": "cyan", "missing": "dim"}
+STATUS_STYLE = {RunStatus.FAILED: "bold red", RunStatus.LOST: "bold red", RunStatus.STALLED: "bold yellow",
+                RunStatus.INTERRUPTED: "yellow", RunStatus.RUNNING: "green", RunStatus.COMPLETED: "cyan",
+                RunStatus.MISSING: "dim"}
 _ATTENTION = {state: n for n, state in enumerate(RUN_STATES)}
 
 #: Marks the reference run chosen with `m` (a glyph, so it reads without colour too).

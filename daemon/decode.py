@@ -1,15 +1,15 @@
-"""Reading JSONL streams: the head (file identity) and blocks of complete lines.
+"""Decoding: blocks of complete lines in, typed records and step rows out (pure — no I/O, no SQL).
 
-Pure functions over bytes plus two small ``pread`` helpers. Nothing here
-remembers a half line: the caller commits an offset that always ends just
-after a ``\\n`` (docs/daemon.md rule 4), and re-reads from there next poll.
+The stream (``daemon/stream.py``) returns blocks of complete lines with the offset each starts at; the
+service hands them here and routes what comes back through the store. Everything is a function of the
+bytes alone, so a block can be decoded in another process (the cold path's decode worker,
+``daemon/cold.py``) and the live path can decode a pass's small appends together (:func:`prepare_blocks`).
+Each bad line becomes one ``(offset, length, message)`` error (docs/daemon.md, "Damaged input").
 """
 
 from __future__ import annotations
 
-import hashlib
 import operator
-import os
 from typing import NamedTuple, Optional
 
 import msgspec
@@ -20,64 +20,11 @@ from traceml_tui.core import records
 from . import blockcheck, live
 
 MAX_LINE = records.MAX_LINE_BYTES
-READ_BYTES = 4 << 20  # one batch reads at most this much (≈10k records)
-HEAD_PROBE = 4096
 
 # Lean decoders: accept and reject exactly the lines the full Record union does (same fields and
 # types), but a step record becomes a ``records.LeanStep`` that the garbage collector never tracks.
 _list_decoder = msgspec.json.Decoder(list[records.LeanRecord])
 _line_decoder = msgspec.json.Decoder(records.LeanRecord)
-
-
-class Head(NamedTuple):
-    """The first complete line of a file and the identity derived from it."""
-
-    line: bytes  # without the trailing newline
-    end: int  # offset just after the newline
-    identity: str
-
-
-def identity_of(line: bytes) -> str:
-    """File identity: a hash of the whole header line (never the inode, never a prefix)."""
-    return hashlib.sha256(line.rstrip(b"\r")).hexdigest()[:32]
-
-
-def read_head(fd: int) -> Optional[Head]:
-    """Read the first complete line of ``fd``; ``None`` while it has no newline yet.
-
-    A first line longer than the line limit still gets an identity (from its
-    first ``MAX_LINE + 1`` bytes) so the file can be tracked and the line
-    reported once.
-    """
-    buf = b""
-    probe = HEAD_PROBE
-    while True:
-        data = os.pread(fd, probe, len(buf))
-        if not data:
-            return None
-        buf += data
-        cut = buf.find(b"\n")
-        if cut >= 0:
-            return Head(buf[:cut], cut + 1, identity_of(buf[:cut]))
-        if len(buf) > MAX_LINE:
-            return Head(buf[: MAX_LINE + 1], -1, identity_of(buf[: MAX_LINE + 1]))
-        probe = min(probe * 4, MAX_LINE + 2 - len(buf))
-
-
-def read_block(fd: int, offset: int, size: int) -> bytes:
-    """Read up to ``min(size - offset, READ_BYTES)`` bytes from ``offset``."""
-    want = min(size - offset, READ_BYTES)
-    if want <= 0:
-        return b""
-    chunks = []
-    while want > 0:
-        data = os.pread(fd, want, offset)
-        if not data:
-            break
-        chunks.append(data)
-        offset += len(data)
-        want -= len(data)
-    return b"".join(chunks)
 
 
 class Parsed:

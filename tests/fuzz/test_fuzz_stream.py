@@ -1,0 +1,141 @@
+"""The stream room's byte rules against any bytes (daemon/stream.py; docs/daemon.md rules 3–4, "Exactly once").
+
+Contracts, each searched by hypothesis:
+
+* :func:`stream.cut`, called the way the service calls it (from the cursor it returned, a window of the
+  file at a time), delivers every complete line exactly once and in order — inside a block that is the
+  file's own bytes at the block's offset, or as the start of one error span (a line over the limit, then
+  skipped to its end) — never a byte of an unfinished line, never goes backwards, and leaves a cursor whose
+  tail the file still holds (:func:`stream.tail_matches`);
+* with the NUL hold-back on, no block holds a line that starts with NUL bytes followed by data, and a read
+  held back stops right at such a line;
+* the live fast paths equal their slow paths: :func:`stream.read_past_tail` (new bytes in the same
+  ``pread`` as the committed tail) is :func:`stream.read_block` when :func:`stream.tail_matches`, else
+  None; a small append's cursor (:func:`stream.small_append`, taken without a cut) is the cursor
+  :func:`stream.cut` gives for the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from daemon import stream
+
+LIMIT = 16  # MAX_LINE while these run: over-long lines are cheap to generate
+
+_line = st.one_of(
+    st.binary(max_size=2 * LIMIT + 3),
+    st.sampled_from([b"", b"\r", b"\0", b"\0\0\0", b"\0{}", b"{}\0", b"x" * (LIMIT + 1), b"\0" * (LIMIT + 2)]),
+).map(lambda b: b.replace(b"\n", b""))
+_file = st.tuples(st.lists(_line, max_size=20), _line)  # complete lines, and an unfinished last line
+
+
+def _bytes(parts) -> tuple[bytes, list[int], int]:
+    """The file's bytes, the offset of each complete line, and where the unfinished line starts."""
+    lines, rest = parts
+    data, starts = b"", []
+    for line in lines:
+        starts.append(len(data))
+        data += line + b"\n"
+    return data + rest, starts, len(data)
+
+
+def _consume(data: bytes, window: int, nul_fresh: bool):
+    """Cut ``data`` from byte 0 as the service does, until a cut says nothing more is there now."""
+    offset, skipping, tail = 0, 0, None
+    delivered, held = [], False
+    for _ in range(10 * len(data) + 10):
+        piece = stream.cut(data[offset:offset + window], offset, len(data), skipping, tail, nul_fresh)
+        assert offset <= piece.offset <= len(data)  # never backwards, never past the end
+        if piece.error is not None:
+            assert not piece.block and piece.error[0] == offset and piece.skipping == 1
+            delivered.append((piece.error[0], None))
+        if piece.block:
+            assert piece.block.endswith(b"\n") and piece.at >= offset
+            assert data[piece.at:piece.at + len(piece.block)] == piece.block  # the file's own bytes
+            assert piece.offset == piece.at + len(piece.block)
+            at = piece.at
+            for line in piece.block[:-1].split(b"\n"):
+                delivered.append((at, line))
+                at += len(line) + 1
+        offset, skipping, tail, held = piece.offset, piece.skipping, piece.tail, piece.held_back
+        if not piece.more:
+            return offset, skipping, tail, held, delivered
+    raise AssertionError("the cuts did not come to an end")
+
+
+def _tail_held(data: bytes, offset: int, tail) -> bool:
+    fd, path = tempfile.mkstemp()
+    try:
+        os.write(fd, data)
+        return stream.tail_matches(fd, offset, tail)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+@given(_file, st.integers(LIMIT + 2, 4 * LIMIT))
+def test_every_complete_line_is_delivered_once_in_order(parts, window):
+    data, starts, unfinished = _bytes(parts)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stream, "MAX_LINE", LIMIT)
+        offset, skipping, tail, held, delivered = _consume(data, window, nul_fresh=False)
+    assert not held
+    over_long_rest = len(data) - unfinished > LIMIT  # an unfinished line already over the limit: skipped once
+    assert [at for at, _ in delivered] == starts + ([unfinished] if over_long_rest else [])
+    for at, line in delivered:
+        if line is not None:
+            assert data[at:at + len(line) + 1] == line + b"\n"
+    if skipping:
+        assert over_long_rest and offset > unfinished
+    else:
+        assert offset == unfinished  # the committed offset ends just after the last complete line
+    assert _tail_held(data, offset, tail)
+
+
+@given(_file, st.integers(LIMIT + 2, 4 * LIMIT))
+def test_a_line_starting_with_nul_bytes_is_never_committed_past_while_fresh(parts, window):
+    data, _, _ = _bytes(parts)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stream, "MAX_LINE", LIMIT)
+        offset, _, _, held, delivered = _consume(data, window, nul_fresh=True)
+    for _, line in delivered:
+        assert line is None or not line.startswith(b"\0") or not line.strip(b"\0")
+    if held:
+        assert data[offset:offset + 1] == b"\0"
+
+
+@given(st.binary(max_size=300), st.data())
+def test_the_tail_check_with_the_new_bytes_equals_the_check_then_the_read(data, draw):
+    offset = draw.draw(st.integers(0, len(data)))
+    before = data[:offset]
+    true_tail = (stream.tail_of(before[before.rfind(b"\n", 0, len(before) - 1) + 1:-1])
+                 if before.endswith(b"\n") else None)
+    tail = draw.draw(st.one_of(st.just(true_tail), st.none(), st.binary(max_size=30).map(stream.tail_of),
+                               st.text(max_size=12), st.integers(0, 400).map(lambda n: f"{n}:{'0' * 40}")))
+    fd, path = tempfile.mkstemp()
+    try:
+        os.write(fd, data)
+        slow = stream.read_block(fd, offset, len(data)) if stream.tail_matches(fd, offset, tail) else None
+        assert stream.read_past_tail(fd, offset, tail, len(data)) == slow
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+@given(st.lists(_line, min_size=1, max_size=20), st.integers(0, 1000), st.booleans())
+def test_a_small_appends_cursor_is_the_cursor_a_cut_gives(lines, offset, nul_fresh):
+    data = b"".join(line + b"\n" for line in lines)
+    size = offset + len(data)
+    if not stream.small_append(data, offset, size, 0):
+        return
+    piece = stream.cut(data, offset, size, 0, None, nul_fresh)
+    last = data[data.rfind(b"\n", 0, len(data) - 1) + 1:-1]
+    assert (piece.block, piece.at, piece.offset, piece.skipping, piece.more, piece.held_back, piece.error) == (
+        data, offset, size, 0, False, False, None)
+    assert piece.tail == stream.tail_of(last)
