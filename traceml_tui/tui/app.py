@@ -40,7 +40,7 @@ from traceml_tui.tui.present import compare_snapshot
 from traceml_tui.tui.screens.backlog import BacklogScreen
 from traceml_tui.tui.screens.compare import CompareScreen
 from traceml_tui.tui.screens.describe import DescribeScreen
-from traceml_tui.tui.screens.help import HelpScreen
+from traceml_tui.tui.screens.help import HelpScreen, origin_title
 from traceml_tui.tui.screens.logs import LogScreen
 from traceml_tui.tui.screens.run_detail import RunScreen
 from traceml_tui.tui.screens.runs import RunsScreen
@@ -53,11 +53,21 @@ from traceml_tui.tui.snapshots import (
     SourceHealth,
 )
 from traceml_tui.tui.source import Source
+from traceml_tui.tui.widgets.screen_header import set_screen_title
 
 #: Ages (silent for N s) move even when no data arrives: rebuild at least this often.
 AGE_REFRESH_S = 1.0
 #: Seconds between two attempts to take over the index when its writer is gone and an attempt failed.
 TAKEOVER_RETRY_S = 5.0
+
+
+def same_runs(a: RunsSnapshot, b: RunsSnapshot) -> bool:
+    """Whether two snapshots show the same Runs screen (the clock and the source line aside: the header has it).
+
+    The worker rebuilds at least every second, for the ages that move with no new data (AGE_REFRESH_S); a
+    rebuild that changed nothing the Runs screen shows is not handed to it (docs/watch.md "Cheap over SSH").
+    """
+    return (a.rows, a.index_ready, a.note, a.indexing) == (b.rows, b.index_ready, b.note, b.indexing)
 
 
 class WatchApp(App):
@@ -69,8 +79,11 @@ class WatchApp(App):
     BINDINGS = [
         # Help first: at 80 columns the footer cuts what comes last, and Help lists every key.
         Binding("question_mark", "help", "Help"),
-        Binding("q", "quit", "Quit"),
-        Binding("a", "toggle_alerts", "Alerts"),
+        # q quits on the Runs screen and goes back everywhere else (each other screen binds q to Back, this
+        # action goes back too for one that does not); Ctrl+C always quits (docs/watch.md "Keys").
+        Binding("q", "quit_or_back", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+        Binding("a", "toggle_alerts", "Alerts", show=False),
         Binding("r", "show_runs", "Runs", show=False),
     ]
 
@@ -236,9 +249,10 @@ class WatchApp(App):
         old_health, self.health = self.health, snap.health
         self._show_health()
         self._health_changed(old_health, snap.health)
-        for screen in self.screen_stack:
-            if isinstance(screen, RunsScreen):
-                screen.snapshot = snap
+        if previous is None or not same_runs(previous, snap):  # the refresh gate: nothing new, nothing redrawn
+            for screen in self.screen_stack:
+                if isinstance(screen, RunsScreen):
+                    screen.snapshot = snap
         self.refreshes += 1
 
     @on(RunUpdated)
@@ -279,7 +293,7 @@ class WatchApp(App):
             return
         title = f"{self.TITLE} · {health.text()}"
         for screen in self.screen_stack:
-            screen.title = title
+            set_screen_title(screen, title)  # repaints the title line only, not the whole screen
             for header in screen.query(Header):
                 header.set_class(health.stale, "-source-stale")
 
@@ -342,11 +356,18 @@ class WatchApp(App):
         self.notify(f"alerts {'on' if self.alerts else 'off'}", timeout=3)
 
     def action_help(self) -> None:
-        """`?` anywhere: open the help screen (or close it when it is open)."""
+        """`?` anywhere: open the help screen, the keys of the screen it is opened from first (or close it)."""
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
         else:
-            self.push_screen(HelpScreen(self.BINDINGS))
+            self.push_screen(HelpScreen(self.BINDINGS, origin_title(self.screen)))
+
+    async def action_quit_or_back(self) -> None:
+        """`q`: quit on the Runs screen (the first one), go back on any other."""
+        if isinstance(self.screen, RunsScreen) or len(self.screen_stack) <= 2:
+            await self.action_quit()
+        else:
+            self.pop_screen()
 
     def action_show_runs(self) -> None:
         while len(self.screen_stack) > 2:

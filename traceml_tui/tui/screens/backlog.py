@@ -38,10 +38,12 @@ def backlog_summary(snap: BacklogSnapshot) -> list:
 class BacklogScreen(Screen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
-        Binding("enter", "open_request", "Request detail"),
+        Binding("q", "app.pop_screen", "Back", show=False),
+        # Enter is the table's own binding, shown as "Detail" (BacklogTable); this one names it in Help.
+        Binding("enter", "open_request", "Request detail", show=False),
     ]
 
-    snapshot: reactive[Optional[BacklogSnapshot]] = reactive(None)
+    snapshot: reactive[Optional[BacklogSnapshot]] = reactive(None, repaint=False)  # the widgets redraw what changed
 
     def __init__(self, run_id: Optional[int]) -> None:
         super().__init__()

@@ -38,9 +38,13 @@ def verdict_lines(snap: CompareSnapshot) -> list:
 
 
 class CompareScreen(Screen):
-    BINDINGS = [Binding("escape", "app.pop_screen", "Back"), Binding("t", "focus_threshold", "Threshold")]
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("q", "app.pop_screen", "Back", show=False),  # typed into the threshold box while it has the focus
+        Binding("t", "focus_threshold", "Threshold"),
+    ]
 
-    snapshot: reactive[Optional[CompareSnapshot]] = reactive(None)
+    snapshot: reactive[Optional[CompareSnapshot]] = reactive(None, repaint=False)  # the widgets redraw what changed
 
     def __init__(self, reference: str, candidate: str, threshold_pct: Optional[float]) -> None:
         super().__init__()

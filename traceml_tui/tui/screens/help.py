@@ -21,6 +21,7 @@ from textual.widgets import Footer, Static
 from traceml_tui.core import steptime
 from traceml_tui.core.state import BACKLOG_ORDER, RUN_ATTENTION, BacklogState, RunStatus
 from traceml_tui.tui.glyphs import BACKLOG_GLYPHS, RUN_GLYPHS
+from traceml_tui.tui.keys import LIST_KEYS_HELP, list_bindings
 from traceml_tui.tui.widgets.rank_table import RankTable
 from traceml_tui.tui.widgets.runs_table import COLUMNS as RUNS_COLUMNS
 from traceml_tui.tui.widgets.screen_header import ScreenHeader
@@ -82,7 +83,16 @@ PART_HELP: dict[str, str] = {
     "residual": "traced time no measured phase covers",
 }
 
-_KEY_NAMES = {"escape": "Esc", "enter": "Enter", "slash": "/", "question_mark": "?", "ctrl+p": "Ctrl+P"}
+_KEY_NAMES = {"escape": "Esc", "enter": "Enter", "slash": "/", "question_mark": "?", "ctrl+p": "Ctrl+P",
+              "ctrl+c": "Ctrl+C", "home": "Home", "end": "End", "pagedown": "PgDn", "pageup": "PgUp"}
+
+
+#: Help's longer words for actions whose footer word is short ("Quit") but whose rule is not.
+ACTION_HELP = {"quit_or_back": "Quit on the Runs screen; on any other screen, Back",
+               "quit": "Quit, from any screen",
+               "rank_logs": "Log of the rank under the cursor",
+               "next_metric": "Next chart metric",
+               "chart_ranks": "Chart every rank / the rank under the cursor"}
 
 
 def key_name(key: str) -> str:
@@ -97,6 +107,7 @@ def binding_lines(bindings, extra: tuple[tuple[str, str], ...] = ()) -> list[tup
             key, desc, action = b.key, b.description, b.action
         else:
             key, action, desc = (tuple(b) + ("",))[:3]
+        desc = ACTION_HELP.get(action, desc)
         out.append((" ".join(key_name(k.strip()) for k in key.split(",")), desc or action.replace("_", " ")))
     return out + list(extra)
 
@@ -107,6 +118,12 @@ def screen_keys(app_bindings=()) -> list[tuple[str, list[tuple[str, str]]]]:
     The app passes its bindings in (:class:`HelpScreen`), so this screen never imports the app: a screen
     sits below the app that pushes it (the import-linter contract in pyproject.toml).
     """
+    return [("Everywhere", binding_lines(app_bindings, (("Ctrl+P", "command palette"), *LIST_KEYS_HELP)))] + [
+        (title, binding_lines(cls.BINDINGS, extra)) for title, cls, extra in _screens()]
+
+
+def _screens() -> list[tuple[str, type, tuple[tuple[str, str], ...]]]:
+    """(title, screen class, keys beyond its BINDINGS) of each screen, in the order Help lists them."""
     from traceml_tui.tui.screens.backlog import BacklogScreen
     from traceml_tui.tui.screens.compare import CompareScreen
     from traceml_tui.tui.screens.describe import DescribeScreen
@@ -115,15 +132,19 @@ def screen_keys(app_bindings=()) -> list[tuple[str, list[tuple[str, str]]]]:
     from traceml_tui.tui.screens.runs import RunsScreen
 
     return [
-        ("Everywhere", binding_lines(app_bindings, (("Ctrl+P", "command palette"),))),
-        ("Runs", binding_lines(RunsScreen.BINDINGS, (("click", "a header sorts by that column"),))),
-        ("Run", binding_lines(RunScreen.BINDINGS)),
-        ("Log", binding_lines(LogScreen.BINDINGS)),
-        ("Describe", binding_lines(DescribeScreen.BINDINGS)),
-        ("Backlog", binding_lines(BacklogScreen.BINDINGS)),
-        ("Compare", binding_lines(CompareScreen.BINDINGS)),
-        ("Help", binding_lines(HelpScreen.BINDINGS)),
+        ("Runs", RunsScreen, (("Enter", "open the run under the cursor"), ("click", "a header sorts by that column"))),
+        ("Run", RunScreen, ()),
+        ("Log", LogScreen, ()),
+        ("Describe", DescribeScreen, ()),
+        ("Backlog", BacklogScreen, ()),
+        ("Compare", CompareScreen, ()),
+        ("Help", HelpScreen, ()),
     ]
+
+
+def origin_title(screen: object) -> str | None:
+    """Help's name for ``screen`` (the screen Help was opened from), or None for a screen it does not list."""
+    return next((title for title, cls, _ in _screens() if type(screen) is cls), None)
 
 
 class _Doc:
@@ -153,9 +174,17 @@ class _Doc:
         self.grid = None
 
 
-def help_renderable(app_bindings=()) -> Group:
-    """Every column, glyph, state and key explained; ``app_bindings``: the app's own keys (see :func:`screen_keys`)."""
+def help_renderable(app_bindings=(), origin: str | None = None) -> Group:
+    """Every column, glyph, state and key explained; ``app_bindings``: the app's own keys (see :func:`screen_keys`).
+
+    ``origin``: the title of the screen Help was opened from; its keys come first, before everything else.
+    """
     doc = _Doc()
+    keys = screen_keys(app_bindings)
+    if origin is not None:
+        doc.section(f"Keys of this screen ({origin})")
+        doc.rows(dict(keys)[origin])
+        doc.rows(dict(keys)["Everywhere"])
     doc.section("Runs screen: columns")
     doc.rows((label, RUNS_COLUMN_HELP[label]) for label, _ in RUNS_COLUMNS)
     doc.note("Status and Run stay in view when scrolling right. The columns that fit the width come first "
@@ -195,10 +224,17 @@ def help_renderable(app_bindings=()) -> Group:
     doc.rows((f"{BACKLOG_GLYPHS[s]} {s}", BACKLOG_STATE_HELP[s]) for s in BACKLOG_ORDER)
     doc.note("After State, one column per metric a receipt reports (– until it completes). Enter on a request "
              "shows it in full: its receipt metrics and every failed attempt with its whole error.")
-    for title, keys in screen_keys(app_bindings):
-        doc.section(f"Keys: {title}")
-        doc.rows(keys)
+    for title, rows in keys:
+        if title != origin:
+            doc.section(f"Keys: {title}")
+            doc.rows(rows)
     return Group(*doc.parts)
+
+
+class HelpBody(VerticalScroll):
+    """The help text; j/k scroll a line, g/Home and G/End go to the top and the end (tui/keys.py)."""
+
+    BINDINGS = list_bindings("scroll_down", "scroll_up", "scroll_home", "scroll_end")
 
 
 class HelpScreen(Screen):
@@ -210,14 +246,15 @@ class HelpScreen(Screen):
         Binding("q", "app.pop_screen", "Close", show=False),
     ]
 
-    def __init__(self, app_bindings=()) -> None:
+    def __init__(self, app_bindings=(), origin: str | None = None) -> None:
         super().__init__()
         self.app_bindings = tuple(app_bindings)  # the pushing app's keys: passed in, never imported
+        self.origin = origin  # the title of the screen Help was opened from (its keys come first)
 
     def compose(self) -> ComposeResult:
         yield ScreenHeader(show_clock=False)
-        with VerticalScroll(id="help-body"):
-            yield Static(help_renderable(self.app_bindings), id="help-text")
+        with HelpBody(id="help-body"):
+            yield Static(help_renderable(self.app_bindings, self.origin), id="help-text")
         yield Footer()
 
     def on_mount(self) -> None:

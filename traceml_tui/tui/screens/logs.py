@@ -195,6 +195,9 @@ class LogScreen(Screen):
         search.display = True
         search.focus()
 
+    def on_log_view_cursor_moved(self, event: LogView.CursorMoved) -> None:
+        self._status()
+
     def on_input_changed(self, event: Input.Changed) -> None:
         self.search_text = event.value
         self.query_one(LogView).set_search(event.value)

@@ -161,19 +161,24 @@ def error_lines(detail: RunDetail) -> list:
 class RunScreen(Screen):
     """One run in detail."""
 
+    # The footer shows the main actions first (Help lists every key). PageUp/PageDown scroll the screen even
+    # while the rank table has the focus (priority: the table would take them for its few rows).
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
-        Binding("b", "backlog", "Backlog"),
-        Binding("l", "logs", "Log", show=False),
-        Binding("L", "rank_logs", "Log of the selected rank", show=False),
-        Binding("d", "describe", "Describe", show=False),
-        Binding("c", "next_metric", "Chart metric"),
+        Binding("q", "app.pop_screen", "Back", show=False),
+        Binding("l", "logs", "Log"),
+        Binding("d", "describe", "Describe"),
+        Binding("L", "rank_logs", "Rank log"),
+        Binding("c", "next_metric", "Metric"),
         Binding("C", "previous_metric", "Previous chart metric", show=False),
-        Binding("v", "chart_ranks", "Chart: all ranks / the selected rank", show=False),
+        Binding("v", "chart_ranks", "All/one rank"),
+        Binding("b", "backlog", "Backlog"),
+        Binding("pagedown", "page_body(1)", "Scroll the screen down a page", show=False, priority=True),
+        Binding("pageup", "page_body(-1)", "Scroll the screen up a page", show=False, priority=True),
         Binding("y", "log_scale", "Log scale"),
     ]
 
-    detail: reactive[Optional[RunDetail]] = reactive(None)
+    detail: reactive[Optional[RunDetail]] = reactive(None, repaint=False)  # the widgets redraw what changed
 
     def __init__(self, run_id: int) -> None:
         super().__init__()
@@ -207,8 +212,11 @@ class RunScreen(Screen):
     def watch_detail(self, detail: Optional[RunDetail]) -> None:
         if detail is None or not self.is_mounted:
             return
+        found = self.query("#headline")
+        if not found:  # the app is closing: its screens' widgets are gone before the last snapshot is handled
+            return
         self.sub_title = detail.run.name
-        self.query_one("#headline", InfoPanel).data = ("", headline(detail))
+        found.first(InfoPanel).data = ("", headline(detail))
         self.query_one(FailurePanel).data = detail.failure
         table = self.query_one(RankTable)
         table.table_rows = tuple((r.rank, rank_cells(r)) for r in detail.ranks)
@@ -237,6 +245,14 @@ class RunScreen(Screen):
 
     def action_backlog(self) -> None:
         self.post_message(OpenBacklog(self.run_id))
+
+    def action_page_body(self, direction: int) -> None:
+        """PageDown / PageUp: scroll the whole Run screen, whichever widget has the focus."""
+        body = self.query_one("#run-body", VerticalScroll)
+        if direction > 0:
+            body.scroll_page_down(animate=False)
+        else:
+            body.scroll_page_up(animate=False)
 
     def action_logs(self) -> None:
         self.post_message(OpenLogs(self.run_id))

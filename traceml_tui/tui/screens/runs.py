@@ -11,6 +11,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from traceml_tui.tui.messages import OpenBacklog, OpenCompare, OpenDescribe, OpenLogs, OpenRun
+from traceml_tui.tui.screens.sort_picker import SortPicker
 from traceml_tui.tui.snapshots import ATTENTION_WORDS, RunRow, RunsSnapshot
 from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable, run_cells
 from traceml_tui.tui.widgets.screen_header import ScreenHeader
@@ -41,24 +42,29 @@ def filter_rows(rows, text: str):
 class RunsScreen(Screen):
     """All runs in the index."""
 
+    # The footer shows the main actions first, then Help (at 80 columns it cuts what comes last; Help lists
+    # every key; the filter box says "press /" itself). Enter is the table's own binding, shown as "Open"
+    # (RunsTable): a screen binding for it would be shadowed by the table's.
     BINDINGS = [
-        Binding("enter", "open_run", "Open", show=True),
-        Binding("slash", "focus_filter", "Filter"),
-        Binding("s", "next_sort", "Sort"),
-        Binding("S", "reverse_sort", "Reverse", show=False),
-        Binding("o", "default_order", "Default order", show=False),
-        Binding("b", "backlog", "Backlog"),
+        Binding("l", "logs", "Log"),
+        Binding("d", "describe", "Describe"),
         Binding("m", "mark", "Mark ref"),
         Binding("c", "compare", "Compare"),
+        Binding("slash", "focus_filter", "Filter", show=False),
+        Binding("s", "next_sort", "Sort"),
+        Binding("O", "pick_sort", "Sort by… (a picker of every column)", show=False),
+        Binding("S", "reverse_sort", "Reverse", show=False),
+        Binding("o", "default_order", "Default order", show=False),
+        Binding("b", "backlog", "Backlog", show=False),
         Binding("escape", "clear_filter", "Clear", show=False),
-        Binding("l", "logs", "Log", show=False),
-        Binding("d", "describe", "Describe", show=False),
     ]
 
-    snapshot: reactive[Optional[RunsSnapshot]] = reactive(None)
-    sort_column: reactive[int] = reactive(-1)  # -1: newest activity first (the source's order)
-    sort_reverse: reactive[bool] = reactive(False)
-    marked: reactive[Optional[int]] = reactive(None)  # run id of the reference chosen with `m`
+    # repaint=False: a new value repaints nothing itself (a whole-screen repaint rewrites every cell of the
+    # terminal); the table and the status line redraw what changed (docs/watch.md "Cheap over SSH").
+    snapshot: reactive[Optional[RunsSnapshot]] = reactive(None, repaint=False)
+    sort_column: reactive[int] = reactive(-1, repaint=False)  # -1: newest activity first (the source's order)
+    sort_reverse: reactive[bool] = reactive(False, repaint=False)
+    marked: reactive[Optional[int]] = reactive(None, repaint=False)  # run id of the reference chosen with `m`
     _said = ""
 
     def compose(self) -> ComposeResult:
@@ -161,6 +167,23 @@ class RunsScreen(Screen):
         self.sort_reverse = False  # a new column starts ascending (`S` turns it round)
         self.sort_column = nxt if nxt < len(COLUMNS) else -1
 
+    def action_pick_sort(self) -> None:
+        """``O``: choose the sort column from a list (one step, where ``s`` steps through the columns)."""
+        table = self.query_one(RunsTable)
+        labels = [label for label, _ in COLUMNS if label != "Folder" or table.show_folder]
+        current = COLUMNS[self.sort_column][0] if self.sort_column >= 0 else None
+        self.app.push_screen(SortPicker(labels, current, self.sort_reverse), self._sort_picked)
+
+    def _sort_picked(self, label: Optional[str]) -> None:
+        if label is None:
+            return
+        index = [name for name, _ in COLUMNS].index(label)
+        if index == self.sort_column:  # the sorted column again: the other direction, as a header click does
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_reverse = False
+            self.sort_column = index
+
     def action_reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
 
@@ -195,6 +218,10 @@ class RunsScreen(Screen):
         reference, candidate = self._row(self.marked), self._selected()
         if reference is None or candidate is None:
             self.notify("mark a reference run with m first", severity="warning", timeout=4)
+            return
+        if reference.run_id == candidate.run_id:
+            self.notify(f"{reference.name} is the reference itself: move to another run and press c",
+                        severity="warning", timeout=4)
             return
         # By directory, not by name: two runs may share a name (the source finds a run by its directory first).
         self.post_message(OpenCompare(reference.dir or reference.name, candidate.dir or candidate.name))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
 
 from traceml_tui.core.state import BacklogState
 from traceml_tui.tui import textplot
@@ -56,6 +57,8 @@ ERROR_MIN = 24
 class BacklogTable(FedTable):
     """Requests, with one column per receipt metric after State (``metrics``: their names, set by the owner
     before ``table_rows``; the cells carry the values after ``COLUMNS``)."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "Detail")]  # shown in the footer (table_base.py)
 
     COLUMNS = ("Run", "Checkpoint", "Step", "State", "Age", "Owner", "Heartbeat", "Retries", "Last error")
 

@@ -15,6 +15,7 @@ from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from traceml_tui.tui import textplot
+from traceml_tui.tui.keys import list_bindings
 from traceml_tui.tui.snapshots import DescribeSnapshot
 
 #: A section: its title and its rows; a row's value is a scalar, a nested dict/list, or a note string.
@@ -113,7 +114,10 @@ def _add(node: TreeNode, label: str, value: Any) -> None:
 
 
 class DescribeTree(Tree):
-    """The run's facts as an open tree (arrow keys move, Enter or Space folds a branch)."""
+    """The run's facts as an open tree (arrow keys or j/k move, Enter or Space folds a branch)."""
+
+    # Tree's own home/end already move the cursor to the first/last line (tui/keys.py).
+    BINDINGS = list_bindings(first="scroll_home", last="scroll_end")
 
     def __init__(self, **kwargs) -> None:
         super().__init__(Text("run"), **kwargs)

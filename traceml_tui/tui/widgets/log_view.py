@@ -15,10 +15,12 @@ from typing import Optional, Sequence
 
 from rich.cells import cell_len
 from rich.text import Text
-from textual.geometry import Size
+from textual.geometry import Region, Size
+from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from traceml_tui.tui.keys import list_bindings
 from traceml_tui.tui.logtail import LogLine
 
 #: Width of the label column: "▶n0  r12 err " (the marker, node, rank, stream).
@@ -33,6 +35,12 @@ def line_label(line: LogLine) -> str:
 
 class LogView(ScrollView, can_focus=True):
     """Log lines with a current line; fed by the Log screen (:meth:`show`, :meth:`append`)."""
+
+    # j/k move the current line, g/Home and G/End go to the first and last (tui/keys.py).
+    BINDINGS = list_bindings()
+
+    class CursorMoved(Message):
+        """A key moved the current line (the screen's status line says where it is)."""
 
     DEFAULT_CSS = """
     LogView { background: $surface; }
@@ -95,6 +103,32 @@ class LogView(ScrollView, can_focus=True):
             if self._pattern.search(self.lines[i].text):
                 return i
         return None
+
+    # -- the list keys: they move the current line and stop following
+    def _key_move(self, index: int) -> None:
+        if not self.lines:
+            return
+        self.follow = False
+        self.cursor = max(0, min(len(self.lines) - 1, index))
+        self.scroll_to_region(Region(0, self.cursor, 1, 1), animate=False, immediate=True)
+        self.refresh()
+        self.post_message(self.CursorMoved())
+
+    def action_cursor_down(self) -> None:
+        """``j``: the next line (the first one on screen when none is current)."""
+        self._key_move(int(self.scroll_y) if self.cursor is None else self.cursor + 1)
+
+    def action_cursor_up(self) -> None:
+        """``k``: the line before."""
+        self._key_move(int(self.scroll_y) if self.cursor is None else self.cursor - 1)
+
+    def action_cursor_first(self) -> None:
+        """``g`` / Home: the first line."""
+        self._key_move(0)
+
+    def action_cursor_last(self) -> None:
+        """``G`` / End: the last line."""
+        self._key_move(len(self.lines) - 1)
 
     # -- drawing
     def render_line(self, y: int) -> Strip:

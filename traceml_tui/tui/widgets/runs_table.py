@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from rich.text import Text
+from textual.binding import Binding
 
 from traceml_tui.core.state import RunStatus, describe
 from traceml_tui.tui import textplot
@@ -131,6 +132,7 @@ def choose_columns(widths: dict[str, int], available: int, *, folder: bool = Fal
 
 class RunsTable(FedTable):
     COLUMNS = LABELS
+    BINDINGS = [Binding("enter", "select_cursor", "Open")]  # shown in the footer (table_base.py, "Enter")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

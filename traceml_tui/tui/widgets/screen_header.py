@@ -15,6 +15,7 @@ from __future__ import annotations
 from rich.cells import cell_len
 from textual.app import ComposeResult, RenderResult
 from textual.content import Content
+from textual.screen import Screen
 from textual.widgets import Header
 from textual.widgets._header import HeaderTitle  # not exported; Header finds its title line by this type
 
@@ -71,3 +72,17 @@ class ScreenHeader(Header):
     def compose(self) -> ComposeResult:
         for widget in super().compose():
             yield FittedTitle() if type(widget) is HeaderTitle else widget
+
+
+def set_screen_title(screen: Screen, title: str) -> None:
+    """Set ``screen``'s title, repainting only its header's title line.
+
+    ``Screen.title`` is a repainting reactive: a new value repaints the whole screen, every cell of it sent to
+    the terminal again, and the source line changes every second (``commit 3s ago``; docs/watch.md "Cheap
+    over SSH"). The value is set without its watchers, and the title lines that show it are redrawn.
+    """
+    if screen.title == title:
+        return
+    screen.set_reactive(Screen.title, title)
+    for line in screen.query(FittedTitle):
+        line.refresh()

@@ -20,12 +20,14 @@ from rich.cells import cell_len as rich_cell_len
 from rich.segment import Segment
 from rich.text import Text
 from textual import events
+from textual.coordinate import Coordinate
 from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widgets import DataTable
-from textual.widgets.data_table import RowKey
+from textual.widgets.data_table import ColumnKey, RowKey
 
 from traceml_tui.core.rundir import middle_cut, tail_cut
+from traceml_tui.tui.keys import list_bindings
 
 #: Columns a vertical scrollbar may take from the table's width.
 SCROLLBAR = 2
@@ -88,12 +90,18 @@ class FedTable(DataTable):
     columns are shown, in which order and how wide.
     """
 
+    # j/k/g/G and Home/End move the row cursor in every table (tui/keys.py). Enter stays DataTable's own
+    # (select_cursor: the owner handles RowSelected); a table whose Enter opens something binds it again with a
+    # footer word (RunsTable: "Open"), else DataTable's hidden binding shadows the screen's and hides it.
+    BINDINGS = list_bindings()
+
     COLUMNS: tuple[str, ...] = ()
     #: Fixed widths for columns whose text changes length between refreshes (auto width would cut it meanwhile).
     WIDTHS: dict[str, int] = {}
 
     # Always: rich Text compares equal when only its style differs, and a new style must still be shown.
-    table_rows: reactive[tuple] = reactive((), always_update=True)
+    # repaint=False: the in-place update repaints only the cells that changed (:meth:`_set_cell`).
+    table_rows: reactive[tuple] = reactive((), always_update=True, repaint=False)
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("cursor_type", "row")
@@ -101,6 +109,17 @@ class FedTable(DataTable):
         super().__init__(**kwargs)
         self._layout: tuple[Col, ...] = ()
         self._index = {label: i for i, label in enumerate(self.COLUMNS)}
+
+    # -- the list keys (tui/keys.py)
+    def action_cursor_first(self) -> None:
+        """``g`` / Home: the first row (the view scrolls to it)."""
+        if self.row_count:
+            self.move_cursor(row=0, animate=False)
+
+    def action_cursor_last(self) -> None:
+        """``G`` / End: the last row."""
+        if self.row_count:
+            self.move_cursor(row=self.row_count - 1, animate=False)
 
     # -- what to show (subclasses override layout)
     def available_width(self, rows: int = 0) -> int:
@@ -247,13 +266,14 @@ class FedTable(DataTable):
             current = self._data[RowKey(row_key)]
             for column_key, value in zip(column_keys, shown):
                 if not same_cell(current.get(column_key), value):  # type: ignore[call-overload]
-                    self.update_cell(row_key, column_key, value)
+                    self._set_cell(row_key, column_key, value)
                     column = self.columns[column_key]  # type: ignore[index]
                     if column.auto_width and cell_width(value) > column.content_width:
                         # A longer text widens its column (as a new row does); measuring only what changed
                         # keeps a refresh linear (update_cell(update_width=True) re-measures whole columns).
                         column.content_width = cell_width(value)
                         self._require_update_dimensions = True
+                        self.refresh()  # the columns move: every row is drawn again
         if order_changed or [k.value for k in self._ordered_keys()] != keys:
             self._reorder(keys)
         if keys:
@@ -262,6 +282,24 @@ class FedTable(DataTable):
                 if on_screen is not None and 0 <= on_screen < self.scrollable_content_region.height:
                     self.scroll_to(y=max(0, target - on_screen), animate=False, immediate=True)
                 self.move_cursor(row=target, animate=False, scroll=False)
+
+    def _set_cell(self, row_key: str, column_key: str, value: Any) -> None:
+        """Change one cell and repaint only it (DataTable.update_cell repaints the whole table).
+
+        Over SSH every repainted cell is bytes on the wire: a live run changes a few cells a second, and a
+        whole-table repaint would send the entire table each time (docs/watch.md "Cheap over SSH").
+        """
+        key, column = RowKey(row_key), ColumnKey(column_key)
+        self._data[key][column] = value
+        self._update_count += 1  # the render caches are keyed by it: the changed cell is rendered anew
+        row, col = self._row_locations.get(key), self._column_locations.get(column)
+        if row is None or col is None:
+            self.refresh()
+        elif col < self.fixed_columns and self.scroll_offset.x:
+            # A pinned column's cell is not where DataTable's region maths puts it once scrolled sideways.
+            self.refresh_row(row)
+        else:
+            self.refresh_coordinate(Coordinate(row, col))
 
     def _ordered_keys(self) -> list[RowKey]:
         return [row.key for row in self.ordered_rows]
