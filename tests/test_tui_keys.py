@@ -10,29 +10,26 @@ the screen it was opened from.
 from __future__ import annotations
 
 import io
-import sys
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
-import tui_data as d  # noqa: E402
+from traceml_tui.tui.app import WatchApp, create_app
+from traceml_tui.tui.screens.compare import CompareScreen
+from traceml_tui.tui.screens.describe import DescribeScreen
+from traceml_tui.tui.screens.help import HelpScreen, help_renderable
+from traceml_tui.tui.screens.logs import LogScreen
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.screens.runs import RunsScreen
+from traceml_tui.tui.screens.sort_picker import SortList, SortPicker
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.describe_tree import DescribeTree
+from traceml_tui.tui.widgets.log_view import LogView
+from traceml_tui.tui.widgets.rank_table import RankTable
+from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable
 
-from traceml_tui.tui.app import WatchApp, create_app  # noqa: E402
-from traceml_tui.tui.screens.compare import CompareScreen  # noqa: E402
-from traceml_tui.tui.screens.describe import DescribeScreen  # noqa: E402
-from traceml_tui.tui.screens.help import HelpScreen, help_renderable  # noqa: E402
-from traceml_tui.tui.screens.logs import LogScreen  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
-from traceml_tui.tui.screens.runs import RunsScreen  # noqa: E402
-from traceml_tui.tui.screens.sort_picker import SortList, SortPicker  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.describe_tree import DescribeTree  # noqa: E402
-from traceml_tui.tui.widgets.log_view import LogView  # noqa: E402
-from traceml_tui.tui.widgets.rank_table import RankTable  # noqa: E402
-from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable  # noqa: E402
+from support import fixture_runs as fr
+from support import tui_data as d
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("lasting_toasts")]
 

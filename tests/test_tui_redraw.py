@@ -8,23 +8,20 @@ measured in a real tmux by tests/benchmarks/bench_tui_bytes.py.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from rich.text import Text
 from textual.widget import Widget
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
-import tui_data as d  # noqa: E402
+from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.run_detail import RunScreen
+from traceml_tui.tui.source import IndexSource
+from traceml_tui.tui.widgets.runs_table import RunsTable
+from traceml_tui.tui.widgets.screen_header import FittedTitle, set_screen_title
 
-from traceml_tui.tui.app import create_app  # noqa: E402
-from traceml_tui.tui.screens.run_detail import RunScreen  # noqa: E402
-from traceml_tui.tui.source import IndexSource  # noqa: E402
-from traceml_tui.tui.widgets.runs_table import RunsTable  # noqa: E402
-from traceml_tui.tui.widgets.screen_header import FittedTitle, set_screen_title  # noqa: E402
+from support import fixture_runs as fr
+from support import tui_data as d
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("lasting_toasts")]
 

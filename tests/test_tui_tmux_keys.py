@@ -13,12 +13,10 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import fixture_runs as fr  # noqa: E402
+from support import fixture_runs as fr
 
 pytestmark = [
     pytest.mark.timeout(150),
