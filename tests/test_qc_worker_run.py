@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,13 @@ import realruns
 import yaml
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "qc_worker_train.py"
+DUMP = textwrap.dedent(
+    """
+    import json, sys
+    from trackio.sqlite_storage import SQLiteStorage
+    print(json.dumps(SQLiteStorage.get_logs(sys.argv[1], sys.argv[2]), default=str))
+    """
+)
 WORKER = ["python", "validator.py", "--checkpoint", "{checkpoint}", "--step", "{step}"]
 
 
@@ -114,3 +123,22 @@ def test_worker_qc_requests_receipts_retry_and_a_blocked_request_not_passed(
                             env=cli_env, capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["counts"] == {"blocked": 1, "completed": 2}
+
+    # the Trackio export (a real local store) carries the QC state beside validation's readouts
+    pytest.importorskip("trackio", reason="trackio not installed: the [trackio] extra")
+    store_env = {**cli_env, "TRACKIO_DIR": str(tmp_path / "trackio-store")}
+    for name in ("TRACKIO_SERVER_URL", "TRACKIO_SPACE_ID", "TRACKIO_WRITE_TOKEN"):
+        store_env.pop(name, None)
+    export = subprocess.run([*traceml_cmd, "export", "trackio", str(run_dir), "--project", "heavy-qc", "--group",
+                             "qc", "--description", "Does heavy QC pass? a blocked QC request"], env=store_env,
+                            capture_output=True, text=True, timeout=300)
+    assert export.returncode == 0, export.stderr[-2000:]
+    dumped = subprocess.run([sys.executable, "-c", DUMP, "heavy-qc", "heavy"], env=store_env, capture_output=True,
+                            text=True, timeout=120)
+    assert dumped.returncode == 0, dumped.stderr
+    infos = [row["info/run"] for row in json.loads(dumped.stdout) if "info/run" in row]
+    rows = {r["quantity"]: r["value"] for r in infos[-1]["_value"]}
+    assert rows["worker QC"].startswith("worker QC not passed (failed): step-00000008 blocked after 2 failed")
+    assert rows["worker QC"].endswith("2/3 QC requests completed")
+    assert rows["QC required items"] == "FAILED, not passed: worker_qc (failed, 2/3 QC requests completed)"
+    assert str(rows["failed readouts"]) == "0"  # validation completed: the two backlogs are reported apart

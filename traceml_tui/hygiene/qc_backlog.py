@@ -57,7 +57,8 @@ def is_qc_point(step: int, cadence: Any) -> bool:
     return isinstance(cadence, int) and not isinstance(cadence, bool) and cadence > 0 and step % cadence == 0
 
 
-def _manifest_qc(run_dir: Path) -> Optional[Mapping[str, Any]]:
+def manifest_qc(run_dir: Path) -> Optional[Mapping[str, Any]]:
+    """The run manifest's normalized ``hygiene.qc`` block (None without one)."""
     try:
         manifest = artifacts.decode_manifest(RunDir(run_dir).manifest.read_bytes())
     except OSError:
@@ -77,7 +78,7 @@ def publish_qc_request(run_dir: Path, request: Mapping[str, Any],
     read the same bytes). ``qc`` defaults to the run manifest's ``hygiene.qc``. Written once, atomically.
     """
     run_dir = Path(run_dir)
-    qc = _manifest_qc(run_dir) if qc is None else qc
+    qc = manifest_qc(run_dir) if qc is None else qc
     declared = declared_worker(qc)
     step = request.get("step")
     if declared is None or not isinstance(step, int) or not is_qc_point(step, declared["cadence"]):
@@ -128,5 +129,5 @@ def not_passed_line(report: Mapping[str, Any]) -> Optional[str]:
     return f"worker QC not passed ({state}): {named}{more}"
 
 
-__all__ = ["FAILED", "KIND", "NOT_REQUESTED", "PASSED", "PENDING", "declared_worker", "is_qc_point",
+__all__ = ["FAILED", "KIND", "NOT_REQUESTED", "PASSED", "PENDING", "declared_worker", "is_qc_point", "manifest_qc",
            "not_passed_line", "publish_qc_request", "qc_config_digest", "worker_qc_report", "worker_qc_state"]
