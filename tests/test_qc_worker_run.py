@@ -142,3 +142,15 @@ def test_worker_qc_requests_receipts_retry_and_a_blocked_request_not_passed(
     assert rows["worker QC"].endswith("2/3 QC requests completed")
     assert rows["QC required items"] == "FAILED, not passed: worker_qc (failed, 2/3 QC requests completed)"
     assert str(rows["failed readouts"]) == "0"  # validation completed: the two backlogs are reported apart
+
+    # a later QC drain on the ended run (the worker fixed, one more attempt allowed) re-judges the summary
+    plan.write_text(json.dumps({}))
+    later = subprocess.run([*traceml_cmd, "validate", "drain", str(run_dir), "--kind", "qc", "--max-attempts", "3",
+                            "--", *WORKER, "--qc"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert later.returncode == 0, later.stderr[-2000:]
+    assert "drained: 1 completed" in later.stdout
+    after = json.loads((run_dir / "final_summary.json").read_text())
+    assert after["qc"]["worker_qc"]["state"] == "passed" and after["qc"]["items"]["worker_qc"]["state"] == "produced"
+    assert after["qc"]["status"] == "ok" and after["qc"]["not_passed_items"] == []
+    assert "worker QC not passed" not in (run_dir / "final_summary.txt").read_text()
+    assert after["validation"] == summary["validation"]  # only the worker QC was judged again
