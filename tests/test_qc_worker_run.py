@@ -10,6 +10,7 @@ say worker QC did not pass, naming the blocked checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -56,6 +57,30 @@ def _config() -> dict:
             },
         },
     }
+
+
+async def _backlog_screen_text(index: Path) -> str:
+    """The Backlog screen's summary panel of the one run in ``index``, in the real Textual app."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tui_data
+
+    from traceml_tui.tui.app import create_app
+    from traceml_tui.tui.screens.backlog import BacklogScreen
+    from traceml_tui.tui.source import IndexSource
+    from traceml_tui.tui.widgets.info_panel import InfoPanel
+
+    source = IndexSource(index)
+    try:
+        app = create_app(source, poll_interval=0.02)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await tui_data.settle(pilot)
+            [row] = pilot.app.runs_snapshot.rows
+            pilot.app.open_backlog(row.run_id)
+            await tui_data.settle(pilot, rounds=3)
+            assert isinstance(pilot.app.screen, BacklogScreen)
+            return str(pilot.app.screen.query_one("#backlog-summary", InfoPanel).render())
+    finally:
+        source.close()
 
 
 @pytest.mark.slow
@@ -117,6 +142,11 @@ def test_worker_qc_requests_receipts_retry_and_a_blocked_request_not_passed(
     assert js.returncode == 0, js.stderr[-2000:]
     [row] = json.loads(js.stdout)["runs"]
     assert row["worker_qc"] == {**qc["worker_qc"], "errors": []}
+
+    # the Backlog screen of `traceml watch` shows the run's QC backlog beside validation, in the same words
+    backlog_text = asyncio.run(_backlog_screen_text(index))
+    assert "heavy QC: failed (blocked 1 · completed 2) — step-00000008 blocked" in backlog_text
+    assert "completed 5" in backlog_text  # validation's own counts, beside it
 
     # the QC backlog from the command line, by the same code as validation's
     status = subprocess.run([*traceml_cmd, "validate", "status", str(run_dir), "--kind", "qc", "--json"],
