@@ -1,4 +1,5 @@
-"""The validation backlog under ``<run_dir>/validation/`` (docs/hygiene.md).
+"""The validation backlog under ``<run_dir>/validation/`` (docs/hygiene.md) — and, with ``kind="qc"``, the heavy
+QC backlog under ``<run_dir>/qc/`` (docs/qc.md): one implementation, two kinds.
 
 Any number of drainers on any node coordinate through small JSON files, one per
 checkpoint:
