@@ -80,7 +80,8 @@ BAD = [
     (_without("output"), "hygiene.qc.output: required"),
     (_without("items"), "hygiene.qc.items: required"),
     (_without("items.galleries"), "hygiene.qc.items.galleries: required: declare it required, or {inapplicable"),
-    (_with("items.worker_qc", "required"), "hygiene.qc.items.worker_qc: cannot be required"),
+    (_with("items.worker_qc", "required"), "hygiene.qc.recipe: required"),  # a required worker QC names its worker
+    (_with("recipe", "qc-v1"), "hygiene.qc.recipe: only with items.worker_qc: required"),
     (_with("items.galleries", "maybe"), "hygiene.qc.items.galleries: must be required or {inapplicable"),
     (_with("items.galleries", {"inapplicable": " "}), "hygiene.qc.items.galleries.inapplicable: must be a nonempty"),
     (_with("items.histograms", "required"), "hygiene.qc.items.histograms: unknown QC item"),

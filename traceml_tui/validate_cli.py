@@ -1,8 +1,12 @@
 """`traceml validate drain|status`: the validation backlog from the command line.
 
-    traceml validate drain RUN_DIR [--max-runtime S] [--lease S] [--max-attempts N] [--retry-backoff S]
-                           [--timeout S] [--no-curve] [--recipe NAME] [--recipe-override] -- CMD ...{checkpoint}...
-    traceml validate status RUN_DIR [--json]
+    traceml validate drain RUN_DIR [--kind validation|qc] [--max-runtime S] [--lease S] [--max-attempts N]
+                           [--retry-backoff S] [--timeout S] [--no-curve] [--recipe NAME] [--recipe-override]
+                           -- CMD ...{checkpoint}...
+    traceml validate status RUN_DIR [--kind validation|qc] [--json]
+
+``--kind qc`` serves the QC backlog (``qc/requests`` …, docs/qc.md) with the same drainer and the same
+rules: one implementation, two kinds. Its recipe is ``hygiene.qc.recipe``; no learning curve is drawn.
 
 `drain` exits 0 when no claimable work is left or its runtime limit nears
 (failures are recorded in the backlog, not in the exit code); 2 on bad usage
@@ -42,10 +46,13 @@ from traceml_tui.core.jsonsafe import dumps_valid
 from traceml_tui.core.rundir import run_dir_problem
 from traceml_tui.core.state import DEFAULT_MAX_ATTEMPTS
 
+#: The backlogs ``--kind`` names (core/rundir.py ``BACKLOG_ROOTS``).
+BACKLOG_KINDS = ("validation", "qc")
 #: ``validate status`` found a damaged backlog file (reported on stderr, the other files on stdout).
 EXIT_DAMAGED = 1
 
-USAGE = "usage: traceml validate drain RUN_DIR [options] -- CMD ... | traceml validate status RUN_DIR [--json]"
+USAGE = ("usage: traceml validate drain RUN_DIR [--kind validation|qc] [options] -- CMD ... | "
+         "traceml validate status RUN_DIR [--kind validation|qc] [--json]")
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -87,6 +94,8 @@ def _drain(argv: list[str]) -> int:
         opts, command = argv, []
     parser = RaisingParser(prog="traceml validate drain", add_help=True)
     parser.add_argument("run_dir")
+    parser.add_argument("--kind", choices=BACKLOG_KINDS, default="validation",
+                        help="the backlog to drain: validation (default) or qc (heavy QC, docs/qc.md)")
     parser.add_argument("--max-runtime", type=positive_seconds, default=None, help="seconds this worker may run")
     # Unset options take the run's declared hygiene.validation settings (backlog.declared_validation),
     # so a manual drainer retries, leases and times out exactly as every other surface counts.
@@ -122,12 +131,15 @@ def _drain(argv: list[str]) -> int:
 
     # The digest of what this drainer actually runs: the recipe and the command with its placeholders.
     # Without a recipe (none declared in the manifest, no --recipe) there is nothing to bind to: no check.
-    declared = (load_effective_hygiene(run_dir) or {}).get("validation") or {}
+    # QC requests are bound to hygiene.qc's recipe and worker, digested by the same rule (hygiene/qc_backlog.py).
+    declared = (load_effective_hygiene(run_dir) or {}).get(args.kind) or {}
     recipe = args.recipe if args.recipe is not None else declared.get("recipe")
     digest = validation_config_digest({"validation": {"recipe": recipe, "worker": command}}) if recipe else None
 
     settings = declared_validation(run_dir)
     state = {"last_render": 0.0, "dirty": False}
+
+    qc = args.kind != "validation"
 
     def refresh(_receipt: dict) -> None:
         state["dirty"] = True
@@ -145,14 +157,15 @@ def _drain(argv: list[str]) -> int:
             max_attempts=args.max_attempts if args.max_attempts is not None else int(settings["max_attempts"]),
             retry_backoff_s=args.retry_backoff if args.retry_backoff is not None else settings["retry_backoff_s"],
             worker_timeout_s=args.timeout if args.timeout is not None else settings["timeout_s"],
-            on_receipt=None if args.no_curve else refresh,
+            on_receipt=None if args.no_curve or qc else refresh,
             config_digest=digest,
             override=args.recipe_override,
+            kind=args.kind,
         )
     except DigestMismatch as exc:
-        _after_drain(run_dir, state["dirty"])
+        _after_drain(run_dir, state["dirty"], args.kind)
         return _fail(str(exc))
-    _after_drain(run_dir, state["dirty"])
+    _after_drain(run_dir, state["dirty"], args.kind)
     print(
         f"drained: {len(result.completed)} completed, {len(result.failed)} failed, "
         f"{len(result.interrupted)} interrupted; stopped: {result.reason}"
@@ -160,8 +173,14 @@ def _drain(argv: list[str]) -> int:
     return 0
 
 
-def _after_drain(run_dir: Path, dirty: bool) -> None:
-    """Refresh the curve; on an ended run also its record (early stopping, summary: :func:`refresh_ended_run`)."""
+def _after_drain(run_dir: Path, dirty: bool, kind: str = "validation") -> None:
+    """Refresh the curve; on an ended run also its record (early stopping, summary: :func:`refresh_ended_run`).
+
+    After a QC drain only the summary's ``qc`` section is refreshed (:func:`refresh_ended_qc`)."""
+    if kind != "validation":
+        for line in refresh_ended_qc(run_dir) or ():
+            print(f"traceml validate: warning: {line}", file=sys.stderr)
+        return
     warnings = refresh_ended_run(run_dir, _render if dirty else None)
     if warnings is None and dirty:
         _render(run_dir)
@@ -214,6 +233,34 @@ def refresh_ended_run(run_dir: Path, render_curve: Optional[Callable[[Path], Non
     return warnings
 
 
+def refresh_ended_qc(run_dir: Path) -> Optional[list[str]]:
+    """After a QC drain on an ended run: its summary's worker QC judged again from the QC backlog now.
+
+    None while the run is running or without a manifest (as :func:`refresh_ended_run`); one refresher at a time.
+    """
+    from traceml_tui.core import artifacts
+    from traceml_tui.core.rundir import RunDir
+    from traceml_tui.core.state import summary_is_current
+    from traceml_tui.hygiene import backlog
+    from traceml_tui.summary.store import refresh_worker_qc
+
+    layout = RunDir(run_dir)
+    try:
+        manifest = artifacts.decode_manifest(layout.manifest.read_bytes())
+    except OSError:
+        return None
+    if manifest is None or not summary_is_current(manifest.status):
+        return None
+    fd = backlog.hold_lock(layout.record_lock)
+    try:
+        refresh_worker_qc(Path(run_dir), artifacts.to_builtins(manifest))
+    except Exception as exc:  # noqa: BLE001 - the receipts are safe; the summary is derived from them
+        return [f"final summary not refreshed: {type(exc).__name__}: {exc}"]
+    finally:
+        backlog.release_lock(layout.record_lock, fd)
+    return []
+
+
 def _render(run_dir: Path) -> None:
     try:
         from traceml_tui.hygiene.curve import render_learning_curve
@@ -226,6 +273,8 @@ def _render(run_dir: Path) -> None:
 def _status(argv: list[str]) -> int:
     parser = RaisingParser(prog="traceml validate status")
     parser.add_argument("run_dir")
+    parser.add_argument("--kind", choices=BACKLOG_KINDS, default="validation",
+                        help="the backlog to report: validation (default) or qc (heavy QC, docs/qc.md)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--max-attempts", type=_attempts, default=None,
                         help="failures after which a request is blocked (default: the run's declared value, else "
@@ -237,7 +286,7 @@ def _status(argv: list[str]) -> int:
         return _fail(problem)
     from traceml_tui.hygiene.backlog import backlog_status
 
-    status = backlog_status(run_dir, max_attempts=args.max_attempts)
+    status = backlog_status(run_dir, max_attempts=args.max_attempts, kind=args.kind)
     if args.json:
         keys = ("requests", "newest_completed", "latest_requested", "counts", "outstanding", "errors")
         print(dumps_valid({k: status[k] for k in keys}, indent=2))

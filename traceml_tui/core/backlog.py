@@ -24,19 +24,24 @@ from its manifest's ``hygiene.validation`` block through :func:`validation_setti
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from traceml_tui.core import hygiene_files as hf
 from traceml_tui.core import owner as core_owner
+from traceml_tui.core.rundir import BACKLOG_KINDS, BACKLOG_ROOTS, QC_BACKLOG, VALIDATION, RunDir
 from traceml_tui.core.state import (
+    BACKLOG_ORDER,
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRY_BACKOFF_S,
     DEFAULT_WORKER_TIMEOUT_S,
     BacklogState,
     claim_is_stale,
+    count_states,
     decide_backlog,
+    decide_worker_qc,
     retry_ready_at,
 )
 
@@ -216,10 +221,12 @@ BacklogFile = tuple[str, str, Union[bytes, str, None]]
 
 def backlog_entries(files: Iterable[BacklogFile], now: float, *, settings: ValidationSettings = ValidationSettings(),
                     errors: Optional[list[str]] = None,
-                    probe: Callable[[Any], Optional[bool]] = core_owner.probe_owner) -> tuple[BacklogEntry, ...]:
+                    probe: Callable[[Any], Optional[bool]] = core_owner.probe_owner,
+                    root: str = "validation") -> tuple[BacklogEntry, ...]:
     """Every entry of a run's backlog from its files, in checkpoint order (see the module docstring).
 
-    A file that does not decode adds one line to ``errors``: ``validation/<folder>/<name>: <what is wrong>``.
+    A file that does not decode adds one line to ``errors``: ``<root>/<folder>/<name>: <what is wrong>`` (``root``:
+    ``validation``, or ``qc`` for the QC backlog of docs/qc.md, which is assembled by the same rules).
     """
     requests: dict[str, hf.Request] = {}
     claims: dict[str, hf.Claim] = {}
@@ -232,7 +239,7 @@ def backlog_entries(files: Iterable[BacklogFile], now: float, *, settings: Valid
                 value = hf.decode_named(folder, name, data)
             except hf.DamagedFile as exc:
                 if errors is not None:
-                    errors.append(f"validation/{folder}/{name}: {exc}")
+                    errors.append(f"{root}/{folder}/{name}: {exc}")
         if folder == "failures":
             if value is None:  # damaged or unreadable: still the failed attempt its name records
                 checkpoint = hf.checkpoint_of(folder, name)
@@ -260,6 +267,68 @@ def newest_completed(entries: Iterable[BacklogEntry]) -> Optional[BacklogEntry]:
     return done[-1] if done else None
 
 
+def run_backlog_files(run_dir: "os.PathLike[str] | str", kind: str = VALIDATION,
+                      errors: Optional[list[str]] = None) -> Iterator[BacklogFile]:
+    """Every backlog file of a run's ``kind`` (``validation`` or ``qc``) as ``(folder, name, bytes)``, read from
+    its run directory (bytes None when unreadable: one line in ``errors``); a file gone since the listing (a
+    released claim) is left out. The one reader of a run's backlog files for the file side and the daemon."""
+    layout = RunDir(run_dir)
+    for folder in BACKLOG_KINDS:
+        for path in layout.backlog_files(folder, kind):
+            try:
+                with open(path, "rb") as handle:
+                    data: Optional[bytes] = handle.read()
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                if errors is not None:
+                    errors.append(f"{BACKLOG_ROOTS[kind]}/{folder}/{path.name}: cannot read: {exc.strerror or exc}")
+                data = None
+            yield folder, path.name, data
+
+
+# --------------------------------------------------------------------------- heavy QC (docs/qc.md)
+
+
+def requires_worker_qc(qc: Any) -> bool:
+    """Whether a normalized ``hygiene.qc`` block requires worker QC with a declared worker (docs/qc.md)."""
+    if not isinstance(qc, Mapping) or not isinstance(qc.get("worker"), list):
+        return False
+    items = qc.get("items")
+    row = items.get("worker_qc") if isinstance(items, Mapping) else None
+    return isinstance(row, Mapping) and bool(row.get("required"))
+
+
+def worker_qc_report(entries: Iterable[BacklogEntry]) -> dict[str, Any]:
+    """A QC backlog's entries as every surface shows them (the summary's ``qc.worker_qc``, ``traceml status
+    --json``): ``{state, requested, completed, counts, outstanding}``.
+
+    ``state`` is :func:`traceml_tui.core.state.decide_worker_qc`'s word (``passed`` only when every request has its
+    receipt); ``outstanding`` names every request without one (checkpoint, step, state, failures, last error).
+    """
+    entries = tuple(entries)
+    return {
+        "state": decide_worker_qc(e.state for e in entries).value,
+        "requested": len(entries),
+        "completed": sum(1 for e in entries if e.state is BacklogState.COMPLETED),
+        "counts": count_states((e.state.value for e in entries), BACKLOG_ORDER),
+        "outstanding": [{"checkpoint": e.checkpoint, "step": e.step, "state": e.state.value, "failures": e.failures,
+                         "last_error": e.last_error} for e in outstanding(entries)],
+    }
+
+
+def run_worker_qc(run_dir: "os.PathLike[str] | str", manifest: Any, now: float) -> Optional[dict[str, Any]]:
+    """The QC backlog report of a run whose decoded manifest requires worker QC, read from its files; else None.
+
+    Damaged files are named in ``errors`` and left out, as for validation."""
+    if manifest is None or not isinstance(manifest.hygiene, dict) or not requires_worker_qc(manifest.hygiene.get("qc")):
+        return None
+    errors: list[str] = []
+    entries = backlog_entries(run_backlog_files(run_dir, QC_BACKLOG, errors), now,
+                              settings=validation_settings(manifest), errors=errors, root=QC_BACKLOG)
+    return {**worker_qc_report(entries), "errors": errors}
+
+
 __all__ = ["BacklogEntry", "BacklogFile", "DAMAGED_FAILURE", "ValidationSettings", "assemble_entry",
            "backlog_entries", "is_outstanding", "newest_completed", "order_key", "outstanding", "request_order",
-           "validation_settings"]
+           "requires_worker_qc", "run_backlog_files", "run_worker_qc", "validation_settings", "worker_qc_report"]

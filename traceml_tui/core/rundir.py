@@ -65,6 +65,11 @@ STDERR_LOG = "training.stderr.log"
 #: Backlog folders under ``validation/`` and the kind of file each holds.
 BACKLOG_KINDS: dict[str, str] = {"requests": "request", "claims": "claim", "receipts": "receipt",
                                  "failures": "failure"}
+#: The QC backlog's root (docs/qc.md, "Heavy QC through the backlog"): the same four folders as
+#: ``validation/``, under the QC output root, handled by the same code with ``kind="qc"``.
+QC_BACKLOG = "qc"
+#: The two kinds of backlog and the folder each lives in (one implementation, two kinds).
+BACKLOG_ROOTS: dict[str, str] = {VALIDATION: VALIDATION, QC_BACKLOG: QC_BACKLOG}
 
 # ASCII digits only; the number must fit in 64 bits (core.bounds.parse_number), else the name is refused.
 _STEPS_RE = re.compile(r"steps-([0-9]+)\.jsonl")
@@ -505,42 +510,49 @@ class RunDir:
     def validation(self) -> Path:
         return self.path / VALIDATION
 
-    def backlog_dir(self, folder: str) -> Path:
-        """One backlog folder: ``requests``, ``claims``, ``receipts`` or ``failures``."""
+    def backlog_dir(self, folder: str, kind: str = VALIDATION) -> Path:
+        """One backlog folder: ``requests``, ``claims``, ``receipts`` or ``failures`` of ``kind``
+        (``validation``, or ``qc`` for the QC backlog: :data:`BACKLOG_ROOTS`)."""
         if folder not in BACKLOG_KINDS:
             raise ValueError(f"unknown backlog folder {folder!r}")
-        return self.validation / folder
+        if kind not in BACKLOG_ROOTS:
+            raise ValueError(f"unknown backlog kind {kind!r}")
+        return self.path / BACKLOG_ROOTS[kind] / folder
 
-    def request(self, checkpoint: str) -> Path:
-        return self.backlog_dir("requests") / f"{checkpoint}.json"
+    def request(self, checkpoint: str, kind: str = VALIDATION) -> Path:
+        return self.backlog_dir("requests", kind) / f"{checkpoint}.json"
 
-    def claim(self, checkpoint: str) -> Path:
-        return self.backlog_dir("claims") / f"{checkpoint}.json"
+    def claim(self, checkpoint: str, kind: str = VALIDATION) -> Path:
+        return self.backlog_dir("claims", kind) / f"{checkpoint}.json"
 
-    def receipt(self, checkpoint: str) -> Path:
-        return self.backlog_dir("receipts") / f"{checkpoint}.json"
+    def receipt(self, checkpoint: str, kind: str = VALIDATION) -> Path:
+        return self.backlog_dir("receipts", kind) / f"{checkpoint}.json"
 
-    def failure(self, checkpoint: str, attempt: int) -> Path:
-        return self.backlog_dir("failures") / f"{checkpoint}-{int(attempt)}.json"
+    def failure(self, checkpoint: str, attempt: int, kind: str = VALIDATION) -> Path:
+        return self.backlog_dir("failures", kind) / f"{checkpoint}-{int(attempt)}.json"
 
     @property
     def drainer_log(self) -> Path:
         """The log of the drainer the launcher or training dispatches."""
         return self.validation / "drainer.log"
 
+    def drainer_log_of(self, kind: str = VALIDATION) -> Path:
+        """The dispatched drainer's log of a backlog ``kind`` (``validation/drainer.log``, ``qc/drainer.log``)."""
+        return self.path / BACKLOG_ROOTS[kind] / "drainer.log"
+
     @property
     def record_lock(self) -> Path:
         """The lock taken while a drainer brings an ended run's record up to date (hidden: never a backlog file)."""
         return self.validation / ".record.lock"
 
-    def claim_lock(self, checkpoint: str) -> Path:
+    def claim_lock(self, checkpoint: str, kind: str = VALIDATION) -> Path:
         """The lock taken while a stale claim of ``checkpoint`` is broken (hidden: never a backlog file)."""
-        return self.backlog_dir("claims") / f".{checkpoint}.break"
+        return self.backlog_dir("claims", kind) / f".{checkpoint}.break"
 
-    def backlog_files(self, folder: str) -> list[Path]:
-        """The JSON files of one backlog folder (regular files, no hidden temp files), by name."""
+    def backlog_files(self, folder: str, kind: str = VALIDATION) -> list[Path]:
+        """The JSON files of one backlog folder of ``kind`` (regular files, no hidden temp files), by name."""
         out = []
-        real = _real_dir(self.path, VALIDATION, folder) if folder in BACKLOG_KINDS else None
+        real = _real_dir(self.path, BACKLOG_ROOTS[kind], folder) if folder in BACKLOG_KINDS else None
         for entry in _scandir(real) if real is not None else ():
             if entry.name.endswith(".json") and not entry.name.startswith(".") and _regular_stat(entry) is not None:
                 out.append(Path(entry.path))

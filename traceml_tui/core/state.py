@@ -661,3 +661,27 @@ def count_states(states: Iterable[str], order: Sequence[str]) -> dict[str, int]:
     for s in states:
         counts[s] = counts.get(s, 0) + 1
     return {str(k): v for k, v in counts.items() if v}
+
+
+class WorkerQcState(StrEnum):
+    """A run's heavy QC backlog as a whole (docs/qc.md, "Heavy QC through the backlog")."""
+
+    PASSED = "passed"  # requests exist and every one has its receipt
+    PENDING = "pending"  # some wait: pending, claimed, stale-claim or failed with a retry left
+    FAILED = "failed"  # at least one is blocked: every allowed attempt failed
+    NOT_REQUESTED = "not_requested"  # no QC request was ever written
+
+
+def decide_worker_qc(states: Iterable[BacklogState]) -> WorkerQcState:
+    """The word for a QC backlog from its requests' :func:`decide_backlog` words (pure).
+
+    Pending or failed QC is not passed QC: ``passed`` only when every request is ``completed``.
+    """
+    words = list(states)
+    if not words:
+        return WorkerQcState.NOT_REQUESTED
+    if BacklogState.BLOCKED in words:
+        return WorkerQcState.FAILED
+    if any(word is not BacklogState.COMPLETED for word in words):
+        return WorkerQcState.PENDING
+    return WorkerQcState.PASSED

@@ -213,6 +213,7 @@ def plan_export(run_dir: Path, cur: cursor_mod.Cursor) -> tuple[Delivery, cursor
         ["eval use", "validation drives checkpoint selection and early stopping: not an untouched test"],
         ["field QC failures", ", ".join(qc["failed_fields"]) or "none"],
         ["QC required items", _qc_items(layout)],
+        ["worker QC", _worker_qc(layout)],
         ["malformed step lines skipped", malformed],
         ["step metric", mapping.STEP_METRIC],
     ]
@@ -274,6 +275,23 @@ def _qc_items(layout: RunDir) -> str:
     declared = manifest.hygiene_block.get("qc") if manifest is not None else None
     bound = isinstance(declared, dict) and isinstance(declared.get("items"), dict)
     return items_word(summary.qc if summary is not None else None, bound)
+
+
+def _worker_qc(layout: RunDir) -> str:
+    """The heavy QC backlog beside validation's readouts (docs/qc.md): its word and counts as every surface shows
+    them (:func:`traceml_tui.hygiene.qc_backlog.worker_qc_report`), or why there is none."""
+    from traceml_tui.hygiene import qc_backlog
+
+    try:
+        declared = qc_backlog.declared_worker(qc_backlog.manifest_qc(layout.path))
+    except OSError:
+        declared = None
+    if declared is None:
+        return "not required (hygiene.qc.items.worker_qc)"
+    report = qc_backlog.worker_qc_report(layout.path)
+    counts = f"{report['completed']}/{report['requested']} QC requests completed"
+    line = qc_backlog.not_passed_line(report)
+    return f"passed, {counts}" if line is None else f"{line}; {counts}"
 
 
 def _pages(run_dir: Path, figure: dict, own: str) -> list[Path]:

@@ -1,4 +1,5 @@
-"""The validation backlog under ``<run_dir>/validation/`` (docs/hygiene.md).
+"""The validation backlog under ``<run_dir>/validation/`` (docs/hygiene.md) — and, with ``kind="qc"``, the heavy
+QC backlog under ``<run_dir>/qc/`` (docs/qc.md): one implementation, two kinds.
 
 Any number of drainers on any node coordinate through small JSON files, one per
 checkpoint:
@@ -36,7 +37,7 @@ from traceml_tui.core import backlog as core_backlog
 from traceml_tui.core import owner as core_owner
 from traceml_tui.core.atomic import atomic_write_json, dumps_json, fsync_dir
 from traceml_tui.core.jsonsafe import decode_bounded, loads_bounded
-from traceml_tui.core.rundir import BACKLOG_KINDS, EARLY_STOPPING, VALIDATION, RunDir
+from traceml_tui.core.rundir import BACKLOG_KINDS, BACKLOG_ROOTS, EARLY_STOPPING, VALIDATION, RunDir
 from traceml_tui.core.state import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RETRY_BACKOFF_S,
@@ -44,10 +45,10 @@ from traceml_tui.core.state import (
 )
 
 
-def ensure_dirs(run_dir: Path) -> None:
+def ensure_dirs(run_dir: Path, kind: str = VALIDATION) -> None:
     layout = RunDir(run_dir)
     for folder in BACKLOG_KINDS:
-        layout.backlog_dir(folder).mkdir(parents=True, exist_ok=True)
+        layout.backlog_dir(folder, kind).mkdir(parents=True, exist_ok=True)
 
 
 def read_json(path: Path) -> Optional[dict]:
@@ -62,12 +63,13 @@ def read_json(path: Path) -> Optional[dict]:
     return value if isinstance(value, dict) else None
 
 
-def read_backlog_file(path: Path, folder: str, errors: Optional[list[str]] = None) -> Optional[dict]:
+def read_backlog_file(path: Path, folder: str, errors: Optional[list[str]] = None,
+                      kind: str = VALIDATION) -> Optional[dict]:
     """One backlog file of ``folder`` decoded by :mod:`traceml_tui.core.hygiene_files` (bounds checked).
 
     ``None`` when it is missing or damaged; a damaged one (not JSON, a value out of
     bounds, a checkpoint other than its file's name) adds one line to ``errors``
-    — ``validation/<folder>/<name>: <what is wrong>`` — so a report shows it
+    — ``<kind root>/<folder>/<name>: <what is wrong>`` — so a report shows it
     beside the files that are fine.
     """
     try:
@@ -76,18 +78,18 @@ def read_backlog_file(path: Path, folder: str, errors: Optional[list[str]] = Non
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
-        _damaged(errors, folder, path, f"cannot read: {exc.strerror or exc}")
+        _damaged(errors, folder, path, f"cannot read: {exc.strerror or exc}", kind)
         return None
     try:
         return hygiene_files.as_dict(hygiene_files.decode_named(folder, path.name, data))
     except hygiene_files.DamagedFile as exc:
-        _damaged(errors, folder, path, str(exc))
+        _damaged(errors, folder, path, str(exc), kind)
         return None
 
 
-def _damaged(errors: Optional[list[str]], folder: str, path: Path, why: str) -> None:
+def _damaged(errors: Optional[list[str]], folder: str, path: Path, why: str, kind: str = VALIDATION) -> None:
     if errors is not None:
-        errors.append(f"{VALIDATION}/{folder}/{path.name}: {why}")
+        errors.append(f"{BACKLOG_ROOTS[kind]}/{folder}/{path.name}: {why}")
 
 
 def read_early_stopping(path: Path, errors: Optional[list[str]] = None) -> Optional[dict]:
@@ -116,35 +118,35 @@ def read_early_stopping(path: Path, errors: Optional[list[str]] = None) -> Optio
     return decode_bounded(data)
 
 
-def list_requests(run_dir: Path, errors: Optional[list[str]] = None) -> list[dict]:
+def list_requests(run_dir: Path, errors: Optional[list[str]] = None, kind: str = VALIDATION) -> list[dict]:
     """All readable requests, in checkpoint order (:func:`traceml_tui.core.backlog.request_order`; damaged ones
     reported in ``errors``)."""
     requests = []
-    for path in RunDir(run_dir).backlog_files("requests"):
-        request = read_backlog_file(path, "requests", errors)
+    for path in RunDir(run_dir).backlog_files("requests", kind):
+        request = read_backlog_file(path, "requests", errors, kind)
         if request is not None:
             requests.append(request)
     requests.sort(key=lambda r: core_backlog.request_order(hygiene_files.Request(**r)))
     return requests
 
 
-def read_receipt(run_dir: Path, checkpoint: str) -> Optional[dict]:
-    return read_backlog_file(RunDir(run_dir).receipt(checkpoint), "receipts")
+def read_receipt(run_dir: Path, checkpoint: str, kind: str = VALIDATION) -> Optional[dict]:
+    return read_backlog_file(RunDir(run_dir).receipt(checkpoint, kind), "receipts", kind=kind)
 
 
-def list_receipts(run_dir: Path, errors: Optional[list[str]] = None) -> dict[str, dict]:
+def list_receipts(run_dir: Path, errors: Optional[list[str]] = None, kind: str = VALIDATION) -> dict[str, dict]:
     receipts = {}
-    for path in RunDir(run_dir).backlog_files("receipts"):
-        receipt = read_backlog_file(path, "receipts", errors)
+    for path in RunDir(run_dir).backlog_files("receipts", kind):
+        receipt = read_backlog_file(path, "receipts", errors, kind)
         if receipt is not None:
             receipts[path.stem] = receipt
     return receipts
 
 
-def _failure_record(path: Path, errors: Optional[list[str]] = None) -> Optional[dict]:
+def _failure_record(path: Path, errors: Optional[list[str]] = None, kind: str = VALIDATION) -> Optional[dict]:
     """One failure file; a damaged one still counts as the failed attempt its name says (never as none)."""
     checkpoint = hygiene_files.checkpoint_of("failures", path.name)
-    record = read_backlog_file(path, "failures", errors)
+    record = read_backlog_file(path, "failures", errors, kind)
     if record is None and checkpoint is not None:
         record = {"checkpoint": checkpoint, "attempt": None, "error": core_backlog.DAMAGED_FAILURE, "failed": None}
     return record
@@ -154,11 +156,11 @@ def _attempt_key(record: dict) -> int:
     return record["attempt"] if isinstance(record.get("attempt"), int) else 0
 
 
-def list_failures(run_dir: Path, errors: Optional[list[str]] = None) -> dict[str, list[dict]]:
+def list_failures(run_dir: Path, errors: Optional[list[str]] = None, kind: str = VALIDATION) -> dict[str, list[dict]]:
     """Failure records grouped by checkpoint, oldest attempt first."""
     grouped: dict[str, list[dict]] = {}
-    for path in RunDir(run_dir).backlog_files("failures"):
-        record = _failure_record(path, errors)
+    for path in RunDir(run_dir).backlog_files("failures", kind):
+        record = _failure_record(path, errors, kind)
         if record is not None:
             grouped.setdefault(record["checkpoint"], []).append(record)
     for records in grouped.values():
@@ -166,13 +168,13 @@ def list_failures(run_dir: Path, errors: Optional[list[str]] = None) -> dict[str
     return grouped
 
 
-def failures_of(run_dir: Path, checkpoint: str) -> list[dict]:
+def failures_of(run_dir: Path, checkpoint: str, kind: str = VALIDATION) -> list[dict]:
     """The failure records of one checkpoint, oldest attempt first."""
     prefix = f"{checkpoint}-"
     records = []
-    for path in RunDir(run_dir).backlog_files("failures"):
+    for path in RunDir(run_dir).backlog_files("failures", kind):
         if path.stem.startswith(prefix) and path.stem[len(prefix):].isdigit():
-            record = _failure_record(path)
+            record = _failure_record(path, kind=kind)
             records.append(record if record is not None else {"checkpoint": checkpoint})
     records.sort(key=_attempt_key)
     return records
@@ -184,17 +186,18 @@ def last_failed(records: list[dict]) -> Optional[float]:
     return max(times) if times else None
 
 
-def failure_count(run_dir: Path, checkpoint: str) -> int:
+def failure_count(run_dir: Path, checkpoint: str, kind: str = VALIDATION) -> int:
     prefix = f"{checkpoint}-"
     count = 0
-    for path in RunDir(run_dir).backlog_files("failures"):
+    for path in RunDir(run_dir).backlog_files("failures", kind):
         if path.stem.startswith(prefix) and path.stem[len(prefix):].isdigit():
             count += 1
     return count
 
 
-def read_claim(run_dir: Path, checkpoint: str, errors: Optional[list[str]] = None) -> Optional[dict]:
-    return read_backlog_file(RunDir(run_dir).claim(checkpoint), "claims", errors)
+def read_claim(run_dir: Path, checkpoint: str, errors: Optional[list[str]] = None,
+               kind: str = VALIDATION) -> Optional[dict]:
+    return read_backlog_file(RunDir(run_dir).claim(checkpoint, kind), "claims", errors, kind)
 
 
 # --------------------------------------------------------------------------- owners
@@ -261,22 +264,22 @@ def make_claim(checkpoint: str, owner: dict, lease_s: float, *, now: Optional[fl
     return {"checkpoint": checkpoint, "owner": owner, "claimed": now, "heartbeat": now, "lease_s": float(lease_s)}
 
 
-def try_claim(run_dir: Path, checkpoint: str, owner: dict, lease_s: float) -> Optional[dict]:
+def try_claim(run_dir: Path, checkpoint: str, owner: dict, lease_s: float, kind: str = VALIDATION) -> Optional[dict]:
     """Claim ``checkpoint`` for ``owner``; returns the claim, or ``None`` if someone holds it.
 
     A claim whose owner is confirmed gone is recovered (removed, then claimed
     afresh with the same exclusive link, so a concurrent plain claimer wins
     cleanly instead of being overwritten).
     """
-    path = RunDir(run_dir).claim(checkpoint)
+    path = RunDir(run_dir).claim(checkpoint, kind)
     path.parent.mkdir(parents=True, exist_ok=True)
     claim = make_claim(checkpoint, owner, lease_s)
     if _link_exclusive(path, claim):
         return claim
-    existing = read_claim(run_dir, checkpoint)
+    existing = read_claim(run_dir, checkpoint, kind=kind)
     if existing is not None and not claim_is_stale(existing):
         return None
-    if not _break_stale_claim(run_dir, checkpoint):
+    if not _break_stale_claim(run_dir, checkpoint, kind):
         return None
     claim = make_claim(checkpoint, owner, lease_s)
     return claim if _link_exclusive(path, claim) else None
@@ -315,23 +318,23 @@ def release_lock(lock_path: Path, fd: int) -> None:
         os.close(fd)
 
 
-def clean_locks(run_dir: Path) -> int:
+def clean_locks(run_dir: Path, kind: str = VALIDATION) -> int:
     """Remove lock files of claim recovery (``claims/.<checkpoint>.break``) nobody holds; returns how many.
 
     They are left behind by a recoverer killed while holding one (or by
     older versions, which never removed them).
     """
     layout = RunDir(run_dir)
-    prefix, suffix = layout.claim_lock("\0").name.split("\0")  # the name RunDir gives them
+    prefix, suffix = layout.claim_lock("\0", kind).name.split("\0")  # the name RunDir gives them
     removed = 0
     try:
-        names = [entry.name for entry in os.scandir(layout.backlog_dir("claims"))]
+        names = [entry.name for entry in os.scandir(layout.backlog_dir("claims", kind))]
     except OSError:
         return 0
     for name in names:
         if not (name.startswith(prefix) and name.endswith(suffix)) or len(name) <= len(prefix) + len(suffix):
             continue
-        lock_path = layout.claim_lock(name[len(prefix): -len(suffix)])
+        lock_path = layout.claim_lock(name[len(prefix): -len(suffix)], kind)
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
         except OSError:
@@ -420,7 +423,7 @@ def stop_worker(claim: dict, *, timeout: float = 10.0) -> bool:
     return True
 
 
-def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
+def _break_stale_claim(run_dir: Path, checkpoint: str, kind: str = VALIDATION) -> bool:
     """Remove a claim whose owner is gone; serialized by a per-checkpoint flock.
 
     The flock is released by the kernel if this process dies, so a crashed
@@ -430,8 +433,8 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
     checkpoint is never validated by two workers at once.
     """
     layout = RunDir(run_dir)
-    path = layout.claim(checkpoint)
-    lock_path = layout.claim_lock(checkpoint)
+    path = layout.claim(checkpoint, kind)
+    lock_path = layout.claim_lock(checkpoint, kind)
     fd = hold_lock(lock_path)
     try:
         try:
@@ -461,22 +464,22 @@ def _break_stale_claim(run_dir: Path, checkpoint: str) -> bool:
         release_lock(lock_path, fd)
 
 
-def heartbeat(run_dir: Path, claim: dict) -> bool:
+def heartbeat(run_dir: Path, claim: dict, kind: str = VALIDATION) -> bool:
     """Refresh a claim we hold (atomic replace); ``False`` if it is no longer ours."""
-    current = read_claim(run_dir, claim["checkpoint"])
+    current = read_claim(run_dir, claim["checkpoint"], kind=kind)
     if current is None or current.get("owner") != claim.get("owner") or current.get("claimed") != claim.get("claimed"):
         return False
     claim["heartbeat"] = time.time()
-    atomic_write_json(RunDir(run_dir).claim(claim["checkpoint"]), claim)
+    atomic_write_json(RunDir(run_dir).claim(claim["checkpoint"], kind), claim)
     return True
 
 
-def release_claim(run_dir: Path, claim: dict) -> None:
+def release_claim(run_dir: Path, claim: dict, kind: str = VALIDATION) -> None:
     """Remove our claim (after its receipt or failure is durable)."""
-    current = read_claim(run_dir, claim["checkpoint"])
+    current = read_claim(run_dir, claim["checkpoint"], kind=kind)
     if current is not None and current.get("owner") == claim.get("owner") and current.get("claimed") == claim.get("claimed"):
         try:
-            os.unlink(RunDir(run_dir).claim(claim["checkpoint"]))
+            os.unlink(RunDir(run_dir).claim(claim["checkpoint"], kind))
         except FileNotFoundError:
             pass
 
@@ -484,7 +487,8 @@ def release_claim(run_dir: Path, claim: dict) -> None:
 # --------------------------------------------------------------------------- results
 
 
-def write_receipt(run_dir: Path, request: dict, metrics: dict, *, override: Optional[dict] = None) -> dict:
+def write_receipt(run_dir: Path, request: dict, metrics: dict, *, override: Optional[dict] = None,
+                  kind: str = VALIDATION) -> dict:
     """Record a completed validation, bound to its checkpoint and config digest (never overwritten).
 
     ``override`` (``{config_digest}``: what actually ran) marks a result produced
@@ -499,19 +503,19 @@ def write_receipt(run_dir: Path, request: dict, metrics: dict, *, override: Opti
     }
     if override is not None:
         receipt["override"] = override
-    atomic_write_json(RunDir(run_dir).receipt(request["checkpoint"]), receipt, exclusive=True)
+    atomic_write_json(RunDir(run_dir).receipt(request["checkpoint"], kind), receipt, exclusive=True)
     return receipt
 
 
-def write_failure(run_dir: Path, checkpoint: str, error: str) -> dict:
+def write_failure(run_dir: Path, checkpoint: str, error: str, kind: str = VALIDATION) -> dict:
     """Record one failed attempt as ``failures/<ckpt>-<n>.json`` (n = next free attempt number)."""
     layout = RunDir(run_dir)
-    layout.backlog_dir("failures").mkdir(parents=True, exist_ok=True)
-    attempt = failure_count(run_dir, checkpoint) + 1
+    layout.backlog_dir("failures", kind).mkdir(parents=True, exist_ok=True)
+    attempt = failure_count(run_dir, checkpoint, kind) + 1
     while True:
         record = {"checkpoint": checkpoint, "attempt": attempt, "error": error[:500], "failed": time.time()}
         try:
-            atomic_write_json(layout.failure(checkpoint, attempt), record, exclusive=True)
+            atomic_write_json(layout.failure(checkpoint, attempt, kind), record, exclusive=True)
             return record
         except FileExistsError:
             attempt += 1
@@ -521,15 +525,16 @@ def write_failure(run_dir: Path, checkpoint: str, error: str) -> dict:
 
 
 def retry_wait(run_dir: Path, checkpoint: str, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-               backoff_s: float = DEFAULT_RETRY_BACKOFF_S, now: Optional[float] = None) -> Optional[float]:
+               backoff_s: float = DEFAULT_RETRY_BACKOFF_S, now: Optional[float] = None,
+               kind: str = VALIDATION) -> Optional[float]:
     """Whether a drainer may take this request (claims aside), and when.
 
     ``None``: never (it has a receipt or is blocked); ``0.0``: now; otherwise
     the seconds until its retry backoff (:func:`traceml_tui.core.state.retry_ready_at`) has passed.
     """
-    records = failures_of(run_dir, checkpoint)
+    records = failures_of(run_dir, checkpoint, kind)
     word = state.decide_backlog(
-        has_receipt=RunDir(run_dir).receipt(checkpoint).exists(), has_claim=False, claim_stale=False,
+        has_receipt=RunDir(run_dir).receipt(checkpoint, kind).exists(), has_claim=False, claim_stale=False,
         failures=len(records), max_attempts=max_attempts,
     )
     if word in (BacklogState.COMPLETED, BacklogState.BLOCKED):
@@ -540,9 +545,9 @@ def retry_wait(run_dir: Path, checkpoint: str, *, max_attempts: int = DEFAULT_MA
 
 
 def claimable(run_dir: Path, checkpoint: str, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-              backoff_s: float = DEFAULT_RETRY_BACKOFF_S, now: Optional[float] = None) -> bool:
+              backoff_s: float = DEFAULT_RETRY_BACKOFF_S, now: Optional[float] = None, kind: str = VALIDATION) -> bool:
     """Whether a drainer may take this request now: no receipt, not blocked, not backing off (claims aside)."""
-    return retry_wait(run_dir, checkpoint, max_attempts=max_attempts, backoff_s=backoff_s, now=now) == 0.0
+    return retry_wait(run_dir, checkpoint, max_attempts=max_attempts, backoff_s=backoff_s, now=now, kind=kind) == 0.0
 
 
 def declared_validation(run_dir: Path) -> dict[str, float]:
@@ -564,34 +569,26 @@ def declared_max_attempts(run_dir: Path) -> int:
     return int(declared_validation(run_dir)["max_attempts"])
 
 
-def backlog_files(run_dir: Path, errors: Optional[list[str]] = None) -> Iterator[core_backlog.BacklogFile]:
-    """Every backlog file of a run as ``(folder, name, bytes)`` (bytes None when unreadable: one line in ``errors``)."""
-    layout = RunDir(run_dir)
-    for folder in BACKLOG_KINDS:
-        for path in layout.backlog_files(folder):
-            try:
-                with open(path, "rb") as handle:
-                    data: Optional[bytes] = handle.read()
-            except (FileNotFoundError, NotADirectoryError):
-                continue  # gone since the listing (a released claim)
-            except OSError as exc:
-                _damaged(errors, folder, path, f"cannot read: {exc.strerror or exc}")
-                data = None
-            yield folder, path.name, data
+def backlog_files(run_dir: Path, errors: Optional[list[str]] = None,
+                  kind: str = VALIDATION) -> Iterator[core_backlog.BacklogFile]:
+    """Every backlog file of a run's ``kind`` as ``(folder, name, bytes)`` (bytes None when unreadable: one line
+    in ``errors``): :func:`traceml_tui.core.backlog.run_backlog_files`."""
+    return core_backlog.run_backlog_files(run_dir, kind, errors)
 
 
 def backlog_entries(run_dir: Path, *, now: Optional[float] = None, max_attempts: Optional[int] = None,
-                    errors: Optional[list[str]] = None) -> tuple[core_backlog.BacklogEntry, ...]:
+                    errors: Optional[list[str]] = None, kind: str = VALIDATION) -> tuple[core_backlog.BacklogEntry, ...]:
     """The run's backlog as :func:`traceml_tui.core.backlog.backlog_entries` assembles it from its files (the index
     side assembles the same entries from the same bytes). ``max_attempts`` defaults to the run's declared value."""
     settings = core_backlog.ValidationSettings(**declared_validation(run_dir))
     if max_attempts is not None:
         settings = replace(settings, max_attempts=max_attempts)
-    return core_backlog.backlog_entries(backlog_files(run_dir, errors), time.time() if now is None else now,
-                                        settings=settings, errors=errors)
+    return core_backlog.backlog_entries(backlog_files(run_dir, errors, kind), time.time() if now is None else now,
+                                        settings=settings, errors=errors, root=BACKLOG_ROOTS[kind])
 
 
-def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Optional[float] = None) -> dict:
+def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Optional[float] = None,
+                   kind: str = VALIDATION) -> dict:
     """The state of every request, in the :class:`~traceml_tui.core.state.BacklogState` words.
 
     ``pending``, ``claimed``, ``stale-claim``, ``failed`` (a retry is left),
@@ -603,9 +600,10 @@ def backlog_status(run_dir: Path, *, max_attempts: Optional[int] = None, now: Op
     ``counts`` follows :data:`~traceml_tui.core.state.BACKLOG_ORDER`; ``outstanding``
     lists every request that has no receipt (a pending or failed request is never a result).
     ``max_attempts`` defaults to the run's declared value (:func:`declared_max_attempts`).
+    ``kind``: ``validation`` or ``qc`` (the QC backlog, docs/qc.md): one implementation, two kinds.
     """
     errors: list[str] = []  # one line per damaged backlog file; every other file is still reported
-    entries = backlog_entries(run_dir, now=now, max_attempts=max_attempts, errors=errors)
+    entries = backlog_entries(run_dir, now=now, max_attempts=max_attempts, errors=errors, kind=kind)
     rows = []
     for entry in entries:
         row = {"checkpoint": entry.checkpoint, "step": entry.step, "created": entry.created,

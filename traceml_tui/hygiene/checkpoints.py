@@ -16,7 +16,7 @@ from typing import IO, Any, Callable
 
 from traceml_tui.core.atomic import atomic_write_json, fsync_dir
 from traceml_tui.core.rundir import CHECKPOINTS, RunDir
-from traceml_tui.hygiene import backlog, folders
+from traceml_tui.hygiene import backlog, folders, qc_backlog
 
 CHECKPOINT_DIR = CHECKPOINTS  # relative to the run directory
 
@@ -110,7 +110,8 @@ def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_dige
     written once with read-only files, so the script may overwrite or delete
     its own copy afterwards without changing what is validated. The
     request ``validation/requests/<id>.json`` is written once, atomically, with
-    the checkpoint's path relative to ``run_dir``.
+    the checkpoint's path relative to ``run_dir``. At a QC point of a run whose ``hygiene.qc`` requires worker
+    QC, its QC request ``qc/requests/<id>.json`` is written too (:mod:`traceml_tui.hygiene.qc_backlog`).
     """
     run_dir = Path(run_dir)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -147,6 +148,9 @@ def publish_request(run_dir: Path, path_or_state: Any, *, step: int, config_dige
             atomic_write_json(RunDir(run_dir).request(ckpt), request, exclusive=True)
         except FileExistsError:
             continue
+        # At a QC point of a run that requires worker QC, the same checkpoint is also requested for heavy QC
+        # (qc/requests/<id>.json, docs/qc.md): one checkpoint, two kinds of request.
+        qc_backlog.publish_qc_request(run_dir, request)
         return request
 
 

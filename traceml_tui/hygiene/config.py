@@ -287,7 +287,7 @@ def _early_stopping(raw: Any) -> dict:
 def _qc(raw: Any) -> dict:
     path = "hygiene.qc"
     block = _mapping(raw, path)
-    _unknown_keys(block, ("cadence", "collapse_factor", *qc_block.BINDING_KEYS), path)
+    _unknown_keys(block, ("cadence", "collapse_factor", *qc_block.BINDING_KEYS, *qc_block.WORKER_KEYS), path)
     out = {"cadence": _int(_required(block, "cadence", path), f"{path}.cadence", minimum=1)}
     if "collapse_factor" in block:
         factor = block["collapse_factor"]
@@ -298,6 +298,7 @@ def _qc(raw: Any) -> dict:
         out.update(qc_block.parse_binding(block, path))
     except qc_block.QcBlockError as exc:
         raise HygieneConfigError(exc.path, exc.problem) from None
+    _qc_worker(block, out, path)
     return out
 
 
@@ -314,6 +315,40 @@ def _recovery(raw: Any) -> dict:
         "every": _int(_required(block, "every", path), f"{path}.every", minimum=1),
         "keep": _int(_required(block, "keep", path), f"{path}.keep", minimum=1),
     }
+
+
+def _qc_worker(block: dict, out: dict, path: str) -> None:
+    """``recipe`` and ``worker`` of the QC block: the heavy QC worker of a required ``worker_qc`` (docs/qc.md).
+
+    Both are required when ``items.worker_qc`` is required and refused otherwise (a worker nobody runs
+    would be recorded and ignored).
+    """
+    required = bool(((out.get("items") or {}).get("worker_qc") or {}).get("required"))
+    if not required:
+        for key in qc_block.WORKER_KEYS:
+            if key in block:
+                raise HygieneConfigError(f"{path}.{key}", "only with items.worker_qc: required (the heavy QC worker "
+                                         "drains the QC backlog)")
+        return
+    out["recipe"] = _text(_required(block, "recipe", path), f"{path}.recipe")
+    out["worker"] = _worker(_required(block, "worker", path), f"{path}.worker")
+
+
+def _qc_on_checkpoints(parsed: dict) -> None:
+    """A required worker QC is requested on published checkpoints: every QC point must publish one.
+
+    QC points are initialization (update 0) and every ``qc.cadence`` updates; checkpoints are published
+    from ``validation.first_evaluation`` every ``validation.cadence`` updates (docs/qc.md).
+    """
+    qc, validation = parsed["qc"], parsed["validation"]
+    if "worker" not in qc:
+        return
+    if validation["first_evaluation"] != 0:
+        raise HygieneConfigError("hygiene.validation.first_evaluation", "must be 0 with items.worker_qc: required "
+                                 "(QC starts at initialization, on the checkpoint published at update 0)")
+    if qc["cadence"] % validation["cadence"]:
+        raise HygieneConfigError("hygiene.qc.cadence", f"{qc['cadence']} is not a multiple of validation.cadence "
+                                 f"{validation['cadence']}: every QC point needs a published checkpoint")
 
 
 def parse_hygiene(raw: object) -> dict:
@@ -334,6 +369,7 @@ def parse_hygiene(raw: object) -> dict:
     }
     if block.get("recovery") is not None:  # optional: a block without it normalizes as before
         parsed["recovery"] = _recovery(block["recovery"])
+    _qc_on_checkpoints(parsed)
     return parsed
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from traceml_tui.core import artifacts
-from traceml_tui.core.rundir import RunDir
+from traceml_tui.core.rundir import VALIDATION, RunDir
 from traceml_tui.core.state import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -40,20 +40,24 @@ def load_effective_hygiene(run_dir: Path) -> Optional[dict]:
     return manifest.hygiene
 
 
-def has_unreceipted(run_dir: Path, max_attempts: int, backoff_s: float = DEFAULT_RETRY_BACKOFF_S) -> bool:
+def has_unreceipted(run_dir: Path, max_attempts: int, backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
+                    kind: str = VALIDATION) -> bool:
     """Whether a request waits that a drainer may take now (no receipt, not blocked, not backing off)."""
-    return any(backlog.claimable(run_dir, request["checkpoint"], max_attempts=max_attempts, backoff_s=backoff_s)
-               for request in backlog.list_requests(run_dir))
+    return any(backlog.claimable(run_dir, request["checkpoint"], max_attempts=max_attempts, backoff_s=backoff_s,
+                                 kind=kind)
+               for request in backlog.list_requests(run_dir, kind=kind))
 
 
-def next_retry_s(run_dir: Path, max_attempts: int, backoff_s: float = DEFAULT_RETRY_BACKOFF_S) -> Optional[float]:
+def next_retry_s(run_dir: Path, max_attempts: int, backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
+                 kind: str = VALIDATION) -> Optional[float]:
     """Seconds until the soonest unclaimed request may be taken (0: now); None: nothing left for us.
 
     Requests claimed by another drainer are that drainer's (its worker has its own timeout).
     """
-    waits = [backlog.retry_wait(run_dir, request["checkpoint"], max_attempts=max_attempts, backoff_s=backoff_s)
-             for request in backlog.list_requests(run_dir)
-             if backlog.read_claim(run_dir, request["checkpoint"]) is None]
+    waits = [backlog.retry_wait(run_dir, request["checkpoint"], max_attempts=max_attempts, backoff_s=backoff_s,
+                                kind=kind)
+             for request in backlog.list_requests(run_dir, kind=kind)
+             if backlog.read_claim(run_dir, request["checkpoint"], kind=kind) is None]
     known = [w for w in waits if w is not None]
     return min(known) if known else None
 
@@ -73,6 +77,7 @@ class Dispatcher:
         max_runtime: Optional[float] = None,
         cwd: Optional[Path] = None,
         log_path: Optional[Path] = None,
+        kind: str = VALIDATION,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.worker = list(worker)
@@ -82,7 +87,8 @@ class Dispatcher:
         self.worker_timeout_s = worker_timeout_s
         self.max_runtime = max_runtime
         self.cwd = cwd
-        self.log_path = log_path or RunDir(self.run_dir).drainer_log
+        self.kind = kind  # validation, or qc: the QC backlog (docs/qc.md), drained by the same drainer
+        self.log_path = log_path or RunDir(self.run_dir).drainer_log_of(kind)
         self.proc: Optional[subprocess.Popen] = None
 
     @classmethod
@@ -93,12 +99,32 @@ class Dispatcher:
                    retry_backoff_s=validation.get("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S),
                    worker_timeout_s=validation.get("timeout_s", DEFAULT_WORKER_TIMEOUT_S), **kwargs)
 
+    @classmethod
+    def for_qc(cls, run_dir: Path, hygiene_cfg: dict, **kwargs) -> Optional["Dispatcher"]:
+        """The QC backlog's dispatcher (docs/qc.md) when ``hygiene.qc`` requires worker QC, else None.
+
+        The declared QC worker, with the retry, lease and timeout settings of ``hygiene.validation``: one set
+        of backlog rules for both kinds.
+        """
+        from traceml_tui.hygiene.qc_backlog import KIND, declared_worker
+
+        declared = declared_worker(hygiene_cfg.get("qc"))
+        if declared is None:
+            return None
+        validation = hygiene_cfg.get("validation") or {}
+        return cls(run_dir, declared["worker"], lease_s=validation.get("lease_s", DEFAULT_LEASE_S),
+                   max_attempts=validation.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+                   retry_backoff_s=validation.get("retry_backoff_s", DEFAULT_RETRY_BACKOFF_S),
+                   worker_timeout_s=validation.get("timeout_s", DEFAULT_WORKER_TIMEOUT_S), kind=KIND, **kwargs)
+
     def _command(self) -> list[str]:
         cmd = [sys.executable, "-m", "traceml_tui", "validate", "drain", str(self.run_dir),
                "--lease", str(self.lease_s), "--max-attempts", str(self.max_attempts),
                "--retry-backoff", str(self.retry_backoff_s), "--timeout", str(self.worker_timeout_s)]
         if self.max_runtime is not None:
             cmd += ["--max-runtime", str(self.max_runtime)]
+        if self.kind != VALIDATION:
+            cmd += ["--kind", self.kind]
         return cmd + ["--", *self.worker]
 
     @property
@@ -109,7 +135,7 @@ class Dispatcher:
         """Start a drainer if work is waiting and ours is not running; returns whether one started."""
         # A request backing off after a failure is not ready work: starting a drainer for it every
         # second would only burn its attempts (docs/hygiene.md "Retries").
-        if self.running or not has_unreceipted(self.run_dir, self.max_attempts, self.retry_backoff_s):
+        if self.running or not has_unreceipted(self.run_dir, self.max_attempts, self.retry_backoff_s, self.kind):
             return False
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
@@ -132,7 +158,7 @@ class Dispatcher:
                                       stderr=log, timeout=timeout, check=False)
             # A request that failed and has attempts left is retried once its backoff has passed, so a
             # transient failure near the end is not left behind; a blocked one is not waited for.
-            wait = next_retry_s(self.run_dir, self.max_attempts, self.retry_backoff_s)
+            wait = next_retry_s(self.run_dir, self.max_attempts, self.retry_backoff_s, self.kind)
             if done.returncode != 0 or wait is None:
                 return done.returncode
             time.sleep(wait)

@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 from traceml_tui.core import lifeline, state
 from traceml_tui.core.jsonsafe import NestingError, loads_bounded
+from traceml_tui.core.rundir import VALIDATION
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import resolve_checkpoint_path
 
@@ -89,15 +90,15 @@ def parse_metrics(stdout: str) -> dict[str, Optional[float]]:
 class _Heartbeat(threading.Thread):
     """Rewrites our claim every lease/3 seconds so other hosts see we are alive."""
 
-    def __init__(self, run_dir: Path, claim: dict, interval: float) -> None:
+    def __init__(self, run_dir: Path, claim: dict, interval: float, kind: str = VALIDATION) -> None:
         super().__init__(daemon=True, name="traceml-claim-heartbeat")
-        self.run_dir, self.claim, self.interval = run_dir, claim, interval
+        self.run_dir, self.claim, self.interval, self.kind = run_dir, claim, interval, kind
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         while not self.stop_event.wait(self.interval):
             try:
-                if not backlog.heartbeat(self.run_dir, self.claim):
+                if not backlog.heartbeat(self.run_dir, self.claim, self.kind):
                     return
             except OSError:
                 pass  # a transient filesystem error must not kill the worker
@@ -161,8 +162,12 @@ def drain(
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
     config_digest: Optional[str] = None,
     override: bool = False,
+    kind: str = VALIDATION,
 ) -> DrainResult:
     """Drain ``run_dir``'s validation backlog with ``command`` until no claimable work is left.
+
+    ``kind="qc"`` drains the QC backlog (``qc/requests`` …, docs/qc.md) by the same rules: one
+    implementation, two kinds.
 
     A request with ``max_attempts`` failures is blocked (reported, not retried
     automatically); one this worker already failed is not retried in the same
@@ -189,7 +194,7 @@ def drain(
     ``override: {config_digest}`` (the digest actually run).
     """
     run_dir = Path(run_dir)
-    backlog.clean_locks(run_dir)
+    backlog.clean_locks(run_dir, kind)
     started = time.monotonic()
     owner = backlog.current_owner()
     result = DrainResult()
@@ -206,38 +211,38 @@ def drain(
             result.reason = "runtime_limit"
             return result
         took = None
-        for request in backlog.list_requests(run_dir):
+        for request in backlog.list_requests(run_dir, kind=kind):
             ckpt = request["checkpoint"]
             if ckpt in tried or not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts,
-                                                      backoff_s=retry_backoff_s):
+                                                      backoff_s=retry_backoff_s, kind=kind):
                 continue
             requested = request.get("config_digest")
             if config_digest is not None and requested and requested != config_digest and not override:
                 raise DigestMismatch(ckpt, requested, config_digest)
-            claim = backlog.try_claim(run_dir, ckpt, owner, lease_s)
+            claim = backlog.try_claim(run_dir, ckpt, owner, lease_s, kind)
             if claim is None:
                 continue
             # Someone may have finished (or failed) it between our scan and our claim.
-            if not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts, backoff_s=retry_backoff_s):
-                backlog.release_claim(run_dir, claim)
+            if not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts, backoff_s=retry_backoff_s, kind=kind):
+                backlog.release_claim(run_dir, claim, kind)
                 continue
             took = (request, claim)
             break
         if took is None:
-            backlog.clean_locks(run_dir)
+            backlog.clean_locks(run_dir, kind)
             result.reason = "no_work"
             return result
         request, claim = took
         ckpt = request["checkpoint"]
         tried.add(ckpt)
-        beat = _Heartbeat(run_dir, claim, max(0.2, lease_s / 3.0))
+        beat = _Heartbeat(run_dir, claim, max(0.2, lease_s / 3.0), kind)
 
         def record_worker(proc: subprocess.Popen, claim: dict = claim, beat: _Heartbeat = beat) -> None:
             # The claim names the worker's process group before the heartbeat starts rewriting it,
             # so whoever recovers this claim after we die can make sure the worker is gone.
             claim["worker"] = backlog.worker_identity(proc.pid)
             try:
-                backlog.heartbeat(run_dir, claim)
+                backlog.heartbeat(run_dir, claim, kind)
             except OSError:
                 pass  # the heartbeat thread writes it again
             beat.start()
@@ -264,17 +269,17 @@ def drain(
                 else:
                     error = f"timed out after {worker_timeout_s:g} s (hygiene.validation.timeout_s)"
                     result.failed.append(ckpt)
-                backlog.write_failure(run_dir, ckpt, error)
+                backlog.write_failure(run_dir, ckpt, error, kind)
                 log(f"traceml validate: {ckpt}: failed ({error})")
             elif code != 0:
-                backlog.write_failure(run_dir, ckpt, _error_line(code, err))
+                backlog.write_failure(run_dir, ckpt, _error_line(code, err), kind)
                 result.failed.append(ckpt)
                 log(f"traceml validate: {ckpt}: failed ({_error_line(code, err)})")
             else:
                 try:
                     metrics = parse_metrics(out)
                 except ValueError as exc:
-                    backlog.write_failure(run_dir, ckpt, _error_line(code, err, str(exc)))
+                    backlog.write_failure(run_dir, ckpt, _error_line(code, err, str(exc)), kind)
                     result.failed.append(ckpt)
                     log(f"traceml validate: {ckpt}: failed ({exc})")
                 else:
@@ -283,7 +288,7 @@ def drain(
                         overridden = config_digest is not None and bool(requested) and requested != config_digest
                         receipt = backlog.write_receipt(
                             run_dir, request, metrics,
-                            override={"config_digest": config_digest} if overridden else None)
+                            override={"config_digest": config_digest} if overridden else None, kind=kind)
                     except FileExistsError:
                         receipt = None  # completed elsewhere meanwhile; keep the first result
                     if receipt is not None:
@@ -294,7 +299,7 @@ def drain(
         finally:
             if beat.is_alive():
                 beat.stop()
-            backlog.release_claim(run_dir, claim)
+            backlog.release_claim(run_dir, claim, kind)
         slowest = max(slowest, time.monotonic() - t0)
         if result.interrupted:
             result.reason = "runtime_limit"

@@ -19,7 +19,9 @@ Shape (docs/qc.md, "The QC block")::
         batch_grid: required
         field_stats: required
         galleries: required
-        worker_qc: {inapplicable: "heavy QC runs inside validate.py"}
+        worker_qc: required          # heavy QC drained from the QC backlog (or {inapplicable: <reason>})
+      recipe: qc-heavy-v1          # with worker_qc required: the QC recipe and its worker command
+      worker: [python, qc_worker.py, --checkpoint, "{checkpoint}"]
 
 ``owner``, ``output``, ``roster`` and ``items`` bind together: a block that
 declares one declares all four. A block with ``cadence`` alone is still
@@ -39,13 +41,14 @@ from traceml_tui.guard.contract import show_key, show_value
 
 #: The base QC items seed 004 asks every run to bind (each required, or inapplicable with a reason).
 ITEMS = ("batch_grid", "field_stats", "galleries", "worker_qc")
-#: Items a run cannot require yet: heavy QC through the worker backlog is not built (docs/seed-coverage.md).
-NOT_YET_REQUIRABLE = {"worker_qc": "heavy QC through a worker backlog is not built yet"}
 BINDING_KEYS = ("owner", "output", "roster", "items")
+#: The heavy QC worker of a required ``worker_qc`` (hygiene/config.py checks them; docs/qc.md).
+WORKER_KEYS = ("recipe", "worker")
 QC_OUTPUT = "qc"  # the QC output root, relative to the run directory (core/rundir.py places every QC figure there)
 REQUIRED = "required"
-#: The row states of the summary's ``qc.items``.
-PRODUCED, MISSING, INAPPLICABLE = "produced", "missing", "inapplicable"
+#: The row states of the summary's ``qc.items`` (``not_passed``: worker QC requested but not every request has
+#: its receipt — pending or failed QC is not passed QC).
+PRODUCED, MISSING, INAPPLICABLE, NOT_PASSED = "produced", "missing", "inapplicable", "not_passed"
 #: The summary's ``qc.status`` words.
 OK, FAILED, NOT_RECORDED = "ok", "failed", "not_recorded"
 MAX_ROSTER_MEMBERS = 4096  # a larger roster is bound by its digest (the manifest stays small)
@@ -137,9 +140,6 @@ def _items(raw: Any, path: str) -> dict[str, dict[str, Any]]:
             # seed 004: make an inapplicable diagnostic explicit rather than silently omitting it
             raise QcBlockError(where, "required: declare it required, or {inapplicable: <reason>}")
         if value == REQUIRED:
-            if item in NOT_YET_REQUIRABLE:
-                raise QcBlockError(where, f"cannot be required: {NOT_YET_REQUIRABLE[item]} "
-                                   "(declare it {inapplicable: <reason>} and say where that QC runs)")
             out[item] = {"required": True}
         elif isinstance(value, dict) and set(value) == {"inapplicable"}:
             out[item] = {"required": False, "inapplicable": _text(value["inapplicable"], f"{where}.inapplicable")}
@@ -238,7 +238,33 @@ def qc_report(run_dir: Path, qc_declared: Optional[Mapping[str, Any]], field_sum
         missing_items=missing,
         status=qc_status(str(field_summary.get("status")), missing, True),
     )
-    return out
+    return with_worker_qc(out, run_dir, declared)
+
+
+def with_worker_qc(section: dict[str, Any], run_dir: Path, declared: Mapping[str, Any]) -> dict[str, Any]:
+    """``section`` (a bound ``qc`` summary section) with its required worker QC judged from the QC backlog now.
+
+    The row's state is ``produced`` only when the QC backlog passed (every request has its receipt:
+    :func:`traceml_tui.hygiene.qc_backlog.worker_qc_report`), ``missing`` when nothing was requested and
+    ``not_passed`` while a request waits or is blocked — pending or failed QC is not passed QC. The report sits
+    in ``worker_qc``; ``not_passed_items`` names the item, and ``status`` is ``failed`` as for a missing item.
+    Called again when a drainer refreshes an ended run (``summary/store.py``).
+    """
+    from traceml_tui.hygiene import qc_backlog
+
+    items = section.get("items") if isinstance(section.get("items"), dict) else {}
+    row = items.get("worker_qc")
+    if not isinstance(row, dict) or not row.get("required") or qc_backlog.declared_worker(declared) is None:
+        return section
+    report = qc_backlog.worker_qc_report(Path(run_dir))
+    word = report["state"]
+    row.update(state=PRODUCED if word == qc_backlog.PASSED else MISSING if word == qc_backlog.NOT_REQUESTED
+               else NOT_PASSED, count=report["completed"])
+    missing = [item for item, r in items.items() if r.get("state") == MISSING]
+    not_passed = [item for item, r in items.items() if r.get("state") == NOT_PASSED]
+    section.update(worker_qc=report, missing_items=missing, not_passed_items=not_passed,
+                   status=qc_status(FAILED if section.get("failed_fields") else OK, missing + not_passed, True))
+    return section
 
 
 def items_word(section: Optional[Mapping[str, Any]], declared: bool) -> str:
@@ -249,7 +275,15 @@ def items_word(section: Optional[Mapping[str, Any]], declared: bool) -> str:
     """
     if isinstance(section, Mapping) and section.get("bound"):
         missing = [str(m) for m in section.get("missing_items") or []]
-        return f"FAILED, never produced: {', '.join(missing)}" if missing else "all required items produced"
+        not_passed = [str(m) for m in section.get("not_passed_items") or []]
+        report = section.get("worker_qc") if isinstance(section.get("worker_qc"), Mapping) else {}
+        said = []
+        if missing:
+            said.append(f"never produced: {', '.join(missing)}")
+        if not_passed:  # pending or failed worker QC is not passed QC (hygiene/qc_backlog.py)
+            said.append(f"not passed: {', '.join(not_passed)} ({report.get('state')}, "
+                        f"{report.get('completed')}/{report.get('requested')} QC requests completed)")
+        return f"FAILED, {'; '.join(said)}" if said else "all required items produced"
     if declared:
         return "pending: judged when the run ends"
     return "not bound (hygiene.qc declares no items)"
@@ -259,10 +293,15 @@ def report_lines(section: Optional[Mapping[str, Any]]) -> list[str]:
     """The lines ``final_summary.txt`` prints for a bound QC block's items (a presentation of ``qc``)."""
     if not section or not section.get("bound"):
         return []
+    from traceml_tui.hygiene import qc_backlog
+
     lines = []
     for item in section.get("missing_items") or []:
         lines.append(f"QC FAILED: required item {item} was never produced "
                      f"(declared in hygiene.qc.items; owner {section.get('owner')})")
+    report = section.get("worker_qc")
+    if isinstance(report, Mapping) and (line := qc_backlog.not_passed_line(report)) is not None:
+        lines.append(f"QC FAILED: {line}")
     roster = section.get("roster") or {}
     states = ", ".join(f"{item} {row.get('state')}" for item, row in (section.get("items") or {}).items())
     lines.append(f"QC: {section.get('status')} · owner {section.get('owner')} · roster {roster.get('name')} "

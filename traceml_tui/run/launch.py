@@ -58,6 +58,7 @@ class Launcher:
         self.config = config
         self.hygiene = hygiene
         self._blocked_warned: set[str] = set()  # blocked validation requests already warned about
+        self._qc_dispatcher: Any = None  # the QC backlog's dispatcher (docs/qc.md), beside validation's
         self.run_dir = options.run_dir
         self.layout = RunDir(self.run_dir)
         self.node_dir = self.layout.node_dir(options.node_rank)
@@ -626,16 +627,20 @@ class Launcher:
             return None
         cwd = self.config.path.parent if getattr(self.config, "path", None) is not None else Path.cwd()
         dispatcher = Dispatcher.from_config(self.run_dir, self.hygiene, cwd=cwd)
+        # Heavy QC (docs/qc.md): the QC backlog is drained beside validation, by the same drainer.
+        self._qc_dispatcher = Dispatcher.for_qc(self.run_dir, self.hygiene, cwd=cwd)
         stop = threading.Event()
 
         warned = self._blocked_warned
 
         def loop() -> None:
             while not stop.wait(1.0):
-                try:
-                    dispatcher.poke()
-                except OSError as exc:  # a drainer that cannot start now is retried at the next poke
-                    _warn(f"could not start a validation drainer: {exc}")
+                for one in (dispatcher, self._qc_dispatcher):
+                    try:
+                        if one is not None:
+                            one.poke()
+                    except OSError as exc:  # a drainer that cannot start now is retried at the next poke
+                        _warn(f"could not start a {one.kind} drainer: {exc}")
                 try:
                     self._warn_blocked(dispatcher.max_attempts, warned)
                 except OSError:
@@ -664,23 +669,30 @@ class Launcher:
         """Drain what training left in the backlog; Ctrl-C (or a user's interrupt of training) leaves it pending."""
         stop.set()
         thread.join()
+        qc = self._qc_dispatcher
         if self.interrupted:
-            proc = dispatcher.proc
-            if proc is not None and proc.poll() is None:  # its claim is recovered by the next drainer
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            for one in (dispatcher, qc):
+                proc = one.proc if one is not None else None
+                if proc is not None and proc.poll() is None:  # its claim is recovered by the next drainer
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
             return
-        print("[traceml] draining the validation backlog ...", file=sys.stderr, flush=True)
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            dispatcher.drain_final()
-        except KeyboardInterrupt:
-            _warn("final validation drain interrupted; what is left stays pending for the next drainer")
-        except (OSError, subprocess.SubprocessError) as exc:
-            _warn(f"final validation drain failed: {exc}")
+            for one in (dispatcher, qc):
+                if one is None:
+                    continue
+                print(f"[traceml] draining the {one.kind} backlog ...", file=sys.stderr, flush=True)
+                try:
+                    one.drain_final()
+                except KeyboardInterrupt:
+                    _warn(f"final {one.kind} drain interrupted; what is left stays pending for the next drainer")
+                    break
+                except (OSError, subprocess.SubprocessError) as exc:
+                    _warn(f"final {one.kind} drain failed: {exc}")
         finally:
             signal.signal(signal.SIGINT, previous)
         try:

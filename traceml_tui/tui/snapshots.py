@@ -281,6 +281,8 @@ class BacklogSnapshot:
     train_step: Optional[int]
     now: float
     run: Optional[str] = None
+    #: one run's heavy QC backlog beside validation (core.backlog.run_worker_qc; docs/qc.md), None when not required
+    worker_qc: Optional[dict] = None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Backlog screen: validation requests by state, their receipt metrics, claims and their heartbeats, eval lag."""
+"""Backlog screen: validation requests by state (and a run's heavy QC backlog, docs/qc.md), their receipt metrics, claims and their heartbeats, eval lag."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ def backlog_summary(snap: BacklogSnapshot) -> list:
         lines.append(f"newest completed: {ckpt} (step {step}) of {run}{lag}")
     else:
         lines.append(("no checkpoint evaluated yet", "yellow"))
+    if snap.worker_qc is not None:  # heavy QC beside validation: its word is core.state.decide_worker_qc's
+        qc = snap.worker_qc
+        qc_counts = " · ".join(f"{k} {v}" for k, v in (qc.get("counts") or {}).items()) or "no QC requests"
+        word = qc.get("state")
+        named = ", ".join(f"{r.get('checkpoint')} {r.get('state')}" for r in (qc.get("outstanding") or [])[:3])
+        lines.append((f"heavy QC: {word} ({qc_counts})" + (f" — {named}" if named else ""),
+                      "green" if word == "passed" else "bold red" if word in ("failed", "not_requested") else "yellow"))
     stuck = [i for i in snap.items if i.stuck]
     if stuck:
         lines.append((f"stale-claim: {len(stuck)} claim(s) whose owner is gone: " +
