@@ -19,8 +19,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import realruns
 import yaml
+
+from support import realruns
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "qc_worker_train.py"
 DUMP = textwrap.dedent(
@@ -61,13 +62,12 @@ def _config() -> dict:
 
 async def _backlog_screen_text(index: Path) -> str:
     """The Backlog screen's summary panel of the one run in ``index``, in the real Textual app."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import tui_data
-
     from traceml_tui.tui.app import create_app
     from traceml_tui.tui.screens.backlog import BacklogScreen
     from traceml_tui.tui.source import IndexSource
     from traceml_tui.tui.widgets.info_panel import InfoPanel
+
+    from support import tui_data
 
     source = IndexSource(index)
     try:
