@@ -41,14 +41,15 @@ def main() -> None:
         rid = next(r.run_id for r in runs if r.name == fr.name_of("hygiene"))
 
         def slow_outstanding() -> dict[int, int]:
-            counts = {r.run_id: sum(e.outstanding for e in reader.backlog(r.run_id, now=fr.SHOWN_AT)) for r in runs}
+            counts = {r.run_id: sum(e.outstanding for e in reader.backlog.entries(r.run_id, now=fr.SHOWN_AT))
+                      for r in runs}
             return {k: v for k, v in counts.items() if v}
 
-        assert slow_outstanding() == reader.backlog_outstanding()
-        index_us = _best_us(lambda: reader.backlog(rid, now=fr.SHOWN_AT))
+        assert slow_outstanding() == reader.backlog.outstanding()
+        index_us = _best_us(lambda: reader.backlog.entries(rid, now=fr.SHOWN_AT))
         files_us = _best_us(lambda: backlog_status(root / fr.name_of("hygiene"), now=fr.SHOWN_AT))
         slow_us = _best_us(slow_outstanding)
-        fast_us = _best_us(reader.backlog_outstanding)
+        fast_us = _best_us(reader.backlog.outstanding)
     print(f"{'reader':<42} {'us':>8}")
     print(f"{'Reader.backlog (one run, index side)':<42} {index_us:>8.0f}")
     print(f"{'backlog_status (one run, file side)':<42} {files_us:>8.0f}  {files_us / index_us:.2f}x the index side")
