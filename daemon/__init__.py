@@ -16,7 +16,10 @@ Rooms that follow the data (docs/daemon.md, "Modules"); each returns what it fou
 * ``service`` — ``Ingester``: lifecycle, the serve loop, one transaction per pass; it decodes what the
   stream returns and routes it through the store;
 * ``writer_health`` — who writes the index and the time states are decided at;
-* ``reader`` — the only SQL reader (``status_cli``, ``metrics`` and the TUI read through it).
+* ``reader`` — the read side's entrance (``status_cli``, ``metrics`` and the TUI read through it): the
+  connection, versions, runs and views; its rooms hold the only reading SQL, split by what they read:
+  ``read_runs`` (each run's word decided), ``read_series``, ``read_backlog``, ``read_events``, ``read_files``
+  (reached as ``reader.series``, ``reader.backlog``, ``reader.events``, ``reader.files``), ``read_query``.
 
 The daemon imports ``traceml_tui.core`` and nothing else of traceml.
 """

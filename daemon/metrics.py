@@ -83,7 +83,7 @@ class IndexCollector(Collector):
         with reader:
             all_runs = reader.list_runs(now=now)
             runs = [r for r in all_runs if exported(r, now, self.retention_s)]
-            backlogs = {r.run_id: reader.backlog(r.run_id, now=now) for r in runs}
+            backlogs = {r.run_id: reader.backlog.entries(r.run_id, now=now) for r in runs}
             # the figures every surface shows, computed once by the reader (daemon/views.py)
             figures = {r.run_id: reader.figures(r, now, backlogs[r.run_id]) for r in runs}
             yield from self._run_families(runs, now)

@@ -83,7 +83,7 @@ def _worker_qc(reader: Reader, run, now: float) -> dict | None:
     judged by the core's rules (:func:`traceml_tui.core.backlog.run_worker_qc`), the same the summary uses.
     """
     try:
-        return core_backlog.run_worker_qc(run.dir, reader.manifest(run.run_id), now)
+        return core_backlog.run_worker_qc(run.dir, reader.files.manifest(run.run_id), now)
     except OSError:
         return None
 
@@ -154,10 +154,10 @@ def main(argv: list[str]) -> int:
                 # the figures every surface shows (step time, straggler, steps/s, eval lag, early-stopping best)
                 d["figures"] = reader.figures(r, now).to_json()
                 # who failed first, where and why: the summary's failure section (docs/run.md "Failure forensics")
-                failure = reader.failure(r.run_id) if r.status in (RunStatus.FAILED, RunStatus.LOST) else None
+                failure = reader.files.failure(r.run_id) if r.status in (RunStatus.FAILED, RunStatus.LOST) else None
                 d["failure"] = artifacts.to_builtins(failure) if failure is not None else None
                 # streams a rank reported it does not measure, and why (docs/run.md "Unmeasured streams")
-                d["unmeasured"] = list(reader.unmeasured(r.run_id))
+                d["unmeasured"] = list(reader.events.unmeasured(r.run_id))
                 d["worker_qc"] = _worker_qc(reader, r, now)
                 out["runs"].append(d)
             print(jsonsafe.dumps_valid(out, indent=2))  # valid JSON always: an overflowed figure is null
@@ -174,7 +174,7 @@ def main(argv: list[str]) -> int:
         cells = [_status_cell(r) for r in runs]
         status_width = min(max(10, *(len(c) for c in cells)), STATUS_WIDTH_MAX)
         # Which runs have dark streams, named in the summary's words (core/coverage.py); `-` when none.
-        dark = [",".join(coverage.dark_streams(reader.unmeasured(r.run_id))) or "-" for r in runs]
+        dark = [",".join(coverage.dark_streams(reader.events.unmeasured(r.run_id))) or "-" for r in runs]
         dark_width = min(max(len("UNMEASURED"), *(len(c) for c in dark)), UNMEASURED_WIDTH_MAX)
         print(f"{'RUN':<{width}} {'STATUS':<{status_width}} {'RANKS':>5} {'STEP':>8} {'STEPS/S':>8} {'ERRORS':>6} "
               f"{'UNMEASURED':<{dark_width}}  DIR")

@@ -66,7 +66,7 @@ def test_file_side_and_index_side_assemble_the_same_entries(indexed):
     root, index = indexed
     run_dir = root / fr.name_of("hygiene")
     with Reader(index) as reader:
-        from_index = reader.backlog(_run_id(reader, "hygiene"), now=NOW)
+        from_index = reader.backlog.entries(_run_id(reader, "hygiene"), now=NOW)
     from_files = file_backlog.backlog_entries(run_dir, now=NOW)
     assert from_index == from_files and len(from_files) == len(EXPECTED)
     status = file_backlog.backlog_status(run_dir, now=NOW)  # what `traceml validate status` prints
@@ -130,8 +130,9 @@ def test_the_outstanding_count_fast_path_equals_the_entries(tmp_path, prepare):
     """``Reader.backlog_outstanding`` (one query for every run) counts what the entries call outstanding."""
     root, index = fr.build_real_index(tmp_path, prepare=prepare)
     with Reader(index) as reader:
-        fast = reader.backlog_outstanding()
-        slow = {r.run_id: sum(e.outstanding for e in reader.backlog(r.run_id, now=NOW)) for r in reader.list_runs()}
+        fast = reader.backlog.outstanding()
+        slow = {r.run_id: sum(e.outstanding for e in reader.backlog.entries(r.run_id, now=NOW))
+                for r in reader.list_runs()}
     assert {k: v for k, v in slow.items() if v} == fast
     hygiene = file_backlog.backlog_status(root / fr.name_of("hygiene"), now=NOW)
     assert sorted(fast.values()) == [len(hygiene["outstanding"])]
@@ -159,8 +160,8 @@ def test_the_summary_and_the_index_show_the_same_eval_freshness(indexed):
     section = training_section(load_ranks(run_dir), run_dir)["eval"]
     with Reader(index) as reader:
         run_id = _run_id(reader, "hygiene")
-        fresh = reader.eval_freshness(run_id)
-        assert reader.newest_evaluated_step(run_id) == fresh.newest_step == 2  # the newest receipt
+        fresh = reader.backlog.eval_freshness(run_id)
+        assert reader.backlog.newest_evaluated_step(run_id) == fresh.newest_step == 2  # the newest receipt
     assert (section["newest_step"], section["newest_checkpoint"], section["lag_steps"]) == (
         fresh.newest_step, fresh.newest_checkpoint, fresh.lag_steps)
     assert section["backlog"] == 4 and fresh.lag_steps == fresh.train_step - 2
@@ -177,7 +178,7 @@ def test_the_runs_table_and_the_backlog_screen_show_the_readers_lag(indexed):
     finally:
         src.close()
     with Reader(index) as reader:
-        fresh = reader.eval_freshness(row.run_id)
+        fresh = reader.backlog.eval_freshness(row.run_id)
     assert (row.eval_step, row.eval_lag) == (fresh.newest_step, fresh.lag_steps)
     assert backlog.eval_lag == fresh.lag_steps and backlog.newest_completed[2] == fresh.newest_step
     assert row.backlog == 4
@@ -190,9 +191,9 @@ def test_the_reader_shows_the_policys_own_state(indexed):
     root, index = indexed
     state_file = root / fr.name_of("hygiene") / "early_stopping.json"
     with Reader(index) as reader:
-        view = reader.early_stopping(_run_id(reader, "hygiene"))
-        assert reader.early_stopping(_run_id(reader, "completed")) is None
-        section = reader.validation(_run_id(reader, "hygiene"))  # the summary's, written at the end
+        view = reader.backlog.early_stopping(_run_id(reader, "hygiene"))
+        assert reader.backlog.early_stopping(_run_id(reader, "completed")) is None
+        section = reader.files.validation(_run_id(reader, "hygiene"))  # the summary's, written at the end
     # the summary and the index show the same state and the same best
     assert section.early_stopping["state"] == view.state and section.early_stopping["reason"] == view.reason
     assert (section.best["checkpoint"], section.best["step"], section.best["value"]) == (
@@ -256,8 +257,8 @@ def test_a_damaged_state_file_is_one_error_row_and_no_state(tmp_path):
     _, index = fr.build_real_index(tmp_path, prepare=damage)
     with Reader(index) as reader:
         run_id = _run_id(reader, "hygiene")
-        assert reader.early_stopping(run_id) is None
-        errors = [e for e in reader.errors(run_id) if e.path.endswith("early_stopping.json")]
+        assert reader.backlog.early_stopping(run_id) is None
+        errors = [e for e in reader.events.errors(run_id) if e.path.endswith("early_stopping.json")]
     assert len(errors) == 1 and "patience_counter" in errors[0].message
     with sqlite3.connect(index) as conn:
         kinds = {k for (k,) in conn.execute("SELECT kind FROM side_files")}
@@ -270,7 +271,7 @@ def test_an_index_that_had_no_state_picks_it_up_on_the_next_pass(tmp_path):
 
     root, index = fr.build_real_index(tmp_path)
     with Reader(index) as reader:
-        assert reader.early_stopping(_run_id(reader, "hygiene")) is None
+        assert reader.backlog.early_stopping(_run_id(reader, "hygiene")) is None
     fr.stop_hygiene_early(root)
     ingester = Ingester(index, [str(root)], poll_interval=0.1, use_inotify=False, mode="test",
                         clock=lambda: fr.INGESTED_AT)
@@ -279,7 +280,7 @@ def test_an_index_that_had_no_state_picks_it_up_on_the_next_pass(tmp_path):
     finally:
         ingester.close()
     with Reader(index) as reader:
-        view = reader.early_stopping(_run_id(reader, "hygiene"))
+        view = reader.backlog.early_stopping(_run_id(reader, "hygiene"))
     assert view is not None and view.stopped and view.best_checkpoint == "step-00000000"
 
 

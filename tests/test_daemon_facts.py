@@ -110,7 +110,7 @@ def test_outcomes_nodes_and_failures(env):
     assert _run_row(index, "r", "outcomes_total, outcomes_failed, outcome_nodes") == (3, 1, "0,1,10")
     with Reader(index) as r:
         run = r.find_run("r")
-        errors = r.errors(run.run_id)
+        errors = r.events.errors(run.run_id)
         assert [e.path for e in errors] == ["nodes/node_2/guard_outcome.json"]
         assert "not a valid outcome" in errors[0].message
         assert run.status == "failed"

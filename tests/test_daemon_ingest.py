@@ -20,7 +20,7 @@ def _run(index: Path, name: str):
     with Reader(index) as r:
         run = r.find_run(name)
         assert run is not None, f"run {name} not in the index"
-        return run, r.step_count(run.run_id), r.errors(run.run_id), r.rank_rows(run.run_id)
+        return run, r.series.step_count(run.run_id), r.events.errors(run.run_id), r.rank_rows(run.run_id)
 
 
 @pytest.mark.faults
@@ -180,7 +180,7 @@ def test_symlinks_out_of_the_root_and_fifos_are_not_followed(env, tmp_path):
     with Reader(index) as r:
         assert [run.name for run in r.list_runs()] == ["r"]
         run = r.list_runs()[0]
-        assert r.step_count(run.run_id) == 2
+        assert r.series.step_count(run.run_id) == 2
         assert [(k.rank, k.attempt) for k in r.rank_rows(run.run_id)] == [(0, 0)]
 
 
@@ -194,7 +194,7 @@ def test_a_linked_run_subfolder_is_not_followed(env, tmp_path):
     os.symlink(outside, root / "r" / "validation")
     ingest()
     with Reader(index) as r:
-        assert r.backlog(r.find_run("r").run_id) == ()
+        assert r.backlog.entries(r.find_run("r").run_id) == ()
 
 
 @pytest.mark.faults
@@ -208,14 +208,14 @@ def test_removed_run_keeps_rows_and_is_marked_missing(env):
     with Reader(index) as r:
         runs = {run.name: run for run in r.list_runs()}
         assert runs["gone"].status == "missing" and runs["gone"].records == 5
-        assert r.step_count(runs["gone"].run_id) == 5
+        assert r.series.step_count(runs["gone"].run_id) == 5
         assert runs["kept"].status != "missing"
     from daemon import cli
 
     assert cli.main(["--prune-missing", "--index", str(index)]) == 0  # the only way rows leave
     with Reader(index) as r:
         assert [run.name for run in r.list_runs()] == ["kept"]
-        assert r.step_count(runs["gone"].run_id) == 0 and r.step_count(runs["kept"].run_id) == 2
+        assert r.series.step_count(runs["gone"].run_id) == 0 and r.series.step_count(runs["kept"].run_id) == 2
 
 
 def test_live_aggregates_series_and_status(env):
@@ -238,16 +238,16 @@ def test_live_aggregates_series_and_status(env):
         assert parts["residual"] == pytest.approx(200.0) and parts["data_wait"] is None and parts["steps"] == 64
         assert parts["clock"] == "cpu"
         assert rows[0].ratios == (("mse", 0.5),)
-        s = r.series(run.run_id, 0, "loss")
+        s = r.series.points(run.run_id, 0, "loss")
         assert 0 < len(s.points) <= 2000
         assert sum(p.n for p in s.points) == 5000
         assert s.points[0].vmax == pytest.approx(1.0) and s.points[0].vmin < s.points[0].vmax
         assert s.points[-1].step_hi == 5000
-        assert len(r.series(run.run_id, 0, "ratio/mse").points) == len(s.points)
-        assert len(r.series(run.run_id, 0, "step_ms", max_points=100).points) <= 100
-        step_ms = r.series(run.run_id, 0, "step_ms").points
+        assert len(r.series.points(run.run_id, 0, "ratio/mse").points) == len(s.points)
+        assert len(r.series.points(run.run_id, 0, "step_ms", max_points=100).points) <= 100
+        step_ms = r.series.points(run.run_id, 0, "step_ms").points
         assert all(p.vmin == p.vmax == pytest.approx(110.0) for p in step_ms)  # gap + traced step
-        assert "step_ms" in r.series_metrics(run.run_id)
+        assert "step_ms" in r.series.metrics(run.run_id)
         v = r.data_version()
     # Append more: version moves, changes name this run, and an appended rank_end completes it.
     append_raw(steps_path(run_dir, 0), records.encode(records.Eval(
@@ -261,7 +261,7 @@ def test_live_aggregates_series_and_status(env):
         ch = r.changes_since(v)
         assert ch.version > v and ch.run_ids == (run.run_id,)
         assert r.run(run.run_id).status == "completed"
-        evals = r.events(run.run_id, "eval")
+        evals = r.events.recent(run.run_id, "eval")
         assert [(e.step, e.body["checkpoint"], e.body["metrics"]) for e in evals] == [(5000, "ck5000", {"auc": 0.75})]
         assert {k.rank: k.ended for k in r.rank_rows(run.run_id)} == {0: "completed", 1: "completed", 2: "completed"}
 
@@ -294,12 +294,12 @@ def test_stalled_failed_outcomes_backlog_and_nodes(env):
         later = time.time() + 60  # nothing recorded nor ingested for longer than the limit
         assert r.run(run.run_id, now=later).status == "stalled"
         assert r.rank_rows(run.run_id, now=later)[0].stalled
-        items = {b.checkpoint: b for b in r.backlog(run.run_id)}
+        items = {b.checkpoint: b for b in r.backlog.entries(run.run_id)}
         assert {k: b.state for k, b in items.items()} == {"ck1": "completed", "ck2": "claimed", "ck3": "failed"}
         assert items["ck1"].metrics == (("auc", 0.9),) and items["ck3"].last_error == "OOM"
-        samples = r.node_samples(run.run_id)
+        samples = r.series.node_samples(run.run_id)
         assert [s.cpu_pct for s in samples] == [50.0, 51.0, 52.0, 53.0, 54.0] and samples[0].gpus[0]["util_pct"] == 90.0
-        assert any(e.path == "validation/requests/broken.json" for e in r.errors(run.run_id))
+        assert any(e.path == "validation/requests/broken.json" for e in r.events.errors(run.run_id))
     atomic_write_json(node / "guard_outcome.json", {"schema_version": 1, "run_name": "r", "node_rank": 0,
                                                     "training": {"status": "failed", "exit_code": 3}})
     os.unlink(v / "claims" / "ck2.json")  # claim released: back to pending
@@ -308,7 +308,7 @@ def test_stalled_failed_outcomes_backlog_and_nodes(env):
         detail = r.run_detail(r.find_run("r").run_id)
         assert detail.run.status == "failed"
         assert [(o.node, o.status, o.exit_code) for o in detail.outcomes] == [(0, "failed", 3)]
-        assert {b.checkpoint: b.state for b in r.backlog(detail.run.run_id)}["ck2"] == "pending"
+        assert {b.checkpoint: b.state for b in r.backlog.entries(detail.run.run_id)}["ck2"] == "pending"
         assert detail.nodes == (0,)
 
 
@@ -323,7 +323,7 @@ def test_an_undecodable_manifest_leaves_its_facts_null_and_is_one_error(env):
     with Reader(index) as r:
         run = r.list_runs()[0]
         assert run.name == "m" and run.manifest_status is None and run.world_size is None and run.nnodes is None
-        errors = r.errors(run.run_id)
+        errors = r.events.errors(run.run_id)
         assert len(errors) == 1 and errors[0].path == "manifest.json"
         assert errors[0].message.startswith("manifest.json: not a valid manifest")
         assert run.errors == 1

@@ -44,7 +44,7 @@ def _open_paths() -> list[str]:
 def _rank(index: Path, name: str):
     with Reader(index) as r:
         run = r.find_run(name)
-        return r.step_count(run.run_id), r.rank_rows(run.run_id)[0]
+        return r.series.step_count(run.run_id), r.rank_rows(run.run_id)[0]
 
 
 def _generation(index: Path, rel_end: str) -> int:
@@ -108,7 +108,7 @@ def test_a_deleted_file_is_not_held_open_past_one_pass(live):
     assert not any(p.startswith(str(gone)) for p in _open_paths())
     assert str(keep) in _open_paths()
     with Reader(index) as r:
-        assert r.step_count(r.find_run("r").run_id) == 6  # rows are kept (rule 7)
+        assert r.series.step_count(r.find_run("r").run_id) == 6  # rows are kept (rule 7)
 
 
 def test_descriptors_stay_within_the_cache_bound(live):
@@ -124,7 +124,7 @@ def test_descriptors_stay_within_the_cache_bound(live):
     assert sum(p.startswith(str(root)) for p in _open_paths()) <= 5
     with Reader(index) as r:
         run = r.find_run("r")
-        assert r.step_count(run.run_id) == 36
+        assert r.series.step_count(run.run_id) == 36
         assert {k.last_step for k in r.rank_rows(run.run_id)} == {3}
 
 
@@ -172,7 +172,7 @@ def test_series_folded_pass_by_pass_equal_a_cold_ingest(tmp_path):
         ra, rb = a.find_run("r").run_id, b.find_run("r").run_id
         for rank in range(ranks):
             for metric in ("step_ms", "input_wait_ms", "loss", "ratio/mse"):
-                sa, sb = a.series(ra, rank, metric), b.series(rb, rank, metric)
+                sa, sb = a.series.points(ra, rank, metric), b.series.points(rb, rank, metric)
                 assert sa.width == sb.width > 1
                 assert [(p.step_lo, p.step_hi, p.vmin, p.vmax, p.n) for p in sa.points] == \
                        [(p.step_lo, p.step_hi, p.vmin, p.vmax, p.n) for p in sb.points]
@@ -367,13 +367,13 @@ def test_a_repeated_step_in_a_pass_of_one_line_appends_counts_like_a_cold_ingest
     live.close()
     with Reader(tmp_path / "cold.sqlite") as a, Reader(tmp_path / "live.sqlite") as b:
         ra, rb = a.find_run("r").run_id, b.find_run("r").run_id
-        assert a.step_count(ra) == b.step_count(rb) == ranks * 8 - 1
+        assert a.series.step_count(ra) == b.series.step_count(rb) == ranks * 8 - 1
         rows_a, rows_b = a.rank_rows(ra), b.rank_rows(rb)
         assert [(x.rank, x.records, x.first_step, x.last_step, x.median_step_ms) for x in rows_a] == \
                [(x.rank, x.records, x.first_step, x.last_step, x.median_step_ms) for x in rows_b]
         assert a.find_run("r").records == b.find_run("r").records == ranks * 8 - 1
         for rank in range(ranks):  # each stored step folded once, the repeated line not at all
-            points = b.series(rb, rank, "step_ms").points
+            points = b.series.points(rb, rank, "step_ms").points
             assert [(p.step_lo, p.n) for p in points] == [(s, 1) for s in sorted(set(plan[rank]))]
 
 
@@ -393,10 +393,10 @@ def test_repeated_and_already_stored_steps_in_a_multi_line_read_are_folded_once(
     ing.run_once()
     with Reader(index) as r:
         run_id = r.find_run("r").run_id
-        assert r.step_count(run_id) == 5
-        points = r.series(run_id, 0, "step_ms").points
+        assert r.series.step_count(run_id) == 5
+        points = r.series.points(run_id, 0, "step_ms").points
         assert [(p.step_lo, p.n) for p in points] == [(s, 1) for s in range(1, 6)]
-        ratios = r.series(run_id, 0, "ratio/mse").points
+        ratios = r.series.points(run_id, 0, "ratio/mse").points
         assert [(p.step_lo, p.n) for p in ratios] == [(s, 1) for s in range(1, 6)]
         # the first line of each step won: 2 kept 0.2 (not the repeat), 3 kept 0.3 (stored first), 4 and 5 the new
         assert [round(p.vmax, 6) for p in ratios] == [0.1, 0.2, 0.3, 9.0, 9.0]
@@ -436,7 +436,7 @@ def test_a_live_daemon_under_load_reads_every_stream_to_its_last_line(tmp_path):
 
         def done() -> bool:
             with Reader(index) as rd:
-                return all(rd.step_count(rd.find_run(f"run{r}").run_id) == ranks * (1 + rounds)
+                return all(rd.series.step_count(rd.find_run(f"run{r}").run_id) == ranks * (1 + rounds)
                            for r in range(runs))
 
         assert _wait_for(done, timeout=60)

@@ -132,10 +132,11 @@ def _contents(index: Path) -> tuple:
         out = []
         for run in sorted(r.list_runs(), key=lambda x: x.name):
             ranks = [(k.rank, k.records, k.last_step, k.median_step_ms, k.loss) for k in r.rank_rows(run.run_id)]
-            series = [tuple((p.step_lo, p.step_hi, p.vmin, p.vmax, p.n) for p in r.series(run.run_id, k[0], m).points)
+            series = [tuple((p.step_lo, p.step_hi, p.vmin, p.vmax, p.n)
+                            for p in r.series.points(run.run_id, k[0], m).points)
                       for k in ranks for m in ("step_ms", "loss", "ratio/mse")]
-            errors = [(e.path, e.offset, e.message) for e in r.errors(run.run_id)]
-            out.append((run.name, run.records, r.step_count(run.run_id), ranks, series, errors))
+            errors = [(e.path, e.offset, e.message) for e in r.events.errors(run.run_id)]
+            out.append((run.name, run.records, r.series.step_count(run.run_id), ranks, series, errors))
         return tuple(out)
 
 

@@ -215,12 +215,12 @@ def test_ingested_columns_rank_parts_and_series_survive_restarts(env) -> None:
             # timings (the residual: traced minus five phases), each within rounding.
             _assert_parts_equal(rows[rank].step_parts, _expected_parts(tail), abs_tol=6 * US_ROUNDING)
             assert rows[rank].step_parts["clock"] == ("gpu" if rank == 1 else "cpu")
-            series = r.series(run.run_id, rank, "step_ms")
+            series = r.series.points(run.run_id, rank, "step_ms")
             assert series.width == 1  # one step per bucket
             timed = [(s.step, steptime.step_parts(s.cpu_ms)) for s in steps]
             assert [(p.step_lo, p.vmin, p.vmax) for p in series.points] == [
                 (step, parts.whole, parts.whole) for step, parts in timed if parts is not None]
-            gpu_series = r.series(run.run_id, rank, "gpu_step_ms").points
+            gpu_series = r.series.points(run.run_id, rank, "gpu_step_ms").points
             gpu = [(s.step, steptime.step_parts(s.gpu_ms)) for s in steps]
             assert [(p.step_lo, p.vmin) for p in gpu_series] == [(step, parts.whole) for step, parts in gpu
                                                                  if parts is not None]
@@ -361,7 +361,7 @@ def _assert_index_matches_the_summary(tmp_path: Path, run_dir: Path) -> dict:
                 float(np.median([steptime.step_parts(s.cpu_ms).whole for s in steps])))
             assert k.median_step_ms >= k.median_input_wait_ms >= 0.0
             # the series: the step time of every record
-            series = r.series(run.run_id, k.rank, "step_ms").points
+            series = r.series.points(run.run_id, k.rank, "step_ms").points
             assert [(p.step_lo, p.vmin, p.vmax) for p in series] == [
                 (s.step, steptime.step_parts(s.cpu_ms).whole, steptime.step_parts(s.cpu_ms).whole) for s in steps]
         stored = _rows(index, "SELECT rank, step, data_wait_ms, data_in_step_ms FROM steps ORDER BY rank, step")

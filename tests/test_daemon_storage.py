@@ -116,13 +116,14 @@ def _answers(r: Reader) -> dict:
         ranks = r.rank_rows(rid, now=NOW)
         out[rid] = {
             "run": r.run(rid, now=NOW), "find": r.find_run(run.name), "detail": r.run_detail(rid, now=NOW),
-            "ranks": ranks, "metrics": r.series_metrics(rid), "events": r.events(rid), "errors": r.errors(rid),
-            "nodes": r.node_samples(rid), "backlog": r.backlog(rid, now=NOW), "steps": r.step_count(rid),
-            "evaluated": r.newest_evaluated_step(rid),
-            "series": {(k.rank, m): r.series(rid, k.rank, m) for k in ranks for m in r.series_metrics(rid)},
-            "tails": {(k.rank, m): r.series_tail(rid, k.rank, m, 8) for k in ranks for m in idx.SERIES_METRICS},
+            "ranks": ranks, "metrics": r.series.metrics(rid), "events": r.events.recent(rid),
+            "errors": r.events.errors(rid), "nodes": r.series.node_samples(rid),
+            "backlog": r.backlog.entries(rid, now=NOW), "steps": r.series.step_count(rid),
+            "evaluated": r.backlog.newest_evaluated_step(rid),
+            "series": {(k.rank, m): r.series.points(rid, k.rank, m) for k in ranks for m in r.series.metrics(rid)},
+            "tails": {(k.rank, m): r.series.tail(rid, k.rank, m, 8) for k in ranks for m in idx.SERIES_METRICS},
         }
-    out["outstanding"] = r.backlog_outstanding()
+    out["outstanding"] = r.backlog.outstanding()
     return out
 
 

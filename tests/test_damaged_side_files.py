@@ -142,8 +142,8 @@ def test_the_index_reader_shows_the_other_backlog_files(tmp_path, traceml_cmd, c
         assert proc.returncode == 0, proc.stderr
         with Reader(index) as reader:
             (summary,) = reader.list_runs()
-            items[name] = {i.checkpoint: i for i in reader.backlog(summary.run_id)}
-            errors[name] = " | ".join(f"{e.path} {e.message}" for e in reader.errors(summary.run_id))
+            items[name] = {i.checkpoint: i for i in reader.backlog.entries(summary.run_id)}
+            errors[name] = " | ".join(f"{e.path} {e.message}" for e in reader.events.errors(summary.run_id))
     damaged, clean = items["damaged"], items["clean"]
     # Each damaged file is named in the run's errors (the Run screen's ingest errors), the clean copy has none.
     for rel in ("validation/receipts/step-00000002.json", "validation/claims/step-00000008.json",

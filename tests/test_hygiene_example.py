@@ -57,7 +57,7 @@ def test_example_trains_validates_stops_and_renders(tmp_path, traceml_cmd, cli_e
     assert daemon.returncode == 0, daemon.stderr[-3000:]
     with Reader(index) as reader:
         (run,) = reader.list_runs()
-        view = reader.early_stopping(run.run_id)
+        view = reader.backlog.early_stopping(run.run_id)
     assert view == stopping.stopping_view(hygiene_files.decode_early_stopping((run_dir / "early_stopping.json")
                                                                               .read_bytes()))
     assert (view.metric, view.direction, view.min_delta, view.warmup, view.patience) == ("r2", "max", 0.002, 100, 2)

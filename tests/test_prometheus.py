@@ -127,7 +127,7 @@ def test_metrics_say_what_the_reader_says(metrics_daemon):
             assert others and set(others) == {0.0}
         hygiene = reader.find_run(name_of("hygiene"))
         by_state: dict[str, int] = {}
-        for item in reader.backlog(hygiene.run_id):
+        for item in reader.backlog.entries(hygiene.run_id):
             by_state[str(item.state)] = by_state.get(str(item.state), 0) + 1
         completed = reader.find_run(name_of("completed"))
         ranks = {r.rank: r for r in reader.rank_rows(completed.run_id) if r.latest}

@@ -160,7 +160,7 @@ def test_backlog_words_agree_across_validate_status_index_and_screen(real_runs, 
     index = _index_of(run, tmp_path, cli_env)
     with Reader(index) as reader:
         (summary,) = reader.list_runs()
-        from_index = {b.checkpoint: str(b.state) for b in reader.backlog(summary.run_id)}
+        from_index = {b.checkpoint: str(b.state) for b in reader.backlog.entries(summary.run_id)}
     assert from_index == expected
 
     async def screen() -> dict[str, str]:

@@ -79,8 +79,8 @@ def test_daemon_indexes_the_records(dark_run, tmp_path):
     assert done.returncode == 0, done.stderr
     with Reader(index) as reader:
         (run,) = reader.list_runs()
-        assert reader.errors(run.run_id) == ()
-        assert list(reader.unmeasured(run.run_id)) == [
+        assert reader.events.errors(run.run_id) == ()
+        assert list(reader.events.unmeasured(run.run_id)) == [
             {"rank": 0, "stream": "forward", "reason": FORWARD_WHY},
             {"rank": 1, "stream": "forward", "reason": FORWARD_WHY},
             {"rank": 1, "stream": "lr", "reason": LR_WHY},

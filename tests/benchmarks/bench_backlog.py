@@ -5,9 +5,9 @@
 On the committed real hygiene run (tests/fixtures/runs, indexed by the real ingester) prints, best of 300,
 microseconds for
 
-* ``Reader.backlog`` — the index side: the stored bytes through ``core.backlog.backlog_entries``;
+* ``reader.backlog.entries`` — the index side: the stored bytes through ``core.backlog.backlog_entries``;
 * ``backlog_status`` — the file side (``traceml validate status``): the files through the same function;
-* ``Reader.backlog_outstanding`` — the Runs table's one-query count, against counting ``Reader.backlog``'s
+* ``reader.backlog.outstanding`` — the Runs table's one-query count, against counting ``reader.backlog.entries``'s
   outstanding entries for every run (its slow path, measured in the same run: the ratio is the fast path's gain).
 """
 
@@ -41,19 +41,20 @@ def main() -> None:
         rid = next(r.run_id for r in runs if r.name == fr.name_of("hygiene"))
 
         def slow_outstanding() -> dict[int, int]:
-            counts = {r.run_id: sum(e.outstanding for e in reader.backlog(r.run_id, now=fr.SHOWN_AT)) for r in runs}
+            counts = {r.run_id: sum(e.outstanding for e in reader.backlog.entries(r.run_id, now=fr.SHOWN_AT))
+                      for r in runs}
             return {k: v for k, v in counts.items() if v}
 
-        assert slow_outstanding() == reader.backlog_outstanding()
-        index_us = _best_us(lambda: reader.backlog(rid, now=fr.SHOWN_AT))
+        assert slow_outstanding() == reader.backlog.outstanding()
+        index_us = _best_us(lambda: reader.backlog.entries(rid, now=fr.SHOWN_AT))
         files_us = _best_us(lambda: backlog_status(root / fr.name_of("hygiene"), now=fr.SHOWN_AT))
         slow_us = _best_us(slow_outstanding)
-        fast_us = _best_us(reader.backlog_outstanding)
+        fast_us = _best_us(reader.backlog.outstanding)
     print(f"{'reader':<42} {'us':>8}")
-    print(f"{'Reader.backlog (one run, index side)':<42} {index_us:>8.0f}")
+    print(f"{'backlog.entries (one run, index side)':<42} {index_us:>8.0f}")
     print(f"{'backlog_status (one run, file side)':<42} {files_us:>8.0f}  {files_us / index_us:.2f}x the index side")
     print(f"{f'outstanding, entries of {len(runs)} runs (slow path)':<42} {slow_us:>8.0f}")
-    print(f"{'Reader.backlog_outstanding (fast path)':<42} {fast_us:>8.0f}  {slow_us / fast_us:.1f}x faster")
+    print(f"{'backlog.outstanding (fast path)':<42} {fast_us:>8.0f}  {slow_us / fast_us:.1f}x faster")
 
 
 if __name__ == "__main__":

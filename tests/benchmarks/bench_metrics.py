@@ -59,7 +59,7 @@ def main() -> None:
             with Reader(index) as r:
                 for run in r.list_runs(now=d.FIXED_NOW):
                     r.rank_rows(run.run_id, now=d.FIXED_NOW)
-                    r.backlog(run.run_id, now=d.FIXED_NOW)
+                    r.backlog.entries(run.run_id, now=d.FIXED_NOW)
                 r.list_runs(now=d.FIXED_NOW)
 
         base = statistics.median(_cpu_ms(baseline, a.scrapes))

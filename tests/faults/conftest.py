@@ -30,7 +30,7 @@ class Env:
         with Reader(self.index) as r:
             run = r.find_run(name)
             assert run is not None, f"run {name} not in the index"
-            return run, r.step_count(run.run_id), r.errors(run.run_id), r.events(run.run_id)
+            return run, r.series.step_count(run.run_id), r.events.errors(run.run_id), r.events.recent(run.run_id)
 
     def cli(self, *args: str, index: Path | None = None) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "traceml_tui", *args, "--index", str(index or self.index)],

@@ -45,7 +45,7 @@ def _steps(index: Path, run: str) -> list[int]:
 
 def _errors(index: Path, run: str) -> list:
     with Reader(index) as r:
-        return list(r.errors(r.find_run(run).run_id))
+        return list(r.events.errors(r.find_run(run).run_id))
 
 
 def _once(env) -> subprocess.CompletedProcess:

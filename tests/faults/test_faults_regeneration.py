@@ -22,7 +22,7 @@ def _eval(step: int) -> bytes:
 def _series_n(env, metric="step_ms"):
     with Reader(env.index) as r:
         run = r.find_run("r")
-        return sum(p.n for p in r.series(run.run_id, 0, metric).points)
+        return sum(p.n for p in r.series.points(run.run_id, 0, metric).points)
 
 
 def test_transient_truncation_stores_events_once(env):
@@ -63,5 +63,5 @@ def test_truncated_and_regrown_while_down_replaces_rows(env):
         median = db.execute("SELECT median_step_ms FROM rank_live").fetchone()[0]
     assert _series_n(env) == 11
     with Reader(env.index) as r:
-        pts = r.series(r.find_run("r").run_id, 0, "step_ms").points
+        pts = r.series.points(r.find_run("r").run_id, 0, "step_ms").points
     assert min(p.vmin for p in pts) > 200.0 and median > 200.0  # no stale 100 ms step left anywhere

@@ -90,7 +90,7 @@ def _check(hygiene, rel: str, data: bytes) -> None:
                      (stored.key, stored.content, stored.error, run_id, rel))
     try:
         with Reader(index) as reader:
-            items = {item.checkpoint: item.state.value for item in reader.backlog(run_id, now=now)}
+            items = {item.checkpoint: item.state.value for item in reader.backlog.entries(run_id, now=now)}
     finally:
         with sqlite3.connect(index) as conn:
             conn.execute("UPDATE side_files SET key = ?, content = ?, error = ? WHERE run_id = ? AND path = ?",

@@ -43,7 +43,7 @@ def indexed(tmp_path_factory):
                     "--index", str(index)], env=env, check=True, capture_output=True, timeout=300)
     with Reader(index) as reader:
         (summary,) = reader.list_runs()
-        assert reader.early_stopping(summary.run_id) is not None
+        assert reader.backlog.early_stopping(summary.run_id) is not None
     return index, summary.run_id, RunDir(run).early_stopping.read_bytes()
 
 
@@ -67,7 +67,7 @@ def test_damaged_states_are_one_error_or_the_policys_view(indexed):
                          (read.content, read.error, run_id))
         try:
             with Reader(index) as reader:
-                view = reader.early_stopping(run_id)
+                view = reader.backlog.early_stopping(run_id)
         finally:
             with sqlite3.connect(index) as conn:
                 conn.execute("UPDATE side_files SET content = ?, error = ? WHERE run_id = ?"

@@ -203,9 +203,9 @@ class IndexSource:
     @staticmethod
     def _run_parts(reader: Any, run: Any) -> dict[str, Any]:
         """What a run's row shows that only changes when the run's data changes (cached on its version)."""
-        manifest = reader.manifest(run.run_id, run.version)
+        manifest = reader.files.manifest(run.run_id, run.version)
         ranks = [rank for rank, _ in run.rank_states]
-        trend = reader.series_tail(run.run_id, ranks[0], "step_ms", TREND_BUCKETS) if ranks else ()
+        trend = reader.series.tail(run.run_id, ranks[0], "step_ms", TREND_BUCKETS) if ranks else ()
         return {"workload": manifest.workload if manifest else None, "trend": trend, "figures": reader.figures(run)}
 
     # -- one run
@@ -224,20 +224,20 @@ class IndexSource:
         if view is None:
             return None
         ranks = [r.rank for r in view.ranks]
-        step_series = [reader.series(run_id, rank, "step_ms") for rank in ranks]
+        step_series = [reader.series.points(run_id, rank, "step_ms") for rank in ranks]
         fig = view.figures
         loss_ratio = train = None
         if ranks:
             if fig.ratio_name is not None:
                 loss_ratio = present.points_series(fig.ratio_name,
-                                                   reader.series(run_id, ranks[0], "ratio/" + fig.ratio_name))
-            train = present.points_series("train loss", reader.series(run_id, ranks[0], "loss"))
+                                                   reader.series.points(run_id, ranks[0], "ratio/" + fig.ratio_name))
+            train = present.points_series("train loss", reader.series.points(run_id, ranks[0], "loss"))
         chart_metric, chart_rank = chart or DEFAULT_CHART
         shown = [r for r in ranks if chart_rank is None or r == chart_rank]
         if (chart_metric, chart_rank) == DEFAULT_CHART:
             chosen = tuple(present.points_series(f"rank {r}", s) for r, s in zip(ranks, step_series))
         else:
-            chosen = tuple(present.points_series(f"rank {r}", reader.series(run_id, r, chart_metric))
+            chosen = tuple(present.points_series(f"rank {r}", reader.series.points(run_id, r, chart_metric))
                            for r in shown[:MAX_CHART_RANKS])
         heat, heat_steps = views.heatmap(step_series, HEAT_COLUMNS)
         manifest = view.manifest
@@ -247,9 +247,9 @@ class IndexSource:
             loss_ratio=loss_ratio, ratio_name=fig.ratio_name,
             train_metric=train if train is not None and train.x else None, eval_metric_name=view.eval_metric,
             evals=view.evals, heatmap=heat, heat_steps=heat_steps,
-            nodes=present.nodes(reader.node_samples(run_id, limit=1)), outcomes=present.outcomes(view.outcomes),
-            errors=tuple(reversed(reader.errors(run_id, limit=MAX_ERRORS))),
-            fields=present.field_verdicts(reader.events(run_id, kind="field_stats", limit=MAX_FIELD_EVENTS)),
+            nodes=present.nodes(reader.series.node_samples(run_id, limit=1)), outcomes=present.outcomes(view.outcomes),
+            errors=tuple(reversed(reader.events.errors(run_id, limit=MAX_ERRORS))),
+            fields=present.field_verdicts(reader.events.recent(run_id, kind="field_stats", limit=MAX_FIELD_EVENTS)),
             now=now, failure=view.failure, metrics=view.metrics, chart_metric=chart_metric, chart_rank=chart_rank,
             chart=chosen, started_at=manifest.started_at if manifest else None,
             ended_at=manifest.ended_at if manifest else None, eta_s=fig.eta_s,
@@ -277,7 +277,7 @@ class IndexSource:
         if run is None:
             return None
         try:
-            return run_worker_qc(run.dir, reader.manifest(run_id), now)
+            return run_worker_qc(run.dir, reader.files.manifest(run_id), now)
         except OSError:
             return None
 
@@ -295,7 +295,7 @@ class IndexSource:
         reader = self._db()
         run = reader.find_run(spec) if reader is not None else None
         if run is not None:
-            content = reader.summary_bytes(run.run_id)
+            content = reader.files.summary_bytes(run.run_id)
             if content is not None:
                 return parse_summary_bytes(content), run.name
         raise FileNotFoundError(f"no final summary for {spec!r} (not a file, a run directory, or a run in the index)")
@@ -307,10 +307,10 @@ class IndexSource:
         if reader is None:
             return None
         run = reader.run(run_id, now=self.clock())
-        run_dir, files = reader.log_files(run_id)
+        run_dir, files = reader.files.logs(run_id)
         if run is None or not run_dir:
             return None
-        failure = reader.failure(run_id)
+        failure = reader.files.failure(run_id)
         single = run.world_size == 1 or (run.world_size is None and run.ranks == 1)
         return LogSources(run_id=run_id, name=run.name, run_dir=run_dir,
                           files=tuple((f.node, f.stream, f.rel) for f in files),
@@ -324,4 +324,4 @@ class IndexSource:
         run = reader.run(run_id, now=self.clock()) if reader is not None else None
         if run is None:
             return None
-        return present.describe_snapshot(run, reader.manifest(run_id), reader.summary_bytes(run_id))
+        return present.describe_snapshot(run, reader.files.manifest(run_id), reader.files.summary_bytes(run_id))

@@ -1,0 +1,97 @@
+"""The read side's backlog room: the validation backlog, eval freshness and the early-stopping policy's state.
+
+Reached as ``Reader.backlog`` (:mod:`daemon.reader`). Each is decided by the one rule in core from the
+stored bytes of the run's files, as the file side decides it (docs/contracts.md, "a backlog entry").
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Optional
+
+from traceml_tui.core import artifacts, freshness, hygiene_files, stopping
+from traceml_tui.core import backlog as core_backlog
+
+from .read_query import Rows
+
+#: One checkpoint of the validation backlog and where it stands (assembled once, in core: docs/contracts.md).
+BacklogItem = core_backlog.BacklogEntry
+
+
+class BacklogReader:
+    """Backlog entries, outstanding requests, eval freshness and early stopping of the index's runs
+    (``reader.backlog``). ``manifest`` is the files room's typed manifest of a run (its validation settings)."""
+
+    def __init__(self, rows: Rows, manifest: Callable[[int], Optional[artifacts.Manifest]]):
+        self._rows = rows
+        self._manifest = manifest
+
+    def entries(self, run_id: int, now: Optional[float] = None) -> tuple[BacklogItem, ...]:
+        """Validation backlog entries of a run in checkpoint order, each with its decided state.
+
+        Assembled by :func:`traceml_tui.core.backlog.backlog_entries` from the stored bytes of its files, as
+        ``traceml validate status`` assembles them from the files; the run's settings from its manifest.
+        """
+        now = time.time() if now is None else now
+        files = [(hygiene_files.FOLDER_OF_KIND[kind], os.path.basename(path), content)
+                 for kind, path, content in self._rows(
+                     "SELECT kind, path, content FROM side_files WHERE run_id = ? AND kind IN"
+                     " ('request', 'claim', 'receipt', 'failure') ORDER BY path", (run_id,))]
+        settings = core_backlog.validation_settings(self._manifest(run_id))
+        return core_backlog.backlog_entries(files, now, settings=settings)
+
+    def outstanding(self) -> dict[int, int]:
+        """Per run: validation requests without a receipt (the Runs table's backlog column).
+
+        The fast path of ``sum(e.outstanding for e in entries(run))`` (:func:`traceml_tui.core.backlog.is_outstanding`)
+        for every run in one query, without decoding: a stored backlog file decoded when it was indexed
+        (``error`` is NULL exactly when :func:`traceml_tui.core.hygiene_files.decode_named` accepted it), and a
+        valid file's key is its checkpoint. A test holds the two equal on damaged files.
+        """
+        out: dict[int, int] = {}
+        for run_id, n in self._rows(
+            "SELECT q.run_id, count(*) FROM side_files q WHERE q.kind = 'request' AND q.content IS NOT NULL"
+            " AND q.error IS NULL AND NOT EXISTS (SELECT 1 FROM side_files c WHERE c.run_id = q.run_id"
+            " AND c.kind = 'receipt' AND c.key = q.key AND c.content IS NOT NULL AND c.error IS NULL)"
+            " GROUP BY q.run_id"
+        ):
+            out[run_id] = n
+        return out
+
+    def eval_freshness(self, run_id: int, train_step: Optional[int] = None) -> freshness.EvalFreshness:
+        """The run's newest completed evaluation — an ``eval`` record or a validation receipt — and its lag behind
+        ``train_step`` (default: the run's newest step), by :func:`traceml_tui.core.freshness.eval_freshness`."""
+        evaluated = [freshness.Evaluated(step, checkpoint) for step, checkpoint in self._rows(
+            "SELECT step, json_extract(body, '$.checkpoint') FROM events WHERE run_id = ? AND kind = 'eval'"
+            " AND json_extract(body, '$.status') = 'completed' AND step IS NOT NULL ORDER BY step DESC LIMIT 1",
+            (run_id,))]
+        for path, content in self._rows("SELECT path, content FROM side_files WHERE run_id = ? AND kind = 'receipt'"
+                                        " AND content IS NOT NULL AND error IS NULL", (run_id,)):
+            try:
+                receipt = hygiene_files.decode_named("receipts", os.path.basename(path), content)
+            except hygiene_files.DamagedFile:
+                continue  # a damaged receipt is no result
+            if receipt.step is not None:
+                evaluated.append(freshness.Evaluated(receipt.step, receipt.checkpoint))
+        if train_step is None:
+            rows = self._rows("SELECT last_step FROM runs WHERE run_id = ?", (run_id,))
+            train_step = rows[0][0] if rows else None
+        return freshness.eval_freshness(train_step, evaluated)
+
+    def newest_evaluated_step(self, run_id: int) -> Optional[int]:
+        """Step of the newest completed evaluation: an ``eval`` record or a validation receipt (:meth:`eval_freshness`)."""
+        return self.eval_freshness(run_id).newest_step
+
+    def early_stopping(self, run_id: int) -> Optional[stopping.StoppingView]:
+        """The early-stopping policy's own state (``early_stopping.json`` as indexed): best value and step, patience
+        used, stopped or not and why, ``min_delta`` and warm-up as the policy file says; None when the run has no
+        such file or it is damaged (its error row names it)."""
+        rows = self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'early_stopping'"
+                          " AND content IS NOT NULL AND error IS NULL", (run_id,))
+        if not rows:
+            return None
+        try:
+            return stopping.stopping_view(hygiene_files.decode_early_stopping(rows[0][0]))
+        except hygiene_files.DamagedFile:
+            return None

@@ -1,0 +1,297 @@
+"""The read side's runs room: the ``runs`` and ``rank_live`` rows, with every state decided by core.
+
+:class:`daemon.reader.Reader` lists runs through it (``list_runs``, ``run``, ``rank_rows``); each run's word,
+its ranks' states and the hang its watchdogs recorded are decided by :func:`traceml_tui.core.state.decide_run`,
+its step time and straggler verdict by the one straggler rule (docs/contracts.md, "One set of figures").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+from traceml_tui.core import hang as hangs_mod
+from traceml_tui.core import records, straggler
+from traceml_tui.core.state import (
+    STOPPED_RANK_STATES,
+    LeaseFacts,
+    RankFacts,
+    RankState,
+    RunFacts,
+    RunStatus,
+    decide_run,
+    describe,
+    lost_nodes,
+    summary_is_current,
+    with_exit_codes,
+)
+
+from . import views
+from .leases import lease_facts
+from .read_query import Rows, loads
+
+#: Which rank states explain a run's word (RunSummary.explaining_ranks).
+_EXPLAINED_BY = {RunStatus.STALLED: (RankState.STALLED, RankState.LOST), RunStatus.LOST: (RankState.LOST,),
+                 RunStatus.FAILED: (RankState.FAILED, RankState.LOST)}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run as listed by ``traceml status`` and the Runs screen."""
+
+    run_id: int
+    name: str
+    dir: str
+    root: str
+    status: RunStatus
+    missing: bool
+    ranks: int
+    ranks_ended: int
+    last_step: Optional[int]
+    last_ts: Optional[float]
+    last_seen: Optional[float]
+    steps_per_s: Optional[float]
+    examples_per_s: Optional[float]
+    slowest_rank: Optional[int]
+    straggler_score: Optional[float]
+    records: int
+    errors: int
+    manifest_status: Optional[str]
+    training_status: Optional[str]
+    outcomes_total: int
+    outcomes_failed: int
+    nnodes: Optional[int]
+    nproc_per_node: Optional[int]
+    world_size: Optional[int]
+    started_at: Optional[str]
+    ended_at: Optional[str]
+    version: int
+    median_interval_s: Optional[float] = None
+    rank_states: tuple[tuple[int, RankState], ...] = ()  # (rank, state) of each rank's newest attempt
+    # Nodes whose launcher lease expired while another node's did not (core.state.lost_nodes): `lost node 1`.
+    lost_nodes: tuple[int, ...] = ()
+    # The hang its ranks' watchdogs recorded, when core.state.hang_roles names a culprit (core/hang.py)
+    hang: Optional[hangs_mod.HangReport] = None
+    # The run's step time (views.STEP_STATISTIC of its median rank) and the straggler rule's verdict on its ranks
+    # (core/straggler.py): slowest_rank and straggler_score above come from the same spread.
+    step_ms: Optional[float] = None
+    straggler_pct: Optional[float] = None
+    straggler: bool = False
+
+    @property
+    def status_text(self) -> str:
+        """The run's word and what explains it, as every surface prints it (``failed r0 · lost node 1``)."""
+        return describe(self.status, self.explaining_ranks, self.lost_nodes)
+
+    def ranks_in(self, *states: RankState) -> tuple[int, ...]:
+        """The ranks whose newest attempt is in one of ``states``."""
+        return tuple(r for r, s in self.rank_states if s in states)
+
+    @property
+    def first_failed(self) -> Optional[int]:
+        """The rank that failed first: the core marks every later failure ``aborted``, so it is the one failed or
+        lost rank of a failed or lost run (None: not failed, or no single such rank)."""
+        if self.status not in (RunStatus.FAILED, RunStatus.LOST):
+            return None
+        first = self.ranks_in(RankState.FAILED, RankState.LOST)
+        return first[0] if len(first) == 1 else None
+
+    @property
+    def silent_ranks(self) -> tuple[int, ...]:
+        """Ranks that stopped writing without an end: stalled or lost."""
+        return self.ranks_in(RankState.STALLED, RankState.LOST)
+
+    @property
+    def explaining_ranks(self) -> tuple[int, ...]:
+        """The ranks every surface names beside the run's word (``stalled r1``, ``failed r1``): the stalled
+        ranks of a stalled run, the lost ones of a lost run, the failed or lost one of a failed run (its
+        aborted peers are not named: they died because of it)."""
+        return self.ranks_in(*_EXPLAINED_BY.get(self.status, ()))
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One (rank, attempt) of a run with its rolling figures; ``state`` is decided for the newest attempt."""
+
+    rank: int
+    attempt: int
+    latest: bool  # the newest attempt of this rank
+    records: int
+    first_step: Optional[int]
+    last_step: Optional[int]
+    last_ts: Optional[float]
+    last_seen: Optional[float]
+    median_step_ms: Optional[float]
+    median_input_wait_ms: Optional[float]
+    median_interval_s: Optional[float]
+    steps_per_s: Optional[float]
+    examples_per_s: Optional[float]
+    loss: Optional[float]
+    ratios: tuple[tuple[str, float], ...]
+    ended: Optional[str]
+    exit_code: Optional[int]
+    end_ts: Optional[float]
+    node: Optional[int]
+    state: Optional[RankState]  # None for an older attempt (superseded by a resume)
+    # The window's step time and its parts, averaged over the same steps by core.steptime.average_parts:
+    # {"whole": ms, "data_wait": ms | None, "between_steps": …, "h2d", "forward", "backward", "optimizer",
+    # "residual" (None: not measured), "traced": ms, "steps": n, "steps_without_gap": n, "clock": "cpu" | "gpu"};
+    # None when no step had a traced time. median_step_ms / median_input_wait_ms are on the same clock.
+    step_parts: Optional[dict[str, Any]] = field(default=None, hash=False)
+
+    @property
+    def stalled(self) -> bool:
+        return self.state is RankState.STALLED
+
+
+_RUN_COLS = ("run_id", "name", "dir", "root", "missing", "ranks_total", "ranks_ended", "last_step",
+             "last_ts", "last_seen", "steps_per_s", "examples_per_s", "slowest_rank", "straggler_score", "records",
+             "errors", "manifest_status", "training_status", "summary_status", "outcomes_total", "outcomes_failed",
+             "nnodes", "nproc_per_node", "world_size", "started_at", "ended_at", "updated_version",
+             "median_interval_s", "outcome_nodes", "launcher_exit_codes")
+_RANK_COLS = ("rank", "attempt", "records", "first_step", "last_step", "last_ts", "last_seen", "median_step_ms",
+              "median_input_wait_ms", "median_interval_s", "steps_per_s", "examples_per_s", "loss", "ratios", "ended",
+              "exit_code", "end_ts", "node", "step_parts")
+_LATEST = ("attempt = (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)")
+
+#: Each rank's newest hang records that still explain its silence, given (run_id, {rank: (attempt, last step)})
+#: (the events room's ``current_hangs``).
+CurrentHangs = Callable[[int, dict[int, tuple[int, Optional[int]]]], dict[int, records.Hang]]
+
+
+def _nodes_of(text: Optional[str]) -> frozenset[int]:
+    if not text:
+        return frozenset()
+    return frozenset(int(p) for p in str(text).split(",") if p.strip().lstrip("-").isdigit())
+
+
+def _exit_codes_of(text: str) -> dict[int, int]:
+    """``runs.launcher_exit_codes`` (JSON rank -> code, written by the index from the summary) as a mapping."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {int(k): v for k, v in data.items() if k.lstrip("-").isdigit() and type(v) is int}
+
+
+class RunsReader:
+    """The runs of the index with their states decided (the reader's ``list_runs``, ``run``, ``rank_rows``).
+
+    ``stall_floor_s`` is the least silence after which a rank that has not ended counts as stalled;
+    ``current_hangs`` reads the hang records that may explain a stopped rank (the events room).
+    """
+
+    def __init__(self, rows: Rows, stall_floor_s: float, current_hangs: CurrentHangs):
+        self._rows = rows
+        self.stall_floor_s = stall_floor_s
+        self._current_hangs = current_hangs
+
+    def _rank_dicts(self, where: str, params: tuple) -> dict[int, list[dict]]:
+        out: dict[int, list[dict]] = {}
+        for row in self._rows(f"SELECT run_id, {', '.join(_RANK_COLS)} FROM rank_live r WHERE {where}"
+                              " ORDER BY run_id, rank, attempt", params):
+            out.setdefault(row[0], []).append(dict(zip(_RANK_COLS, row[1:])))
+        return out
+
+    def _leases(self, run_id: Optional[int] = None) -> dict[int, tuple[LeaseFacts, ...]]:
+        """The launcher leases of every run (or one), as the core's facts (daemon/leases.py)."""
+        rows: dict[int, list[tuple]] = {}
+        where, params = ("WHERE run_id = ?", (run_id,)) if run_id is not None else ("", ())
+        for row in self._rows(f"SELECT run_id, node, done, lease_s, changed_at, checked_at FROM leases {where}",
+                              params):
+            rows.setdefault(row[0], []).append(row[1:])
+        return {rid: lease_facts(r) for rid, r in rows.items()}
+
+    def _decide(self, d: dict, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()
+                ) -> tuple[RunStatus, tuple[tuple[int, RankState], ...], Optional[hangs_mod.HangReport]]:
+        outcome_nodes = _nodes_of(d.get("outcome_nodes"))
+        ranks = tuple(
+            RankFacts(rank=r["rank"], last_ts=r["last_ts"], end_status=r["ended"], end_exit_code=r["exit_code"],
+                      end_ts=r["end_ts"], node_outcome_written=r["node"] is not None and r["node"] in outcome_nodes,
+                      last_seen=r["last_seen"], node=r["node"])
+            for r in latest)
+        if d["launcher_exit_codes"] and summary_is_current(d["manifest_status"]):  # codes end records lacked
+            ranks = with_exit_codes(ranks, _exit_codes_of(d["launcher_exit_codes"]))
+        def decide(ranks: tuple[RankFacts, ...]):
+            return decide_run(RunFacts(
+                ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],
+                manifest_status=d["manifest_status"], summary_status=d["summary_status"],
+                guard_training_status=d["training_status"], outcome_failed=d["outcomes_failed"] or 0,
+                missing=bool(d["missing"]), stall_floor_s=self.stall_floor_s, leases=leases))
+
+        verdict, report = decide(ranks), None
+        # Hang forensics only where it can matter: several ranks, one of them stopped (a query per such run).
+        if len(ranks) > 1 and any(s in STOPPED_RANK_STATES for s in verdict.ranks):
+            hangs = self._current_hangs(d["run_id"], {r["rank"]: (r["attempt"], r["last_step"]) for r in latest})
+            if hangs:
+                ranks = tuple(replace(f, hang=hangs_mod.fact_of(hangs[f.rank])) if f.rank in hangs else f
+                              for f in ranks)
+                verdict = decide(ranks)
+                report = hangs_mod.hang_report(ranks, verdict.ranks, hangs)
+        return verdict.status, tuple((f.rank, s) for f, s in zip(ranks, verdict.ranks)), report
+
+    def _summary(self, row: tuple, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()) -> RunSummary:
+        d = dict(zip(_RUN_COLS, row))
+        status, rank_states, hang = self._decide(d, latest, now, leases)
+        # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score.
+        step_ms, slowest, score, skew, verdict = views.step_figures(
+            straggler.spread((r["rank"], r["median_step_ms"]) for r in latest))
+        return RunSummary(
+            run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"], status=status,
+            missing=bool(d["missing"]), ranks=d["ranks_total"], ranks_ended=d["ranks_ended"],
+            last_step=d["last_step"], last_ts=d["last_ts"], last_seen=d["last_seen"], steps_per_s=d["steps_per_s"],
+            examples_per_s=d["examples_per_s"], slowest_rank=slowest,
+            straggler_score=score, records=d["records"], errors=d["errors"],
+            manifest_status=d["manifest_status"], training_status=d["training_status"],
+            outcomes_total=d["outcomes_total"], outcomes_failed=d["outcomes_failed"], nnodes=d["nnodes"],
+            nproc_per_node=d["nproc_per_node"], world_size=d["world_size"], started_at=d["started_at"],
+            ended_at=d["ended_at"], version=d["updated_version"], median_interval_s=d["median_interval_s"],
+            rank_states=rank_states, lost_nodes=lost_nodes(leases), hang=hang,
+            step_ms=step_ms, straggler_pct=skew, straggler=verdict,
+        )
+
+    def all(self, roots: Optional[list[str]], now: float) -> tuple[RunSummary, ...]:
+        """All runs (optionally only those under ``roots``), most recently active first, with states decided."""
+        rows = self._rows(f"SELECT {', '.join(_RUN_COLS)} FROM runs"
+                          " ORDER BY coalesce(last_ts, first_seen) DESC, run_id DESC")
+        if roots:
+            real = [os.path.realpath(r).rstrip("/") for r in roots]
+            rows = [r for r in rows if any(r[2] == p or r[2].startswith(p + "/") for p in real)]
+        latest = self._rank_dicts(_LATEST, ())
+        leases = self._leases()
+        return tuple(self._summary(r, latest.get(r[0], []), now, leases.get(r[0], ())) for r in rows)
+
+    def one(self, run_id: int, now: float) -> Optional[RunSummary]:
+        """One run's summary, or None."""
+        rows = self._rows(f"SELECT {', '.join(_RUN_COLS)} FROM runs WHERE run_id = ?", (run_id,))
+        if not rows:
+            return None
+        latest = self._rank_dicts(f"run_id = ? AND {_LATEST}", (run_id,))
+        return self._summary(rows[0], latest.get(run_id, []), now, self._leases(run_id).get(run_id, ()))
+
+    def attempts(self, run_id: int, run: Optional[RunSummary]) -> tuple[RankRow, ...]:
+        """Per (rank, attempt) rows, ordered by rank then attempt; the newest attempt carries ``run``'s state."""
+        states = dict(run.rank_states) if run is not None else {}
+        rows = self._rank_dicts("run_id = ?", (run_id,)).get(run_id, [])
+        latest: dict[int, int] = {}
+        for d in rows:
+            latest[d["rank"]] = max(latest.get(d["rank"], d["attempt"]), d["attempt"])
+        out = []
+        for d in rows:
+            is_latest = latest[d["rank"]] == d["attempt"]
+            ratios = loads(d["ratios"]) or {}
+            parts = loads(d["step_parts"])
+            out.append(RankRow(latest=is_latest, state=states.get(d["rank"]) if is_latest else None,
+                               ratios=tuple(sorted(ratios.items())),
+                               step_parts=parts if isinstance(parts, dict) else None,
+                               **{k: v for k, v in d.items() if k not in ("ratios", "step_parts")}))
+        return tuple(out)
+
+    def latest_ratios(self, run_id: int) -> Optional[dict]:
+        """The scale-free ratios of the first rank whose newest attempt has any (the run's loss ratio)."""
+        latest = self._rank_dicts(f"run_id = ? AND {_LATEST}", (run_id,)).get(run_id, [])
+        return next((r for r in (loads(d["ratios"]) for d in latest) if r), None)
