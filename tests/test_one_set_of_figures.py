@@ -39,7 +39,7 @@ from support import tui_data as d
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 #: The hygiene run with the manifest's early stopping turned on (metric mse, lower is better) and without its
-#: final summary: what a live run that declared the policy shows (the best completed receipt so far).
+#: final summary, with the state its policy writes as it goes: what a live run that declared the policy shows.
 DECLARED_ES = "hygiene_declared_es"
 CASES = (*realruns.CASES, DECLARED_ES)
 #: Cases whose figures must not be missing (a table of Nones would agree vacuously).
@@ -67,8 +67,15 @@ def _declared_copy(run: realruns.RealRun, tmp_path: Path) -> Path:
     for name in ("final_summary.json", "final_summary.txt"):
         (copy / name).unlink(missing_ok=True)
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["hygiene"]["early_stopping"] = {"enabled": True, "metric": "mse", "direction": "min", "patience": 2}
+    manifest["hygiene"]["early_stopping"] = {"enabled": True, "metric": "mse", "direction": "min", "patience": 2,
+                                             "min_delta": 0.0, "warmup": 0}
     (copy / "manifest.json").write_text(json.dumps(manifest))
+    # what training's policy would have written as it went: its own state over the run's real receipts
+    # (early_stopping.json; the best is the policy's, core/stopping.py)
+    from traceml_tui.hygiene.early_stopping import EarlyStopping
+
+    EarlyStopping.from_config(copy, manifest["hygiene"]).update()
+    assert (copy / "early_stopping.json").is_file()
     return logs
 
 
