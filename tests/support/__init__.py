@@ -5,6 +5,7 @@ pyproject.toml), so a test writes ``from support import realruns``.
 - ``shared_runs``: those real runs built once per test session, shared by parallel workers.
 - ``fixture_runs``: the committed real runs under ``tests/fixtures/runs`` and live copies of them.
 - ``tui_data``: index builders and App drivers for the screen tests.
+- ``fake_source``: a fake ``Source`` for screen tests, serving snapshots the real reader took of the committed runs.
 - ``daemon_files``: writers of rank streams for the daemon tests (also a writer process: ``python -m``).
 - ``integrations``: launch and read the Hugging Face / Lightning example runs.
 - ``fuzz_streams``, ``fuzz_mutations``: hypothesis strategies of damaged streams and files.
