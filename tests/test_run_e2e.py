@@ -250,7 +250,9 @@ def _two_nodes(seed_dir: Path, tmp_path: Path, name: str, *, fail_node: str | No
                                  stdout=stdout0, stderr=stderr0)
         try:
             if plant is not None:
-                threading.Timer(0.5, plant, args=(logs / name,)).start()
+                # plant only once node 1 trains: a node k > 0 refuses to start into a run that already holds its
+                # outcome (run/launch.py), so a plant ahead of a slow node 1 would leave node 0 at the rendezvous
+                threading.Thread(target=_plant_when_node1_trains, args=(logs / name, plant), daemon=True).start()
             node1 = subprocess.run([*TRACEML, "run", "node.py", *common, "--node-rank", "1"], cwd=node1_dir, env=env,
                                    capture_output=True, text=True, timeout=180)
             node0.wait(timeout=180)
@@ -259,6 +261,15 @@ def _two_nodes(seed_dir: Path, tmp_path: Path, name: str, *, fail_node: str | No
                 node0.kill()
     result0 = subprocess.CompletedProcess(node0.args, node0.returncode, out0.read_text(), err0.read_text())
     return result0, node1, json.loads((logs / name / "manifest.json").read_text())
+
+
+def _plant_when_node1_trains(run_dir: Path, plant) -> None:
+    """Call ``plant(run_dir)`` once node 1's rank has written its first record (bounded wait)."""
+    first = run_dir / "ranks" / "rank_1"
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline and not any(first.glob("steps-*.jsonl")):
+        time.sleep(0.05)
+    plant(run_dir)
 
 
 def _forged_outcome(run_dir: Path, digest: str, size_pad: int = 0) -> None:
