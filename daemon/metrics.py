@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from traceml_tui.core.state import LIVE_RUN_STATES, BacklogState, RankState, RunStatus
 
+from .metrics_qc import qc_families
 from .reader import BacklogItem, Reader, RunSummary
 from .views import RunFigures
 
@@ -91,6 +92,7 @@ class IndexCollector(Collector):
             yield from self._rank_families(reader, runs, now)
             yield from self._hang_families(runs)
             yield from self._backlog_families(backlogs, runs, now)
+            yield from qc_families(reader, runs, now, self._labels)
             yield from self._ingest_families(all_runs, now)
         up = GaugeMetricFamily("traceml_index_up", "1 when the index could be read at this scrape")
         up.add_metric([], 1)

@@ -1,4 +1,4 @@
-"""The read side's backlog room: the validation backlog, eval freshness and the early-stopping policy's state.
+"""The read side's backlog room: the validation and heavy QC backlogs, eval freshness and the early-stopping policy's state.
 
 Reached as ``Reader.backlog`` (:mod:`daemon.reader`). Each is decided by the one rule in core from the
 stored bytes of the run's files, as the file side decides it (docs/contracts.md, "a backlog entry").
@@ -12,8 +12,18 @@ from typing import Callable, Optional
 
 from traceml_tui.core import artifacts, freshness, hygiene_files, stopping
 from traceml_tui.core import backlog as core_backlog
+from traceml_tui.core.rundir import BACKLOG_KINDS, BACKLOG_OF_SIDE_KIND, BACKLOG_SIDE_KINDS, QC_BACKLOG, VALIDATION
 
 from .read_query import Rows
+
+
+def _file_order(path: str) -> tuple:
+    """A backlog file's place as the file side lists them: by folder (requests, claims, receipts, failures),
+    then by name."""
+    parts = path.split("/")
+    folder, name = (parts[-2], parts[-1]) if len(parts) > 1 else ("", path)
+    return (list(BACKLOG_KINDS).index(folder) if folder in BACKLOG_KINDS else len(BACKLOG_KINDS), name)
+
 
 #: One checkpoint of the validation backlog and where it stands (assembled once, in core: docs/contracts.md).
 BacklogItem = core_backlog.BacklogEntry
@@ -27,19 +37,42 @@ class BacklogReader:
         self._rows = rows
         self._manifest = manifest
 
-    def entries(self, run_id: int, now: Optional[float] = None) -> tuple[BacklogItem, ...]:
-        """Validation backlog entries of a run in checkpoint order, each with its decided state.
+    def entries(self, run_id: int, now: Optional[float] = None, kind: str = VALIDATION) -> tuple[BacklogItem, ...]:
+        """Backlog entries of a run in checkpoint order, each with its decided state: the validation backlog, or
+        with ``kind="qc"`` the heavy QC backlog (docs/qc.md) — one implementation, two kinds.
 
         Assembled by :func:`traceml_tui.core.backlog.backlog_entries` from the stored bytes of its files, as
-        ``traceml validate status`` assembles them from the files; the run's settings from its manifest.
+        ``traceml validate status [--kind qc]`` assembles them from the files; the run's settings (one set of
+        retry rules for both kinds) from its manifest.
         """
         now = time.time() if now is None else now
-        files = [(hygiene_files.FOLDER_OF_KIND[kind], os.path.basename(path), content)
-                 for kind, path, content in self._rows(
-                     "SELECT kind, path, content FROM side_files WHERE run_id = ? AND kind IN"
-                     " ('request', 'claim', 'receipt', 'failure') ORDER BY path", (run_id,))]
         settings = core_backlog.validation_settings(self._manifest(run_id))
-        return core_backlog.backlog_entries(files, now, settings=settings)
+        return core_backlog.backlog_entries(self._files(run_id, kind), now, settings=settings)
+
+    def _files(self, run_id: int, kind: str) -> list[core_backlog.BacklogFile]:
+        """The stored backlog files of one kind as ``(folder, name, content)``, by path."""
+        sides = BACKLOG_SIDE_KINDS[kind]
+        marks = ", ".join("?" * len(sides))
+        return [(BACKLOG_OF_SIDE_KIND[side][1], os.path.basename(path), content)
+                for side, path, content in self._rows(
+                    f"SELECT kind, path, content FROM side_files WHERE run_id = ? AND kind IN ({marks}) ORDER BY path",
+                    (run_id, *sides.values()))]
+
+    def worker_qc(self, run_id: int, now: Optional[float] = None,
+                  entries: Optional[tuple[BacklogItem, ...]] = None) -> Optional[dict]:
+        """The run's heavy QC report (docs/qc.md) when its manifest requires worker QC, else None:
+        ``{state, requested, completed, counts, outstanding, errors}``, its word decided by
+        :func:`traceml_tui.core.state.decide_worker_qc` (the rule the summary uses) over :meth:`entries` of
+        kind ``qc``; ``errors`` are the index's lines for the run's damaged QC files (their error rows)."""
+        manifest = self._manifest(run_id)
+        if not core_backlog.manifest_requires_worker_qc(manifest):
+            return None
+        entries = self.entries(run_id, now, kind=QC_BACKLOG) if entries is None else entries
+        sides = tuple(BACKLOG_SIDE_KINDS[QC_BACKLOG].values())
+        errors = [error for _, error in sorted(
+            self._rows(f"SELECT path, error FROM side_files WHERE run_id = ? AND kind IN ({', '.join('?' * len(sides))})"
+                       " AND error IS NOT NULL", (run_id, *sides)), key=lambda row: _file_order(row[0]))]
+        return core_backlog.run_worker_qc(manifest, entries, errors)
 
     def outstanding(self) -> dict[int, int]:
         """Per run: validation requests without a receipt (the Runs table's backlog column).

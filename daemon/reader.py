@@ -12,7 +12,7 @@ the views' entry points; what it reads is split into rooms by what they read
 (docs/daemon.md, "Reader API"), reached as attributes:
 
 * ``reader.series`` (:mod:`daemon.read_series`) — series, their newest buckets, node samples, step rows;
-* ``reader.backlog`` (:mod:`daemon.read_backlog`) — the validation backlog, eval freshness, early stopping;
+* ``reader.backlog`` (:mod:`daemon.read_backlog`) — the validation and QC backlogs, eval freshness, early stopping;
 * ``reader.events`` (:mod:`daemon.read_events`) — events, ingest errors, dark streams, hang records;
 * ``reader.files`` (:mod:`daemon.read_files`) — the manifest, the final summary, outcomes, log paths;
 * the runs room (:mod:`daemon.read_runs`) decides each run's word behind :meth:`Reader.list_runs`.
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Optional
 
 from traceml_tui.core import artifacts, freshness, straggler
+from traceml_tui.core.rundir import QC_BACKLOG
 from traceml_tui.core.state import BACKLOG_ORDER, STALL_FLOOR_S, BacklogState, summary_is_current
 
 from . import index as idx
@@ -314,16 +315,23 @@ class Reader:
             diagnosis=views.diagnosis_line(summary), evals=evals, eval_metric=eval_metric)
 
     def backlog_view(self, run_id: Optional[int] = None, now: Optional[float] = None) -> views.BacklogView:
-        """The validation backlog of one run (or of every run), with the newest completed checkpoint and its lag."""
+        """The validation backlog of one run (or of every run), with the newest completed checkpoint and its lag, and
+        the heavy QC backlog beside it: its entries and each run's worker-QC report (docs/qc.md)."""
         now = time.time() if now is None else now
         runs = self.list_runs(now=now)
         if run_id is not None:
             runs = tuple(r for r in runs if r.run_id == run_id)
         items: list[tuple[str, BacklogItem]] = []
+        qc_items: list[tuple[str, BacklogItem]] = []
+        worker_qc: list[tuple[str, dict]] = []
         newest = lag = train_step = None
         for run in sorted(runs, key=lambda r: r.name):
             run_items = self.backlog.entries(run.run_id, now=now)
             items += [(run.name, b) for b in run_items]
+            qc_entries = self.backlog.entries(run.run_id, now=now, kind=QC_BACKLOG)
+            qc_items += [(run.name, b) for b in qc_entries]
+            if (report := self.backlog.worker_qc(run.run_id, now, qc_entries)) is not None:
+                worker_qc.append((run.name, report))
             best = freshness.newest(freshness.Evaluated(b.step, b.checkpoint) for b in run_items
                                     if b.state is BacklogState.COMPLETED and b.step is not None)
             if best is not None:
@@ -335,4 +343,5 @@ class Reader:
                 train_step = run.last_step
         counts = tuple((state, n) for state in BACKLOG_ORDER if (n := sum(1 for _, b in items if b.state is state)))
         return views.BacklogView(tuple(items), counts, newest, lag, train_step,
-                                 run=runs[0].name if run_id is not None and runs else None)
+                                 run=runs[0].name if run_id is not None and runs else None,
+                                 qc_items=tuple(qc_items), worker_qc=tuple(worker_qc))

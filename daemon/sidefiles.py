@@ -29,8 +29,9 @@ from traceml_tui.core import artifacts, bounds, hygiene_files, jsonsafe, rundir,
 from . import early_stopping
 
 SIDE_MAX_BYTES = 64 << 20
-#: Side-file kinds of the validation backlog (``validation/<folder>/*.json``).
-BACKLOG_KINDS = frozenset(rundir.BACKLOG_KINDS.values())
+#: Side-file kinds of the validation backlog (``validation/<folder>/*.json``) and of the QC backlog
+#: (``qc/<folder>/*.json``, kinds ``qc_request``…: :data:`traceml_tui.core.rundir.BACKLOG_SIDE_KINDS`).
+BACKLOG_KINDS = frozenset(rundir.BACKLOG_OF_SIDE_KIND)
 #: Side-file kinds decoded into a typed struct, and the struct.
 TYPED_KINDS = {"manifest": artifacts.Manifest, "outcome": artifacts.NodeOutcome, "summary": artifacts.Summary}
 
@@ -170,7 +171,7 @@ def parse(kind: str, rel: str, key: Optional[str], data: bytes) -> SideRead:
         checkpoint = value.get("checkpoint")
         key = checkpoint if isinstance(checkpoint, str) and checkpoint else key
         try:  # the one decoder of a backlog file (core.hygiene_files), as `validate status` uses it
-            hygiene_files.decode_named(hygiene_files.FOLDER_OF_KIND[kind], rel.rsplit("/", 1)[-1], data)
+            hygiene_files.decode_named(rundir.BACKLOG_OF_SIDE_KIND[kind][1], rel.rsplit("/", 1)[-1], data)
         except hygiene_files.DamagedFile as exc:
             # Kept as content (the reader leaves it out of the backlog) and named in the run's errors.
             return SideRead(content, f"{rel}: {exc}", key)

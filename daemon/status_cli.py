@@ -9,7 +9,6 @@ import time
 from dataclasses import asdict
 
 from traceml_tui.core import artifacts, coverage, jsonsafe
-from traceml_tui.core import backlog as core_backlog
 from traceml_tui.core.cliargs import OneLineParser, seconds
 from traceml_tui.core.rundir import middle_cut
 from traceml_tui.core.state import RUN_ATTENTION, STALL_FLOOR_S, RunStatus, count_states, lost_nodes_text
@@ -74,18 +73,6 @@ def _oneline(runs) -> str:
         return "traceml: " + " · ".join(active)
     done = [f"{n} {s}" for s, n in counts.items()]
     return "traceml: " + (" · ".join(done) if done else "no runs")
-
-
-def _worker_qc(reader: Reader, run, now: float) -> dict | None:
-    """The run's heavy QC backlog (docs/qc.md) when its manifest requires worker QC, else None.
-
-    The index holds the validation backlog only; the QC backlog's few files are read from the run directory and
-    judged by the core's rules (:func:`traceml_tui.core.backlog.run_worker_qc`), the same the summary uses.
-    """
-    try:
-        return core_backlog.run_worker_qc(run.dir, reader.files.manifest(run.run_id), now)
-    except OSError:
-        return None
 
 
 def _note(note) -> None:
@@ -158,7 +145,8 @@ def main(argv: list[str]) -> int:
                 d["failure"] = artifacts.to_builtins(failure) if failure is not None else None
                 # streams a rank reported it does not measure, and why (docs/run.md "Unmeasured streams")
                 d["unmeasured"] = list(reader.events.unmeasured(r.run_id))
-                d["worker_qc"] = _worker_qc(reader, r, now)
+                # the heavy QC backlog as the index holds it, its word by core.state.decide_worker_qc (docs/qc.md)
+                d["worker_qc"] = reader.backlog.worker_qc(r.run_id, now)
                 out["runs"].append(d)
             print(jsonsafe.dumps_valid(out, indent=2))  # valid JSON always: an overflowed figure is null
             return 0

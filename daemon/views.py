@@ -265,7 +265,7 @@ class RunView:
 
 @dataclass(frozen=True)
 class BacklogView:
-    """The validation backlog of one run or of every run."""
+    """The validation backlog of one run or of every run, and the heavy QC backlog beside it."""
 
     items: tuple[tuple[str, Any], ...]  # (run name, daemon.reader.BacklogItem), by run name then step
     counts: tuple[tuple[BacklogState, int], ...]
@@ -273,6 +273,10 @@ class BacklogView:
     eval_lag: Optional[int]
     train_step: Optional[int]
     run: Optional[str] = None  # the run's name when the view is of one run
+    #: the heavy QC backlog beside it (docs/qc.md): (run name, BacklogItem of kind ``qc``), by run name then step
+    qc_items: tuple[tuple[str, Any], ...] = ()
+    #: (run name, ``reader.backlog.worker_qc`` report) of each run that requires worker QC, by run name
+    worker_qc: tuple[tuple[str, dict], ...] = ()
 
 
 def worst_ratio(ratios: Any) -> tuple[Optional[str], Optional[float]]:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from traceml_tui.core import hygiene_files as hf
 from traceml_tui.core import owner as core_owner
-from traceml_tui.core.rundir import BACKLOG_KINDS, BACKLOG_ROOTS, QC_BACKLOG, VALIDATION, RunDir
+from traceml_tui.core.rundir import BACKLOG_KINDS, BACKLOG_ROOTS, VALIDATION, RunDir
 from traceml_tui.core.state import (
     BACKLOG_ORDER,
     DEFAULT_LEASE_S,
@@ -317,18 +317,24 @@ def worker_qc_report(entries: Iterable[BacklogEntry]) -> dict[str, Any]:
     }
 
 
-def run_worker_qc(run_dir: "os.PathLike[str] | str", manifest: Any, now: float) -> Optional[dict[str, Any]]:
-    """The QC backlog report of a run whose decoded manifest requires worker QC, read from its files; else None.
+def manifest_requires_worker_qc(manifest: Any) -> bool:
+    """Whether a decoded :class:`traceml_tui.core.artifacts.Manifest` requires worker QC (docs/qc.md)."""
+    return manifest is not None and isinstance(manifest.hygiene, dict) and requires_worker_qc(manifest.hygiene.get("qc"))
 
-    Damaged files are named in ``errors`` and left out, as for validation."""
-    if manifest is None or not isinstance(manifest.hygiene, dict) or not requires_worker_qc(manifest.hygiene.get("qc")):
+
+def run_worker_qc(manifest: Any, entries: Iterable[BacklogEntry], errors: Iterable[str]) -> Optional[dict[str, Any]]:
+    """A run's worker-QC report as ``traceml status --json`` and the Backlog screen show it, from the entries of
+    its QC backlog as the index holds them (``reader.backlog.worker_qc``) and the lines naming its damaged QC
+    files: :func:`worker_qc_report` plus ``errors``; None when its manifest requires no worker QC.
+
+    The file side (the summary, :func:`traceml_tui.hygiene.qc_backlog.worker_qc_report`) builds the same report
+    from the files by the same two functions: the same bytes give the same report (tests/test_qc_worker_run.py).
+    """
+    if not manifest_requires_worker_qc(manifest):
         return None
-    errors: list[str] = []
-    entries = backlog_entries(run_backlog_files(run_dir, QC_BACKLOG, errors), now,
-                              settings=validation_settings(manifest), errors=errors, root=QC_BACKLOG)
-    return {**worker_qc_report(entries), "errors": errors}
+    return {**worker_qc_report(entries), "errors": list(errors)}
 
 
 __all__ = ["BacklogEntry", "BacklogFile", "DAMAGED_FAILURE", "ValidationSettings", "assemble_entry",
-           "backlog_entries", "is_outstanding", "newest_completed", "order_key", "outstanding", "request_order",
+           "backlog_entries", "is_outstanding", "manifest_requires_worker_qc", "newest_completed", "order_key", "outstanding", "request_order",
            "requires_worker_qc", "run_backlog_files", "run_worker_qc", "validation_settings", "worker_qc_report"]

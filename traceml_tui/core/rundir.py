@@ -70,6 +70,16 @@ BACKLOG_KINDS: dict[str, str] = {"requests": "request", "claims": "claim", "rece
 QC_BACKLOG = "qc"
 #: The two kinds of backlog and the folder each lives in (one implementation, two kinds).
 BACKLOG_ROOTS: dict[str, str] = {VALIDATION: VALIDATION, QC_BACKLOG: QC_BACKLOG}
+#: The index's side-file kind of each backlog file, by backlog and folder: validation's files are named by their
+#: folder's kind (``request``…), the QC backlog's by the same kind after its root (``qc_request``…), so a query
+#: of one backlog never sees the other's files (docs/daemon.md, "Side files").
+BACKLOG_SIDE_KINDS: dict[str, dict[str, str]] = {
+    VALIDATION: dict(BACKLOG_KINDS),
+    QC_BACKLOG: {folder: f"{QC_BACKLOG}_{kind}" for folder, kind in BACKLOG_KINDS.items()},
+}
+#: Each backlog side-file kind's (backlog, folder): ``qc_receipt`` → (``qc``, ``receipts``).
+BACKLOG_OF_SIDE_KIND: dict[str, tuple[str, str]] = {
+    side: (backlog, folder) for backlog, kinds in BACKLOG_SIDE_KINDS.items() for folder, side in kinds.items()}
 
 # ASCII digits only; the number must fit in 64 bits (core.bounds.parse_number), else the name is refused.
 _STEPS_RE = re.compile(r"steps-([0-9]+)\.jsonl")
@@ -594,16 +604,18 @@ class RunDir:
                     side(f, rel, "outcome", str(node))
                 elif f.name == LEASE:
                     side(f, rel, "lease", str(node))
-        for folder, kind in BACKLOG_KINDS.items():
-            real = _real_dir(self.path, VALIDATION, folder)
-            for f in _scandir(real) if real is not None else ():
-                if f.name.endswith(".json") and not f.name.startswith("."):
-                    rel = f"{VALIDATION}/{folder}/{f.name}"
-                    problem = name_not_utf8(f.name)
-                    if problem is None:
-                        side(f, rel, kind, f.name[: -len(".json")])
-                    else:
-                        refused.append(RefusedName(rel, problem))
+        for backlog, kinds in BACKLOG_SIDE_KINDS.items():  # the validation and the QC backlog, by one rule
+            root = BACKLOG_ROOTS[backlog]
+            for folder, kind in kinds.items():
+                real = _real_dir(self.path, root, folder)
+                for f in _scandir(real) if real is not None else ():
+                    if f.name.endswith(".json") and not f.name.startswith("."):
+                        rel = f"{root}/{folder}/{f.name}"
+                        problem = name_not_utf8(f.name)
+                        if problem is None:
+                            side(f, rel, kind, f.name[: -len(".json")])
+                        else:
+                            refused.append(RefusedName(rel, problem))
         return Listing(streams, sides, refused)
 
 

@@ -138,8 +138,9 @@ def outcomes(items: Any) -> tuple[Outcome, ...]:
     return tuple(out)
 
 
-def backlog_item(run: str, b: Any, now: float) -> BacklogItem:
-    """A reader backlog item in the screen's terms (the state is the reader's, decided in the core)."""
+def backlog_item(run: str, b: Any, now: float, kind: str = "validation") -> BacklogItem:
+    """A reader backlog item in the screen's terms (the state is the reader's, decided in the core); ``kind``:
+    its backlog, ``validation`` or ``qc``."""
     claimed = b.state in (BacklogState.CLAIMED, BacklogState.STALE_CLAIM)
     return BacklogItem(
         run=run, checkpoint=b.checkpoint, step=b.step, state=b.state,
@@ -147,7 +148,7 @@ def backlog_item(run: str, b: Any, now: float) -> BacklogItem:
         heartbeat_age_s=None if b.heartbeat is None or not claimed else now - b.heartbeat,
         lease_s=b.lease_s if claimed else None, retries=b.failures,
         stuck=b.state is BacklogState.STALE_CLAIM, last_error=b.last_error, metrics=b.metrics,
-        attempts=b.attempts)
+        attempts=b.attempts, kind=kind)
 
 
 def field_verdicts(events: Any) -> tuple[FieldVerdict, ...]:

@@ -270,6 +270,7 @@ class BacklogItem:
     last_error: Optional[str] = None
     metrics: tuple[tuple[str, Any], ...] = ()  # a completed request's receipt metrics, by name
     attempts: tuple[tuple[Optional[int], Optional[float], str], ...] = ()  # failed attempts: (n, when, error)
+    kind: str = "validation"  # its backlog: validation, or qc (the heavy QC backlog, docs/qc.md)
 
 
 @dataclass(frozen=True)
@@ -281,8 +282,10 @@ class BacklogSnapshot:
     train_step: Optional[int]
     now: float
     run: Optional[str] = None
-    #: one run's heavy QC backlog beside validation (core.backlog.run_worker_qc; docs/qc.md), None when not required
-    worker_qc: Optional[dict] = None
+    #: the heavy QC backlog beside validation (docs/qc.md), from the index: its requests (kind ``qc``) …
+    qc_items: tuple[BacklogItem, ...] = ()
+    #: … and (run name, worker-QC report) of each run that requires worker QC (``reader.backlog.worker_qc``)
+    worker_qc: tuple[tuple[str, dict], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -265,21 +265,8 @@ class IndexSource:
         view = reader.backlog_view(run_id, now=now)
         return BacklogSnapshot(tuple(present.backlog_item(run, b, now) for run, b in view.items), view.counts,
                                view.newest_completed, view.eval_lag, view.train_step, now, run=view.run,
-                               worker_qc=self._worker_qc(reader, run_id, now))
-
-    @staticmethod
-    def _worker_qc(reader: Any, run_id: Optional[int], now: float) -> Optional[dict]:
-        """One run's heavy QC backlog (docs/qc.md): not in the index, so read from the run's ``qc/`` files by the
-        core's rule, as ``traceml status --json`` does; None for all runs or a run that requires none."""
-        from traceml_tui.core.backlog import run_worker_qc
-
-        run = reader.run(run_id, now=now) if run_id is not None else None
-        if run is None:
-            return None
-        try:
-            return run_worker_qc(run.dir, reader.files.manifest(run_id), now)
-        except OSError:
-            return None
+                               qc_items=tuple(present.backlog_item(run, b, now, "qc") for run, b in view.qc_items),
+                               worker_qc=view.worker_qc)
 
     # -- compare
     @_serialized

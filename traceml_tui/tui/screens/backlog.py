@@ -1,4 +1,5 @@
-"""Backlog screen: validation requests by state (and a run's heavy QC backlog, docs/qc.md), their receipt metrics, claims and their heartbeats, eval lag."""
+"""Backlog screen: validation requests by state and the heavy QC requests beside them (docs/qc.md), their receipt
+metrics, claims and their heartbeats, eval lag, each run's worker-QC word."""
 
 from __future__ import annotations
 
@@ -19,6 +20,28 @@ from traceml_tui.tui.widgets.screen_header import ScreenHeader
 _ORDER = {state: n for n, state in enumerate(BACKLOG_STATES)}
 
 
+#: At most this many runs' worker-QC lines on the all-runs Backlog (then "and N more").
+MAX_QC_LINES = 3
+
+
+def worker_qc_lines(snap: BacklogSnapshot) -> list:
+    """The heavy QC backlog beside validation (docs/qc.md): one ``heavy QC: <word> (<counts>) — <outstanding>``
+    line per run that requires worker QC. The word is the reader's (``reader.backlog.worker_qc``, decided by
+    :func:`traceml_tui.core.state.decide_worker_qc`), the one ``traceml status --json`` and the metrics show."""
+    out: list = []
+    for run, qc in snap.worker_qc[:MAX_QC_LINES]:
+        qc_counts = " · ".join(f"{k} {v}" for k, v in (qc.get("counts") or {}).items()) or "no QC requests"
+        word = qc.get("state")
+        named = ", ".join(f"{r.get('checkpoint')} {r.get('state')}" for r in (qc.get("outstanding") or [])[:3])
+        of = "" if snap.run else f" of {run}"
+        damaged = f"; {len(qc['errors'])} damaged QC file(s)" if qc.get("errors") else ""
+        out.append((f"heavy QC{of}: {word} ({qc_counts})" + (f" — {named}" if named else "") + damaged,
+                    "green" if word == "passed" else "bold red" if word in ("failed", "not_requested") else "yellow"))
+    if len(snap.worker_qc) > MAX_QC_LINES:
+        out.append((f"heavy QC: and {len(snap.worker_qc) - MAX_QC_LINES} more run(s)", "dim"))
+    return out
+
+
 def backlog_summary(snap: BacklogSnapshot) -> list:
     counts = " · ".join(f"{k} {v}" for k, v in snap.counts)
     lines = [counts or "no validation requests"]
@@ -28,14 +51,8 @@ def backlog_summary(snap: BacklogSnapshot) -> list:
         lines.append(f"newest completed: {ckpt} (step {step}) of {run}{lag}")
     else:
         lines.append(("no checkpoint evaluated yet", "yellow"))
-    if snap.worker_qc is not None:  # heavy QC beside validation: its word is core.state.decide_worker_qc's
-        qc = snap.worker_qc
-        qc_counts = " · ".join(f"{k} {v}" for k, v in (qc.get("counts") or {}).items()) or "no QC requests"
-        word = qc.get("state")
-        named = ", ".join(f"{r.get('checkpoint')} {r.get('state')}" for r in (qc.get("outstanding") or [])[:3])
-        lines.append((f"heavy QC: {word} ({qc_counts})" + (f" — {named}" if named else ""),
-                      "green" if word == "passed" else "bold red" if word in ("failed", "not_requested") else "yellow"))
-    stuck = [i for i in snap.items if i.stuck]
+    lines += worker_qc_lines(snap)
+    stuck = [i for i in (*snap.items, *snap.qc_items) if i.stuck]
     if stuck:
         lines.append((f"stale-claim: {len(stuck)} claim(s) whose owner is gone: " +
                       ", ".join(f"{i.checkpoint} ({i.owner})" for i in stuck), "bold red"))
@@ -74,18 +91,21 @@ class BacklogScreen(Screen):
         if snap.run:
             self.sub_title = f"validation backlog — {snap.run}"
         self.query_one("#backlog-summary", InfoPanel).data = ("Validation backlog", backlog_summary(snap))
-        items = sorted(snap.items, key=lambda i: (not i.stuck, _ORDER.get(i.state, 9), i.run, i.step or 0))
+        # the heavy QC requests beside validation's, told apart by the Kind column (shown when there are any)
+        items = sorted((*snap.items, *snap.qc_items),
+                       key=lambda i: (not i.stuck, _ORDER.get(i.state, 9), i.run, i.step or 0, i.kind == "qc"))
         keys: dict[str, int] = {}
         rows = []
         table = self.query_one(BacklogTable)
         table.metrics = metric_names(items)
+        table.kinds = bool(snap.qc_items)
         self._items = {}
         for i in items:
-            key = f"{i.run}/{i.checkpoint}"
+            key = f"{i.run}/{i.checkpoint}" if i.kind == "validation" else f"{i.run}/{i.kind}:{i.checkpoint}"
             keys[key] = keys.get(key, 0) + 1  # two runs may share a name: their rows still need their own keys
             key = key if keys[key] == 1 else f"{key}#{keys[key]}"
             self._items[key] = i
-            rows.append((key, backlog_cells(i, table.metrics)))
+            rows.append((key, backlog_cells(i, table.metrics, table.kinds)))
         table.table_rows = tuple(rows)
 
     def action_open_request(self) -> None:

@@ -1,4 +1,4 @@
-"""One validation request in full (Enter on the Backlog): its state, receipt metrics, every failed attempt's error."""
+"""One validation (or heavy QC) request in full (Enter on the Backlog): its state, receipt metrics, every failed attempt's error."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from traceml_tui.tui.widgets.backlog_table import STATE_STYLE
 
 def request_text(item: BacklogItem, now: float) -> Text:
     """The request's detail: nothing cut (the table's Last error cell is one line of a narrow column)."""
-    out = Text(f"{item.run} / {item.checkpoint}", style="bold")
+    out = Text(f"{item.run} / {item.checkpoint}" + (" (heavy QC)" if item.kind == "qc" else ""), style="bold")
     out.append(f"  step {'–' if item.step is None else item.step}\n")
     out.append(backlog_label(item.state), style=STATE_STYLE.get(item.state, ""))
     out.append(f"  · requested {textplot.duration(item.age_s)} ago")

@@ -1,4 +1,4 @@
-"""Validation backlog table: one row per checkpoint request."""
+"""Backlog table: one row per checkpoint request (validation, and heavy QC beside it: docs/qc.md)."""
 
 from __future__ import annotations
 
@@ -32,20 +32,26 @@ def metric_cells(i: BacklogItem, names: tuple[str, ...]) -> tuple:
     return tuple(out)
 
 
-def backlog_cells(i: BacklogItem, names: tuple[str, ...] = ()) -> tuple:
-    """A request's cells in ``BacklogTable.COLUMNS`` order, then its metrics in ``names`` order."""
+def backlog_cells(i: BacklogItem, names: tuple[str, ...] = (), kinds: bool = False) -> tuple:
+    """A request's cells in ``BacklogTable.COLUMNS`` order (with ``kinds``, its backlog — validation or QC — after
+    the checkpoint, :data:`KIND_COLUMN`), then its metrics in ``names`` order."""
     state = Text(backlog_label(i.state), style=STATE_STYLE.get(i.state, ""))
     beat = "–" if i.heartbeat_age_s is None else textplot.duration(i.heartbeat_age_s)
     if i.lease_s is not None and i.heartbeat_age_s is not None:
         beat += f"/{textplot.duration(i.lease_s)}"
+    kind = (Text(KIND_LABEL.get(i.kind, i.kind), style="magenta" if i.kind == "qc" else "dim"),) if kinds else ()
     return (
-        i.run, i.checkpoint, "–" if i.step is None else str(i.step), state, textplot.duration(i.age_s),
+        i.run, i.checkpoint, *kind, "–" if i.step is None else str(i.step), state, textplot.duration(i.age_s),
         i.owner or "–", Text(beat, style="bold red" if i.stuck else ""),
         Text(str(i.retries), style="red" if i.retries else "dim"), i.last_error or "",
         *metric_cells(i, names),
     )
 
 
+#: The Kind column, shown after Checkpoint when a run's heavy QC backlog is beside its validation (docs/qc.md).
+KIND_COLUMN = "Kind"
+#: What the Kind column says for each backlog.
+KIND_LABEL = {"validation": "val", "qc": "QC"}
 #: Widest the Run column gets; a longer name is cut in the middle, so its distinguishing end stays.
 RUN_MAX = 28
 #: At most this many metric columns (a receipt with more shows them all in the request's detail, Enter).
@@ -66,13 +72,22 @@ class BacklogTable(FedTable):
         super().__init__(**kwargs)
         self.fixed_columns = 2  # Run and Checkpoint stay in view when scrolling right to the error
         self.metrics: tuple[str, ...] = ()
+        self.kinds = False  # the Kind column (set by the owner before ``table_rows``, as ``metrics``)
+
+    def shown_columns(self) -> tuple[str, ...]:
+        """The fixed columns shown: :attr:`COLUMNS`, with :data:`KIND_COLUMN` after Checkpoint when ``kinds``."""
+        if not self.kinds:
+            return self.COLUMNS
+        at = self.COLUMNS.index("Checkpoint") + 1
+        return (*self.COLUMNS[:at], KIND_COLUMN, *self.COLUMNS[at:])
 
     def layout(self, rows) -> tuple[Col, ...]:
         keys = [f"metric:{m}" for m in self.metrics]
-        self._index = {k: n for n, k in enumerate((*self.COLUMNS, *keys))}
+        columns = self.shown_columns()
+        self._index = {k: n for n, k in enumerate((*columns, *keys))}
         cols = [Col(k, k, RUN_MAX if k == "Run" and any(len(str(c[0])) > RUN_MAX for _, c in rows) else None,
-                    cut="middle" if k == "Run" else "") for k in self.COLUMNS]
-        at = self.COLUMNS.index("State") + 1  # the values next to the state: what a completed request found
+                    cut="middle" if k == "Run" else "") for k in columns]
+        at = columns.index("State") + 1  # the values next to the state: what a completed request found
         cols[at:at] = [Col(k, m, None) for k, m in zip(keys, self.metrics)]
         return tuple(cols[:-1]) + (self._error_column(cols, rows),)
 
