@@ -102,6 +102,24 @@ def test_backlog_screen_stale_and_blocked(snap_compare, source):
     assert snap_compare(create_app(source, poll_interval=0.02), terminal_size=(120, 24), run_before=run_before)
 
 
+def test_backlog_screen_with_heavy_qc(snap_compare, tmp_path):
+    """The hygiene run with a heavy QC backlog made by the real code (fixture_runs.declare_worker_qc): its QC
+    requests beside validation's (the Kind column) and the worker-QC word from the index (docs/qc.md)."""
+    _, index = fr.build_real_index(tmp_path, prepare=lambda root: fr.declare_worker_qc(root, tmp_path))
+    src = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+
+    async def run_before(pilot) -> None:
+        await d.settle(pilot)
+        app = pilot.app
+        app.open_backlog(next(r.run_id for r in app.runs_snapshot.rows if r.name == fr.name_of("hygiene")))
+        await d.settle(pilot)
+
+    try:
+        assert snap_compare(create_app(src, poll_interval=0.02), terminal_size=(120, 24), run_before=run_before)
+    finally:
+        src.close()
+
+
 def test_backlog_request_detail(snap_compare, source):
     """Enter on the hygiene run's blocked request: every failed attempt with its whole error."""
     async def run_before(pilot) -> None:

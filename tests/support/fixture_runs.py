@@ -95,3 +95,57 @@ def extend(run: Path, steps: int = 1, ts: Optional[float] = None) -> int:
             os.close(fd)
         newest = last["step"]
     return newest
+
+
+#: The heavy QC block :func:`declare_worker_qc` adds to the copied hygiene run (docs/qc.md, "The QC block").
+WORKER_QC_BLOCK = {
+    "cadence": 4, "owner": "fixture-qc", "output": "qc",
+    "roster": {"name": "fixed-3", "members": ["a", "b", "c"], "selection": "three named cases"},
+    "items": {"batch_grid": {"inapplicable": "fixture"}, "field_stats": {"inapplicable": "fixture"},
+              "galleries": {"inapplicable": "fixture"}, "worker_qc": "required"},
+    "recipe": "fixture-heavy-qc-v1",
+}
+
+
+def declare_worker_qc(root: Path, plan_dir: Path) -> Path:
+    """Give the copied hygiene run a heavy QC backlog made by the real code (docs/qc.md): its manifest declares
+    ``worker_qc: required`` (parsed by the real ``traceml.yaml`` parser), each checkpoint at a QC point (updates 0,
+    4, 8) gets its QC request from :func:`traceml_tui.hygiene.qc_backlog.publish_qc_request` (created when its
+    validation request was), and sessions of the real drainer run the real test worker
+    (tests/scripts/validator.py ``--qc``) as its ``max_attempts`` allows: update 4 fails once and then
+    completes, update 8 fails every time and is blocked. The committed run keeps no checkpoint files, so an empty stand-in is put at each published path (the
+    worker only checks that it exists). Returns the run's folder."""
+    from traceml_tui.core import atomic
+    from traceml_tui.hygiene import drain, qc_backlog
+    from traceml_tui.hygiene.config import parse_hygiene
+
+    from support.realruns import VALIDATOR_SCRIPT
+
+    run = root / name_of("hygiene")
+    manifest = json.loads((run / "manifest.json").read_text())
+    worker = [os.sys.executable, str(VALIDATOR_SCRIPT), "--checkpoint", "{checkpoint}", "--step", "{step}", "--qc"]
+    raw = {key: value for key, value in manifest["hygiene"].items() if key != "qc"}
+    raw["curve"] = {k: v for k, v in raw["curve"].items() if k != "path"}
+    hygiene = parse_hygiene({**raw, "qc": {**WORKER_QC_BLOCK, "worker": worker}})
+    manifest["hygiene"] = {**manifest["hygiene"], "qc": hygiene["qc"]}
+    atomic.atomic_write_json(run / "manifest.json", manifest)
+    for path in sorted((run / "validation" / "requests").glob("*.json")):
+        request = json.loads(path.read_text())
+        if qc_backlog.publish_qc_request(run, request, qc=hygiene["qc"]) is not None:
+            checkpoint = run / request["path"]
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            checkpoint.touch()
+    plan = plan_dir / "qc_plan.json"
+    plan.write_text(json.dumps({"step-00000004": "fail_once", "step-00000008": "fail"}))
+    before = os.environ.get("REALRUNS_QC_PLAN")
+    os.environ["REALRUNS_QC_PLAN"] = str(plan)  # the worker's plan, through the environment it inherits
+    try:
+        attempts = manifest["hygiene"]["validation"]["max_attempts"]  # one set of retry rules for both kinds
+        for _ in range(attempts):  # a failed attempt is retried by the next session (no backoff here)
+            drain.drain(run, worker, kind="qc", max_attempts=attempts, retry_backoff_s=0, log=lambda _msg: None)
+    finally:
+        if before is None:
+            os.environ.pop("REALRUNS_QC_PLAN", None)
+        else:
+            os.environ["REALRUNS_QC_PLAN"] = before
+    return run
