@@ -158,6 +158,8 @@ def parse(kind: str, rel: str, key: Optional[str], data: bytes) -> SideRead:
     A JSON object that is not the shape its kind must have is kept as content
     (readers may still show it raw), with an error and no facts.
     """
+    if kind in BACKLOG_KINDS:
+        return _backlog_file(kind, rel, key, data)
     try:
         # Nesting is bounded before decoding (core.jsonsafe): a file thousands of levels deep is this file's
         # error, never a RecursionError that would abort the scan of everything else.
@@ -167,15 +169,6 @@ def parse(kind: str, rel: str, key: Optional[str], data: bytes) -> SideRead:
         content = data.decode("utf-8")
     except (msgspec.DecodeError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         return SideRead(None, f"{rel}: {exc}", key)
-    if kind in BACKLOG_KINDS:
-        checkpoint = value.get("checkpoint")
-        key = checkpoint if isinstance(checkpoint, str) and checkpoint else key
-        try:  # the one decoder of a backlog file (core.hygiene_files), as `validate status` uses it
-            hygiene_files.decode_named(rundir.BACKLOG_OF_SIDE_KIND[kind][1], rel.rsplit("/", 1)[-1], data)
-        except hygiene_files.DamagedFile as exc:
-            # Kept as content (the reader leaves it out of the backlog) and named in the run's errors.
-            return SideRead(content, f"{rel}: {exc}", key)
-        return SideRead(content, None, key)
     if kind == early_stopping.KIND:
         return SideRead(*early_stopping.parse(rel, key, data, content), key)
     if kind in TYPED_KINDS:
@@ -183,6 +176,30 @@ def parse(kind: str, rel: str, key: Optional[str], data: bytes) -> SideRead:
         if facts is None:
             return SideRead(content, f"{rel}: not a valid {kind}: {_why_not(data, kind)}", key)
         return SideRead(content, None, key, facts)
+    return SideRead(content, None, key)
+
+
+def _backlog_file(kind: str, rel: str, key: Optional[str], data: bytes) -> SideRead:
+    """A backlog file (validation's or the QC backlog's: one rule for both kinds) judged by the one decoder of a
+    backlog file (:func:`traceml_tui.core.hygiene_files.decode_named`), as ``traceml validate status`` and the
+    summary judge it, so its error line is the file side's word for word (``qc/requests/x.json: not UTF-8 text
+    (byte 0)``). A damaged file that is still a JSON object keeps its text as content (the reader leaves it out
+    of the backlog, a failure still counts as the attempt its name records) and is named in the run's errors."""
+    content: Optional[str] = None
+    try:
+        value = jsonsafe.decode_bounded(data)
+        if isinstance(value, dict):
+            content = data.decode("utf-8")
+            checkpoint = value.get("checkpoint")
+            key = checkpoint if isinstance(checkpoint, str) and checkpoint else key
+    except (msgspec.DecodeError, ValueError, UnicodeDecodeError, RecursionError):
+        pass  # not JSON at all: the decoder below says why
+    try:
+        hygiene_files.decode_named(rundir.BACKLOG_OF_SIDE_KIND[kind][1], rel.rsplit("/", 1)[-1], data)
+    except hygiene_files.DamagedFile as exc:
+        return SideRead(content, f"{rel}: {exc}", key)
+    if content is None:  # accepted by the backlog decoder yet not kept (never seen): still this file's error
+        return SideRead(None, f"{rel}: not a JSON object this index can keep", key)
     return SideRead(content, None, key)
 
 

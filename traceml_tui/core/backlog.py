@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from traceml_tui.core import hygiene_files as hf
 from traceml_tui.core import owner as core_owner
-from traceml_tui.core.rundir import BACKLOG_KINDS, BACKLOG_ROOTS, VALIDATION, RunDir
+from traceml_tui.core.rundir import BACKLOG_KINDS, BACKLOG_ROOTS, QC_BACKLOG, VALIDATION, RunDir
 from traceml_tui.core.state import (
     BACKLOG_ORDER,
     DEFAULT_LEASE_S,
@@ -299,16 +299,27 @@ def requires_worker_qc(qc: Any) -> bool:
     return isinstance(row, Mapping) and bool(row.get("required"))
 
 
-def worker_qc_report(entries: Iterable[BacklogEntry]) -> dict[str, Any]:
+def damaged_requests(errors: Iterable[str], root: str = QC_BACKLOG) -> list[str]:
+    """The request files an ``errors`` list names (``qc/requests/<ckpt>.json: …``): damaged or unreadable, so
+    their checkpoints have no entry. Both sides name a damaged backlog file by this path (:func:`backlog_entries`,
+    the daemon's side-file error)."""
+    prefix = f"{BACKLOG_ROOTS.get(root, root)}/requests/"
+    return [line.split(": ", 1)[0] for line in errors if line.startswith(prefix)]
+
+
+def worker_qc_report(entries: Iterable[BacklogEntry], errors: Iterable[str] = ()) -> dict[str, Any]:
     """A QC backlog's entries as every surface shows them (the summary's ``qc.worker_qc``, ``traceml status
     --json``): ``{state, requested, completed, counts, outstanding}``.
 
     ``state`` is :func:`traceml_tui.core.state.decide_worker_qc`'s word (``passed`` only when every request has its
     receipt); ``outstanding`` names every request without one (checkpoint, step, state, failures, last error).
+    A damaged request file (named in ``errors``) is a QC point whose result cannot be known and that no worker
+    can take: it counts as ``blocked`` for the word, so a damaged request never lets QC pass (docs/qc.md).
     """
     entries = tuple(entries)
+    hidden = [BacklogState.BLOCKED] * len(damaged_requests(errors))
     return {
-        "state": decide_worker_qc(e.state for e in entries).value,
+        "state": decide_worker_qc([*(e.state for e in entries), *hidden]).value,
         "requested": len(entries),
         "completed": sum(1 for e in entries if e.state is BacklogState.COMPLETED),
         "counts": count_states((e.state.value for e in entries), BACKLOG_ORDER),
@@ -332,9 +343,10 @@ def run_worker_qc(manifest: Any, entries: Iterable[BacklogEntry], errors: Iterab
     """
     if not manifest_requires_worker_qc(manifest):
         return None
-    return {**worker_qc_report(entries), "errors": list(errors)}
+    errors = list(errors)
+    return {**worker_qc_report(entries, errors), "errors": errors}
 
 
 __all__ = ["BacklogEntry", "BacklogFile", "DAMAGED_FAILURE", "ValidationSettings", "assemble_entry",
-           "backlog_entries", "is_outstanding", "manifest_requires_worker_qc", "newest_completed", "order_key", "outstanding", "request_order",
+           "backlog_entries", "damaged_requests", "is_outstanding", "manifest_requires_worker_qc", "newest_completed", "order_key", "outstanding", "request_order",
            "requires_worker_qc", "run_backlog_files", "run_worker_qc", "validation_settings", "worker_qc_report"]

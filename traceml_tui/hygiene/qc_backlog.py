@@ -110,7 +110,7 @@ def worker_qc_report(run_dir: Path) -> dict[str, Any]:
     """
     errors: list[str] = []
     entries = backlog.backlog_entries(Path(run_dir), errors=errors, kind=KIND)
-    return {**core_backlog.worker_qc_report(entries), "errors": errors}
+    return {**core_backlog.worker_qc_report(entries, errors), "errors": errors}
 
 
 def not_passed_line(report: Mapping[str, Any]) -> Optional[str]:
@@ -121,6 +121,10 @@ def not_passed_line(report: Mapping[str, Any]) -> Optional[str]:
     if state == NOT_REQUESTED:
         return "worker QC not passed: no QC request was written (no checkpoint published at a QC point)"
     rows = report.get("outstanding") or []
+    damaged = core_backlog.damaged_requests(report.get("errors") or ())
+    if damaged and not rows:
+        return f"worker QC not passed ({state}): damaged QC request file(s): {', '.join(damaged[:3])}" + (
+            f" and {len(damaged) - 3} more" if len(damaged) > 3 else "")
     named = ", ".join(
         f"{r.get('checkpoint')} {r.get('state')}" + (f" after {r.get('failures')} failed attempts (last: "
                                                       f"{r.get('last_error')})" if r.get("failures") else "")
