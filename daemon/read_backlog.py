@@ -1,4 +1,4 @@
-"""The read side's backlog room: the validation and heavy QC backlogs, eval freshness and the early-stopping policy's state.
+"""The read side's backlog room: the validation and heavy QC backlogs, eval freshness, the early-stopping state.
 
 Reached as ``Reader.backlog`` (:mod:`daemon.reader`). Each is decided by the one rule in core from the
 stored bytes of the run's files, as the file side decides it (docs/contracts.md, "a backlog entry").
@@ -69,8 +69,9 @@ class BacklogReader:
             return None
         entries = self.entries(run_id, now, kind=QC_BACKLOG) if entries is None else entries
         sides = tuple(BACKLOG_SIDE_KINDS[QC_BACKLOG].values())
+        marks = ", ".join("?" * len(sides))
         errors = [error for _, error in sorted(
-            self._rows(f"SELECT path, error FROM side_files WHERE run_id = ? AND kind IN ({', '.join('?' * len(sides))})"
+            self._rows(f"SELECT path, error FROM side_files WHERE run_id = ? AND kind IN ({marks})"
                        " AND error IS NOT NULL", (run_id, *sides)), key=lambda row: _file_order(row[0]))]
         return core_backlog.run_worker_qc(manifest, entries, errors)
 

@@ -154,7 +154,8 @@ async def _backlog_screen(index: Path) -> tuple[str, tuple, dict]:
             assert isinstance(pilot.app.screen, BacklogScreen)
             table = pilot.app.screen.query_one(BacklogTable)
             rows = {key: tuple(tui_data.strip_glyph(c) for c in cells) for key, cells in table.table_rows}
-            return (str(pilot.app.screen.query_one("#backlog-summary", InfoPanel).render()), table.shown_columns(), rows)
+            panel = str(pilot.app.screen.query_one("#backlog-summary", InfoPanel).render())
+            return panel, table.shown_columns(), rows
     finally:
         source.close()
 

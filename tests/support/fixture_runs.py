@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -113,8 +114,8 @@ def declare_worker_qc(root: Path, plan_dir: Path) -> Path:
     4, 8) gets its QC request from :func:`traceml_tui.hygiene.qc_backlog.publish_qc_request` (created when its
     validation request was), and sessions of the real drainer run the real test worker
     (tests/scripts/validator.py ``--qc``) as its ``max_attempts`` allows: update 4 fails once and then
-    completes, update 8 fails every time and is blocked. The committed run keeps no checkpoint files, so an empty stand-in is put at each published path (the
-    worker only checks that it exists). Returns the run's folder."""
+    completes, update 8 fails every time and is blocked. The committed run keeps no checkpoint files, so an empty
+    stand-in is put at each published path (the worker only checks that it exists). Returns the run's folder."""
     from traceml_tui.core import atomic
     from traceml_tui.hygiene import drain, qc_backlog
     from traceml_tui.hygiene.config import parse_hygiene
@@ -123,7 +124,7 @@ def declare_worker_qc(root: Path, plan_dir: Path) -> Path:
 
     run = root / name_of("hygiene")
     manifest = json.loads((run / "manifest.json").read_text())
-    worker = [os.sys.executable, str(VALIDATOR_SCRIPT), "--checkpoint", "{checkpoint}", "--step", "{step}", "--qc"]
+    worker = [sys.executable, str(VALIDATOR_SCRIPT), "--checkpoint", "{checkpoint}", "--step", "{step}", "--qc"]
     raw = {key: value for key, value in manifest["hygiene"].items() if key != "qc"}
     raw["curve"] = {k: v for k, v in raw["curve"].items() if k != "path"}
     hygiene = parse_hygiene({**raw, "qc": {**WORKER_QC_BLOCK, "worker": worker}})

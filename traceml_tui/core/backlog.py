@@ -330,7 +330,8 @@ def worker_qc_report(entries: Iterable[BacklogEntry], errors: Iterable[str] = ()
 
 def manifest_requires_worker_qc(manifest: Any) -> bool:
     """Whether a decoded :class:`traceml_tui.core.artifacts.Manifest` requires worker QC (docs/qc.md)."""
-    return manifest is not None and isinstance(manifest.hygiene, dict) and requires_worker_qc(manifest.hygiene.get("qc"))
+    hygiene = manifest.hygiene if manifest is not None else None
+    return isinstance(hygiene, dict) and requires_worker_qc(hygiene.get("qc"))
 
 
 def run_worker_qc(manifest: Any, entries: Iterable[BacklogEntry], errors: Iterable[str]) -> Optional[dict[str, Any]]:
@@ -348,5 +349,6 @@ def run_worker_qc(manifest: Any, entries: Iterable[BacklogEntry], errors: Iterab
 
 
 __all__ = ["BacklogEntry", "BacklogFile", "DAMAGED_FAILURE", "ValidationSettings", "assemble_entry",
-           "backlog_entries", "damaged_requests", "is_outstanding", "manifest_requires_worker_qc", "newest_completed", "order_key", "outstanding", "request_order",
-           "requires_worker_qc", "run_backlog_files", "run_worker_qc", "validation_settings", "worker_qc_report"]
+           "backlog_entries", "damaged_requests", "is_outstanding", "manifest_requires_worker_qc", "newest_completed",
+           "order_key", "outstanding", "request_order", "requires_worker_qc", "run_backlog_files", "run_worker_qc",
+           "validation_settings", "worker_qc_report"]

@@ -72,7 +72,7 @@ QC_BACKLOG = "qc"
 BACKLOG_ROOTS: dict[str, str] = {VALIDATION: VALIDATION, QC_BACKLOG: QC_BACKLOG}
 #: The index's side-file kind of each backlog file, by backlog and folder: validation's files are named by their
 #: folder's kind (``request``…), the QC backlog's by the same kind after its root (``qc_request``…), so a query
-#: of one backlog never sees the other's files (docs/daemon.md, "Side files").
+#: of one backlog never sees the other's files (docs/daemon.md, "What the index stores").
 BACKLOG_SIDE_KINDS: dict[str, dict[str, str]] = {
     VALIDATION: dict(BACKLOG_KINDS),
     QC_BACKLOG: {folder: f"{QC_BACKLOG}_{kind}" for folder, kind in BACKLOG_KINDS.items()},
