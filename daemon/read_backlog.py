@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 from traceml_tui.core import artifacts, freshness, hygiene_files, stopping
 from traceml_tui.core import backlog as core_backlog
+from traceml_tui.core.state import BacklogState
 
 from .read_query import Rows
 
@@ -40,6 +41,19 @@ class BacklogReader:
                      " ('request', 'claim', 'receipt', 'failure') ORDER BY path", (run_id,))]
         settings = core_backlog.validation_settings(self._manifest(run_id))
         return core_backlog.backlog_entries(files, now, settings=settings)
+
+    def blocked(self, now: Optional[float] = None) -> dict[int, int]:
+        """Per run: validation requests ``blocked`` (every allowed attempt failed), by the entries' own states.
+
+        Only runs with a failure file can have one, so only their entries are assembled (a query finds them).
+        """
+        runs = [r[0] for r in self._rows("SELECT DISTINCT run_id FROM side_files WHERE kind = 'failure'")]
+        out = {}
+        for run_id in runs:
+            n = sum(1 for e in self.entries(run_id, now) if e.state is BacklogState.BLOCKED)
+            if n:
+                out[run_id] = n
+        return out
 
     def outstanding(self) -> dict[int, int]:
         """Per run: validation requests without a receipt (the Runs table's backlog column).
