@@ -425,11 +425,12 @@ def stopped_first(ranks: Sequence[RankFacts], states: Sequence[RankState], tie_s
 
     A rank that stops (SIGSTOP, a deadlock outside any collective) stops its peers at their next collective, so
     every rank ends up silent; the one to look at is the one that stopped first: the lowest newest step (it is
-    behind the others), and among those the one whose newest record is older than the others' by more than
+    behind the others), and among those the one whose newest record — a step, or its watchdog's ``hang``
+    record: a rank that still runs writes one, a SIGSTOPped one cannot — is older than the others' by more than
     ``tie_s`` (the run's median step interval: ranks in lock-step write the same step within it, so a smaller
     gap says nothing). Ranks that cannot be told apart are named together; a rank without a step counts as
-    behind every rank with one. (A hang's watchdog records tell more: :func:`hang_roles` makes the peers
-    ``waiting``, and they are not stalled at all.)
+    behind every rank with one. (When the hang records tell who waits inside a collective, :func:`hang_roles`
+    makes those ``waiting``: they are not stalled at all.)
     """
     silent = [i for i, s in enumerate(states) if s in (RankState.STALLED, RankState.LOST)]
     if len(silent) < 2:
@@ -438,14 +439,19 @@ def stopped_first(ranks: Sequence[RankFacts], states: Sequence[RankState], tie_s
     def step(i: int) -> float:
         return float("-inf") if ranks[i].last_step is None else float(ranks[i].last_step)
 
+    def newest(i: int) -> Optional[float]:
+        stamps = [t for t in (ranks[i].last_ts, ranks[i].hang.ts if ranks[i].hang is not None else None)
+                  if t is not None]
+        return max(stamps) if stamps else None
+
     low = min(step(i) for i in silent)
     behind = [i for i in silent if step(i) == low]
-    stamps = [ranks[i].last_ts for i in behind if ranks[i].last_ts is not None]
+    stamps = [t for i in behind if (t := newest(i)) is not None]
     if len(behind) < 2 or not stamps:
         return tuple(behind)
     margin = tie_s if tie_s is not None and tie_s > 0 else 0.0
     oldest = min(stamps)
-    return tuple(i for i in behind if ranks[i].last_ts is None or ranks[i].last_ts <= oldest + margin)
+    return tuple(i for i in behind if (t := newest(i)) is None or t <= oldest + margin)
 
 
 def validation_mark(*, blocked: int, summary_missing: bool) -> Optional[str]:
@@ -540,6 +546,7 @@ class HangFact:
 
     collective: Optional[str] = None
     seq: Optional[int] = None
+    ts: Optional[float] = None  # when the watchdog wrote it (a record of a rank that still runs: who stopped first)
 
 
 #: Rank states of a rank that stopped making progress (hang forensics looks only at these).
