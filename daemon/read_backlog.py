@@ -27,6 +27,7 @@ class BacklogReader:
     def __init__(self, rows: Rows, manifest: Callable[[int], Optional[artifacts.Manifest]]):
         self._rows = rows
         self._manifest = manifest
+        self._blocked: dict[int, tuple[int, int]] = {}  # run_id -> (data version, blocked requests)
 
     def entries(self, run_id: int, now: Optional[float] = None) -> tuple[BacklogItem, ...]:
         """Validation backlog entries of a run in checkpoint order, each with its decided state.
@@ -45,14 +46,20 @@ class BacklogReader:
     def blocked(self, now: Optional[float] = None) -> dict[int, int]:
         """Per run: validation requests ``blocked`` (every allowed attempt failed), by the entries' own states.
 
-        Only runs with a failure file can have one, so only their entries are assembled (a query finds them).
+        Only runs with a failure file can have one, so only their entries are assembled (a query finds them),
+        and each run's count is kept until its data version moves (a side file that changes bumps it): no
+        claim, live or stale, ever leaves a request blocked, so the count does not move with the clock.
         """
-        runs = [r[0] for r in self._rows("SELECT DISTINCT run_id FROM side_files WHERE kind = 'failure'")]
         out = {}
-        for run_id in runs:
-            n = sum(1 for e in self.entries(run_id, now) if e.state is BacklogState.BLOCKED)
-            if n:
-                out[run_id] = n
+        for run_id, version in self._rows(
+                "SELECT r.run_id, r.updated_version FROM runs r WHERE EXISTS (SELECT 1 FROM side_files f"
+                " WHERE f.run_id = r.run_id AND f.kind = 'failure')"):
+            cached = self._blocked.get(run_id)
+            if cached is None or cached[0] != version:
+                n = sum(1 for e in self.entries(run_id, now) if e.state is BacklogState.BLOCKED)
+                cached = self._blocked[run_id] = (version, n)
+            if cached[1]:
+                out[run_id] = cached[1]
         return out
 
     def outstanding(self) -> dict[int, int]:

@@ -239,17 +239,29 @@ class RunsReader:
         self._current_hangs = current_hangs
         self._blocked = blocked
         self._manifest = manifest
+        self._missing: dict[int, tuple[int, bool]] = {}  # run_id -> (data version, summary says missing)
 
     def _validation_missing(self) -> set[int]:
-        """Runs whose final summary's ``validation.status`` is ``missing`` (``Validation: MISSING``), in one query.
+        """Runs whose final summary's ``validation.status`` is ``missing`` (``Validation: MISSING``).
 
-        The fast path of ``reader.files.validation(run).status == "missing"`` (held equal by a test): a summary
-        that is not valid JSON says nothing (its error row names it); whether it is current is checked by the
-        caller (core.state.summary_is_current).
+        The fast path of ``reader.files.validation(run).status == "missing"`` (held equal by a test): SQLite reads
+        the one field, a summary that is not valid JSON says nothing (its error row names it), and each run's
+        answer is kept until its data version moves; whether the summary is current is the caller's check
+        (core.state.summary_is_current).
         """
-        return {run_id for run_id, word in self._rows(
-            "SELECT run_id, CASE WHEN json_valid(content) THEN json_extract(content, '$.validation.status') END"
-            " FROM side_files WHERE kind = 'summary' AND content IS NOT NULL") if word == "missing"}
+        out = set()
+        for run_id, version in self._rows(
+                "SELECT r.run_id, r.updated_version FROM runs r WHERE EXISTS (SELECT 1 FROM side_files f"
+                " WHERE f.run_id = r.run_id AND f.kind = 'summary' AND f.content IS NOT NULL)"):
+            cached = self._missing.get(run_id)
+            if cached is None or cached[0] != version:
+                words = self._rows(
+                    "SELECT CASE WHEN json_valid(content) THEN json_extract(content, '$.validation.status') END"
+                    " FROM side_files WHERE run_id = ? AND kind = 'summary' AND content IS NOT NULL", (run_id,))
+                cached = self._missing[run_id] = (version, any(w == "missing" for w, in words))
+            if cached[1]:
+                out.add(run_id)
+        return out
 
     def _first_ts(self, run_id: Optional[int] = None) -> dict[int, float]:
         """Each run's first step record time: the first step of each rank's attempts (primary-key lookups)."""
