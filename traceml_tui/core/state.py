@@ -52,6 +52,14 @@ The rules (docs/contracts.md, "state rules"):
   that long, or already found the rank that silent when it read its file to the
   end (a hung collective silences every rank at once; an ingest backlog is not
   a stall, an old hung run found by a fresh index is).
+
+Nothing hides (docs/watch.md): marks beside the word, decided here too —
+a rank still running but silent for several of its own step intervals is
+*quiet* (:func:`quiet_ranks`); a stall names the rank that stopped first, not
+every rank its stop silenced (:func:`stopped_first`); blocked or missing
+validation is a mark that needs attention (:func:`validation_mark`,
+:func:`needs_attention`); an interrupted run says by what (:func:`interruption`);
+:func:`marks_text` prints them for every surface.
 """
 
 from __future__ import annotations
