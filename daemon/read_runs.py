@@ -215,11 +215,10 @@ def _exit_codes_of(text: str) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class _Marks:
-    """Per run: blocked validation requests, a final summary saying validation is missing, the first step time."""
+    """Per run: blocked validation requests, and whether its final summary says validation is missing."""
 
     blocked: dict[int, int] = field(default_factory=dict)
     missing: set[int] = field(default_factory=set)
-    first_ts: dict[int, float] = field(default_factory=dict)
 
 
 class RunsReader:
@@ -240,6 +239,7 @@ class RunsReader:
         self._blocked = blocked
         self._manifest = manifest
         self._missing: dict[int, tuple[int, bool]] = {}  # run_id -> (data version, summary says missing)
+        self._firsts: dict[int, tuple[int, Optional[float]]] = {}  # run_id -> (data version, first step time)
 
     def _validation_missing(self) -> set[int]:
         """Runs whose final summary's ``validation.status`` is ``missing`` (``Validation: MISSING``).
@@ -263,13 +263,17 @@ class RunsReader:
                 out.add(run_id)
         return out
 
-    def _first_ts(self, run_id: Optional[int] = None) -> dict[int, float]:
-        """Each run's first step record time: the first step of each rank's attempts (primary-key lookups)."""
-        where, params = ("WHERE r.run_id = ?", (run_id,)) if run_id is not None else ("", ())
-        return {rid: ts for rid, ts in self._rows(
-            "SELECT r.run_id, min(s.ts) FROM rank_live r JOIN steps s ON s.run_id = r.run_id AND s.rank = r.rank"
-            f" AND s.attempt = r.attempt AND s.step = r.first_step {where} GROUP BY r.run_id", params)
-            if ts is not None}
+    def _first_ts(self, run_id: int, version: int) -> Optional[float]:
+        """A run's first step record time: the first step of each rank's attempts (primary-key lookups), kept until
+        the run's data version moves."""
+        cached = self._firsts.get(run_id)
+        if cached is None or cached[0] != version:
+            rows = self._rows(
+                "SELECT min((SELECT s.ts FROM steps s WHERE s.run_id = r.run_id AND s.rank = r.rank"
+                " AND s.attempt = r.attempt AND s.step = r.first_step)) FROM rank_live r WHERE r.run_id = ?",
+                (run_id,))
+            cached = self._firsts[run_id] = (version, rows[0][0] if rows else None)
+        return cached[1]
 
     def _interruption(self, d: dict, latest: list[dict]) -> tuple[Optional[str], Optional[float]]:
         """What interrupted an interrupted run and when: the manifest's exit code and end (typed), else the ranks'
@@ -341,7 +345,7 @@ class RunsReader:
         if status is RunStatus.INTERRUPTED:
             interrupted_by, interrupted_at = self._interruption(d, latest)
         missing = d["run_id"] in marks.missing and summary_is_current(d["manifest_status"])
-        first_ts = marks.first_ts.get(d["run_id"])
+        first_ts = self._first_ts(d["run_id"], d["updated_version"])
         age, took = views.run_times(status, first_ts, d["last_ts"], now)
         # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score.
         step_ms, slowest, score, skew, verdict = views.step_figures(
@@ -363,10 +367,10 @@ class RunsReader:
             duration_s=took,
         )
 
-    def _marks(self, now: float, run_id: Optional[int] = None) -> "_Marks":
-        """The facts behind the runs' marks, each for every run in one go (or for one run)."""
+    def _marks(self, now: float) -> "_Marks":
+        """The facts behind the runs' validation marks, for every run in one go (each kept per run version)."""
         blocked = self._blocked(now) if self._blocked is not None else {}
-        return _Marks(blocked=blocked, missing=self._validation_missing(), first_ts=self._first_ts(run_id))
+        return _Marks(blocked=blocked, missing=self._validation_missing())
 
     def all(self, roots: Optional[list[str]], now: float) -> tuple[RunSummary, ...]:
         """All runs (optionally only those under ``roots``), most recently active first, with states decided."""
@@ -387,7 +391,7 @@ class RunsReader:
             return None
         latest = self._rank_dicts(f"run_id = ? AND {_LATEST}", (run_id,))
         return self._summary(rows[0], latest.get(run_id, []), now, self._leases(run_id).get(run_id, ()),
-                             self._marks(now, run_id))
+                             self._marks(now))
 
     def attempts(self, run_id: int, run: Optional[RunSummary]) -> tuple[RankRow, ...]:
         """Per (rank, attempt) rows, ordered by rank then attempt; the newest attempt carries ``run``'s state."""
