@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
+from traceml_tui.core import artifacts, records, straggler
 from traceml_tui.core import hang as hangs_mod
-from traceml_tui.core import records, straggler
 from traceml_tui.core.state import (
     STOPPED_RANK_STATES,
     LeaseFacts,
@@ -242,11 +242,10 @@ class RunsReader:
         self._firsts: dict[int, tuple[int, Optional[float]]] = {}  # run_id -> (data version, first step time)
 
     def _validation_missing(self) -> set[int]:
-        """Runs whose final summary's ``validation.status`` is ``missing`` (``Validation: MISSING``).
+        """Runs whose final summary's ``validation`` section says ``missing`` (``Validation: MISSING``).
 
-        The fast path of ``reader.files.validation(run).status == "missing"`` (held equal by a test): SQLite reads
-        the one field, a summary that is not valid JSON says nothing (its error row names it), and each run's
-        answer is kept until its data version moves; whether the summary is current is the caller's check
+        Decoded by the typed section (``artifacts.decode_validation``, as ``reader.files.validation``), once per
+        run data version (a summary that changes bumps it); whether the summary is current is the caller's check
         (core.state.summary_is_current).
         """
         out = set()
@@ -255,10 +254,12 @@ class RunsReader:
                 " WHERE f.run_id = r.run_id AND f.kind = 'summary' AND f.content IS NOT NULL)"):
             cached = self._missing.get(run_id)
             if cached is None or cached[0] != version:
-                words = self._rows(
-                    "SELECT CASE WHEN json_valid(content) THEN json_extract(content, '$.validation.status') END"
-                    " FROM side_files WHERE run_id = ? AND kind = 'summary' AND content IS NOT NULL", (run_id,))
-                cached = self._missing[run_id] = (version, any(w == "missing" for w, in words))
+                missing = False
+                for content, in self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'summary'"
+                                           " AND content IS NOT NULL", (run_id,)):
+                    section = artifacts.decode_validation(content.encode("utf-8"))
+                    missing = missing or (section is not None and section.status == "missing")
+                cached = self._missing[run_id] = (version, missing)
             if cached[1]:
                 out.add(run_id)
         return out

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -52,7 +51,7 @@ from traceml_tui.tui.screens.run_detail import RunScreen, headline
 from traceml_tui.tui.screens.sort_picker import SortList, SortPicker
 from traceml_tui.tui.source import IndexSource
 from traceml_tui.tui.widgets.rank_table import QUIET_STYLE, rank_cells
-from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable
+from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable, status_text
 
 from support import fixture_runs as fr
 from support import tui_data as d
@@ -151,9 +150,9 @@ def committed(tmp_path):
     yield root, index
 
 
-def _status(index: Path, *args: str) -> subprocess.CompletedProcess:
+def _status(index: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--index", str(index), *args],
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 def _expected_blocked(run_dir: Path) -> int:
@@ -164,7 +163,7 @@ def _expected_blocked(run_dir: Path) -> int:
                if len(kinds["failures"]) >= 3 and not kinds["receipts"] and not kinds["claims"])
 
 
-def test_blocked_validation_is_counted_as_needing_attention_in_the_reader_and_status(committed):
+def test_blocked_validation_is_counted_as_needing_attention_in_the_reader_and_status(committed, cli_env):
     root, index = committed
     blocked = _expected_blocked(root / fr.name_of("hygiene"))
     assert blocked == 1  # the case's facts: step-00000006 spent its three attempts
@@ -178,11 +177,11 @@ def test_blocked_validation_is_counted_as_needing_attention_in_the_reader_and_st
 
     # `traceml status`: the same text in the table, and --json says it needs attention (the clock is now, long
     # after the runs: their words are final, the hung run's stall only grows)
-    table = _status(index)
+    table = _status(index, cli_env)
     assert table.returncode == 0, table.stderr
     (line,) = [ln for ln in table.stdout.splitlines() if ln.startswith(fr.name_of("hygiene") + " ")]
     assert f"completed ⚠ {blocked} blocked" in line, table.stdout
-    js = _status(index, "--json")
+    js = _status(index, cli_env, "--json")
     by_name = {r["name"]: r for r in json.loads(js.stdout)["runs"]}
     assert by_name[fr.name_of("hygiene")]["attention"] is True
     assert by_name[fr.name_of("hygiene")]["validation_mark"] == f"{blocked} blocked"
@@ -211,8 +210,9 @@ async def test_blocked_validation_is_counted_on_the_runs_screen_with_its_mark(co
         source.close()
 
 
-def test_the_summary_missing_fast_path_equals_the_summary_section(tmp_path):
-    """The one-query ``Validation: MISSING`` check agrees with the typed ``validation`` section of every run."""
+def test_a_summary_saying_validation_missing_is_a_mark(tmp_path):
+    """The runs whose typed summary ``validation`` section says ``missing`` are the runs the reader marks (the hygiene
+    run's section, written by the real ``validation_report``: requests left without a receipt)."""
     _, index = fr.build_real_index(tmp_path, prepare=fr.stop_hygiene_early)  # the real section, `missing`
     with Reader(index) as reader:
         fast = reader._runs._validation_missing()
@@ -222,6 +222,9 @@ def test_the_summary_missing_fast_path_equals_the_summary_section(tmp_path):
             if section is not None and section.status == "missing":
                 slow.add(run.run_id)
     assert slow and fast == slow
+    with Reader(index) as reader:
+        (hygiene,) = [r for r in reader.list_runs(now=fr.SHOWN_AT) if r.run_id in slow]
+    assert hygiene.name == fr.name_of("hygiene") and hygiene.attention
 
 
 def test_an_interrupted_run_says_by_what_and_when(committed):
@@ -419,7 +422,7 @@ def test_a_sigstopped_rank_is_greyed_before_the_stall_and_named_alone_when_decla
                     return None
                 (run,) = runs
                 rows = reader.rank_rows(run.run_id)
-                return run, reader.rank_views(run, rows), time.time()
+                return run, reader.rank_views(run, rows), time.time(), reader.figures(run)
 
         # both ranks step, and the index has them
         wait(lambda: (got := run_now()) and all((v.last_step or 0) >= 5 for v in got[1]) and len(got[1]) == 2,
@@ -432,12 +435,12 @@ def test_a_sigstopped_rank_is_greyed_before_the_stall_and_named_alone_when_decla
             got = run_now()
             if got is None:
                 return None
-            run, views, now = got
+            run = got[0]
             if run.status is RunStatus.RUNNING and 1 in dict(run.quiet_ranks):
                 seen_quiet.append(got)
             return got if run.status is RunStatus.STALLED else None
 
-        run, views, now = wait(stalled, "the stall to be declared", timeout=240)
+        run = wait(stalled, "the stall to be declared", timeout=240)[0]
     finally:
         realruns._kill_all(realruns._tree(launcher.pid))  # SIGKILL ends a stopped process too
         daemon.send_signal(signal.SIGTERM)
@@ -448,10 +451,13 @@ def test_a_sigstopped_rank_is_greyed_before_the_stall_and_named_alone_when_decla
 
     # before the stall: rank 1 greyed with its silence age, the run row saying so, its word still `running`
     assert seen_quiet, "rank 1 was never seen quiet before the stall was declared"
-    q_run, q_views, q_now = seen_quiet[0]
+    q_run, q_views, q_now, q_figures = seen_quiet[0]
     silent_s = dict(q_run.quiet_ranks)[1]
     assert silent_s > QUIET_FLOOR_S and dict(q_run.rank_states)[1] is RankState.RUNNING
     assert "r1" in q_run.marks and "silent" in q_run.status_text
+    runs_row = present.run_row(q_run, q_figures, workload=None, trend=(), backlog=0)  # the Runs screen's row
+    assert runs_row.quiet_ranks and 1 in runs_row.quiet_ranks
+    assert status_text(runs_row).plain.startswith("▶ running ") and "silent" in status_text(runs_row).plain
     row = present.rank_row(next(v for v in q_views if v.rank == 1), q_now, tuple(r for r, _ in q_run.quiet_ranks))
     state_cell = rank_cells(row)[2]
     assert row.quiet and state_cell.plain.startswith("▶ silent ") and state_cell.style == QUIET_STYLE
