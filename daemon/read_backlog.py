@@ -13,6 +13,7 @@ from typing import Callable, Optional
 from traceml_tui.core import artifacts, freshness, hygiene_files, stopping
 from traceml_tui.core import backlog as core_backlog
 from traceml_tui.core.rundir import BACKLOG_KINDS, BACKLOG_OF_SIDE_KIND, BACKLOG_SIDE_KINDS, QC_BACKLOG, VALIDATION
+from traceml_tui.core.state import BacklogState
 
 from .read_query import Rows
 
@@ -36,6 +37,7 @@ class BacklogReader:
     def __init__(self, rows: Rows, manifest: Callable[[int], Optional[artifacts.Manifest]]):
         self._rows = rows
         self._manifest = manifest
+        self._blocked: dict[int, tuple[int, int]] = {}  # run_id -> (data version, blocked requests)
 
     def entries(self, run_id: int, now: Optional[float] = None, kind: str = VALIDATION) -> tuple[BacklogItem, ...]:
         """Backlog entries of a run in checkpoint order, each with its decided state: the validation backlog, or
@@ -74,6 +76,25 @@ class BacklogReader:
             self._rows(f"SELECT path, error FROM side_files WHERE run_id = ? AND kind IN ({marks})"
                        " AND error IS NOT NULL", (run_id, *sides)), key=lambda row: _file_order(row[0]))]
         return core_backlog.run_worker_qc(manifest, entries, errors)
+
+    def blocked(self, now: Optional[float] = None) -> dict[int, int]:
+        """Per run: validation requests ``blocked`` (every allowed attempt failed), by the entries' own states.
+
+        Only runs with a failure file can have one, so only their entries are assembled (a query finds them),
+        and each run's count is kept until its data version moves (a side file that changes bumps it): no
+        claim, live or stale, ever leaves a request blocked, so the count does not move with the clock.
+        """
+        out = {}
+        for run_id, version in self._rows(
+                "SELECT r.run_id, r.updated_version FROM runs r WHERE EXISTS (SELECT 1 FROM side_files f"
+                " WHERE f.run_id = r.run_id AND f.kind = 'failure')"):
+            cached = self._blocked.get(run_id)
+            if cached is None or cached[0] != version:
+                n = sum(1 for e in self.entries(run_id, now) if e.state is BacklogState.BLOCKED)
+                cached = self._blocked[run_id] = (version, n)
+            if cached[1]:
+                out[run_id] = cached[1]
+        return out
 
     def outstanding(self) -> dict[int, int]:
         """Per run: validation requests without a receipt (the Runs table's backlog column).

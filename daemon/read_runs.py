@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
+from traceml_tui.core import artifacts, records, straggler
 from traceml_tui.core import hang as hangs_mod
-from traceml_tui.core import records, straggler
 from traceml_tui.core.state import (
     STOPPED_RANK_STATES,
     LeaseFacts,
@@ -23,8 +23,14 @@ from traceml_tui.core.state import (
     RunStatus,
     decide_run,
     describe,
+    interruption,
     lost_nodes,
+    marks_text,
+    needs_attention,
+    quiet_ranks,
+    stopped_first,
     summary_is_current,
+    validation_mark,
     with_exit_codes,
 )
 
@@ -79,11 +85,37 @@ class RunSummary:
     step_ms: Optional[float] = None
     straggler_pct: Optional[float] = None
     straggler: bool = False
+    # Nothing hides (docs/watch.md): ranks still running but silent for several of their own step intervals,
+    # (rank, seconds silent) (core.state.quiet_ranks); the rank(s) that stopped first among the stalled ones
+    # (core.state.stopped_first); the validation mark (core.state.validation_mark: `2 blocked`); what
+    # interrupted an interrupted run and when (core.state.interruption; the manifest's end, else the last end).
+    quiet_ranks: tuple[tuple[int, float], ...] = ()
+    stopped_first: tuple[int, ...] = ()
+    validation_mark: Optional[str] = None
+    interrupted_by: Optional[str] = None
+    interrupted_at: Optional[float] = None
+    # The run's first step record (unix s), its age (now − its newest record) and duration (first record to its
+    # newest, or to now while it is live): the Runs screen's Age and Duration columns (views.run_times).
+    first_ts: Optional[float] = None
+    age_s: Optional[float] = None
+    duration_s: Optional[float] = None
+
+    @property
+    def marks(self) -> str:
+        """What every surface prints after the word and its ranks (core.state.marks_text): ``SIGINT``,
+        ``r1 silent 12s``, ``⚠ 2 blocked``."""
+        return marks_text(self.validation_mark, self.quiet_ranks, self.interrupted_by, self.interrupted_at)
 
     @property
     def status_text(self) -> str:
-        """The run's word and what explains it, as every surface prints it (``failed r0 · lost node 1``)."""
-        return describe(self.status, self.explaining_ranks, self.lost_nodes)
+        """The run's word and what explains it, as every surface prints it (``failed r0 · lost node 1``,
+        ``completed ⚠ 2 blocked``)."""
+        return describe(self.status, self.explaining_ranks, self.lost_nodes, self.marks)
+
+    @property
+    def attention(self) -> bool:
+        """Whether the run needs attention (core.state.needs_attention): an alert word or a validation mark."""
+        return needs_attention(self.status, self.validation_mark)
 
     def ranks_in(self, *states: RankState) -> tuple[int, ...]:
         """The ranks whose newest attempt is in one of ``states``."""
@@ -107,7 +139,10 @@ class RunSummary:
     def explaining_ranks(self) -> tuple[int, ...]:
         """The ranks every surface names beside the run's word (``stalled r1``, ``failed r1``): the stalled
         ranks of a stalled run, the lost ones of a lost run, the failed or lost one of a failed run (its
-        aborted peers are not named: they died because of it)."""
+        aborted peers are not named: they died because of it); of a stalled run only the rank(s) that stopped
+        first (core.state.stopped_first: behind the others, or silent first), not the peers it stopped."""
+        if self.status is RunStatus.STALLED and self.stopped_first:
+            return self.stopped_first
         return self.ranks_in(*_EXPLAINED_BY.get(self.status, ()))
 
 
@@ -178,17 +213,78 @@ def _exit_codes_of(text: str) -> dict[int, int]:
     return {int(k): v for k, v in data.items() if k.lstrip("-").isdigit() and type(v) is int}
 
 
+@dataclass(frozen=True)
+class _Marks:
+    """Per run: blocked validation requests, and whether its final summary says validation is missing."""
+
+    blocked: dict[int, int] = field(default_factory=dict)
+    missing: set[int] = field(default_factory=set)
+
+
 class RunsReader:
     """The runs of the index with their states decided (the reader's ``list_runs``, ``run``, ``rank_rows``).
 
     ``stall_floor_s`` is the least silence after which a rank that has not ended counts as stalled;
-    ``current_hangs`` reads the hang records that may explain a stopped rank (the events room).
+    ``current_hangs`` reads the hang records that may explain a stopped rank (the events room);
+    ``blocked`` counts each run's blocked validation requests at a time (the backlog room) and ``manifest``
+    reads a run's typed manifest (the files room), for the marks of :attr:`RunSummary.marks`.
     """
 
-    def __init__(self, rows: Rows, stall_floor_s: float, current_hangs: CurrentHangs):
+    def __init__(self, rows: Rows, stall_floor_s: float, current_hangs: CurrentHangs,
+                 blocked: Optional[Callable[[float], dict[int, int]]] = None,
+                 manifest: Optional[Callable[[int, Optional[int]], Any]] = None):
         self._rows = rows
         self.stall_floor_s = stall_floor_s
         self._current_hangs = current_hangs
+        self._blocked = blocked
+        self._manifest = manifest
+        self._missing: dict[int, tuple[int, bool]] = {}  # run_id -> (data version, summary says missing)
+        self._firsts: dict[int, tuple[int, Optional[float]]] = {}  # run_id -> (data version, first step time)
+
+    def _validation_missing(self) -> set[int]:
+        """Runs whose final summary's ``validation`` section says ``missing`` (``Validation: MISSING``).
+
+        Decoded by the typed section (``artifacts.decode_validation``, as ``reader.files.validation``), once per
+        run data version (a summary that changes bumps it); whether the summary is current is the caller's check
+        (core.state.summary_is_current).
+        """
+        out = set()
+        for run_id, version in self._rows(
+                "SELECT r.run_id, r.updated_version FROM runs r WHERE EXISTS (SELECT 1 FROM side_files f"
+                " WHERE f.run_id = r.run_id AND f.kind = 'summary' AND f.content IS NOT NULL)"):
+            cached = self._missing.get(run_id)
+            if cached is None or cached[0] != version:
+                missing = False
+                for content, in self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'summary'"
+                                           " AND content IS NOT NULL", (run_id,)):
+                    section = artifacts.decode_validation(content.encode("utf-8"))
+                    missing = missing or (section is not None and section.status == "missing")
+                cached = self._missing[run_id] = (version, missing)
+            if cached[1]:
+                out.add(run_id)
+        return out
+
+    def _first_ts(self, run_id: int, version: int) -> Optional[float]:
+        """A run's first step record time: the first step of each rank's attempts (primary-key lookups), kept until
+        the run's data version moves."""
+        cached = self._firsts.get(run_id)
+        if cached is None or cached[0] != version:
+            rows = self._rows(
+                "SELECT min((SELECT s.ts FROM steps s WHERE s.run_id = r.run_id AND s.rank = r.rank"
+                " AND s.attempt = r.attempt AND s.step = r.first_step)) FROM rank_live r WHERE r.run_id = ?",
+                (run_id,))
+            cached = self._firsts[run_id] = (version, rows[0][0] if rows else None)
+        return cached[1]
+
+    def _interruption(self, d: dict, latest: list[dict]) -> tuple[Optional[str], Optional[float]]:
+        """What interrupted an interrupted run and when: the manifest's exit code and end (typed), else the ranks'
+        end records (core.state.interruption)."""
+        manifest = self._manifest(d["run_id"], d["updated_version"]) if self._manifest is not None else None
+        code = manifest.exit_code if manifest is not None else None
+        ends = [r["end_ts"] for r in latest if r["end_ts"] is not None]
+        at = manifest.ended_at if manifest is not None and manifest.ended_at is not None else (
+            max(ends) if ends else d["last_ts"])
+        return interruption(code, (r["ended"] for r in latest)), at
 
     def _rank_dicts(self, where: str, params: tuple) -> dict[int, list[dict]]:
         out: dict[int, list[dict]] = {}
@@ -207,21 +303,26 @@ class RunsReader:
         return {rid: lease_facts(r) for rid, r in rows.items()}
 
     def _decide(self, d: dict, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()
-                ) -> tuple[RunStatus, tuple[tuple[int, RankState], ...], Optional[hangs_mod.HangReport]]:
+                ) -> tuple[RunStatus, tuple[tuple[int, RankState], ...], Optional[hangs_mod.HangReport],
+                           tuple[tuple[int, float], ...], tuple[int, ...]]:
         outcome_nodes = _nodes_of(d.get("outcome_nodes"))
         ranks = tuple(
             RankFacts(rank=r["rank"], last_ts=r["last_ts"], end_status=r["ended"], end_exit_code=r["exit_code"],
                       end_ts=r["end_ts"], node_outcome_written=r["node"] is not None and r["node"] in outcome_nodes,
-                      last_seen=r["last_seen"], node=r["node"])
+                      last_seen=r["last_seen"], node=r["node"], last_step=r["last_step"],
+                      median_interval_s=r["median_interval_s"])
             for r in latest)
         if d["launcher_exit_codes"] and summary_is_current(d["manifest_status"]):  # codes end records lacked
             ranks = with_exit_codes(ranks, _exit_codes_of(d["launcher_exit_codes"]))
-        def decide(ranks: tuple[RankFacts, ...]):
-            return decide_run(RunFacts(
+        def facts_of(ranks: tuple[RankFacts, ...]) -> RunFacts:
+            return RunFacts(
                 ranks=ranks, now=now, median_interval_s=d["median_interval_s"], last_ingest=d["last_seen"],
                 manifest_status=d["manifest_status"], summary_status=d["summary_status"],
                 guard_training_status=d["training_status"], outcome_failed=d["outcomes_failed"] or 0,
-                missing=bool(d["missing"]), stall_floor_s=self.stall_floor_s, leases=leases))
+                missing=bool(d["missing"]), stall_floor_s=self.stall_floor_s, leases=leases)
+
+        def decide(ranks: tuple[RankFacts, ...]):
+            return decide_run(facts_of(ranks))
 
         verdict, report = decide(ranks), None
         # Hang forensics only where it can matter: several ranks, one of them stopped (a query per such run).
@@ -232,11 +333,21 @@ class RunsReader:
                               for f in ranks)
                 verdict = decide(ranks)
                 report = hangs_mod.hang_report(ranks, verdict.ranks, hangs)
-        return verdict.status, tuple((f.rank, s) for f, s in zip(ranks, verdict.ranks)), report
+        quiet = tuple((ranks[i].rank, silent) for i, silent in quiet_ranks(facts_of(ranks), verdict.ranks))
+        first = tuple(ranks[i].rank for i in stopped_first(ranks, verdict.ranks, d["median_interval_s"]))
+        return verdict.status, tuple((f.rank, s) for f, s in zip(ranks, verdict.ranks)), report, quiet, first
 
-    def _summary(self, row: tuple, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = ()) -> RunSummary:
+    def _summary(self, row: tuple, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = (),
+                 marks: Optional["_Marks"] = None) -> RunSummary:
         d = dict(zip(_RUN_COLS, row))
-        status, rank_states, hang = self._decide(d, latest, now, leases)
+        status, rank_states, hang, quiet, first = self._decide(d, latest, now, leases)
+        marks = marks or _Marks()
+        interrupted_by = interrupted_at = None
+        if status is RunStatus.INTERRUPTED:
+            interrupted_by, interrupted_at = self._interruption(d, latest)
+        missing = d["run_id"] in marks.missing and summary_is_current(d["manifest_status"])
+        first_ts = self._first_ts(d["run_id"], d["updated_version"])
+        age, took = views.run_times(status, first_ts, d["last_ts"], now)
         # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score.
         step_ms, slowest, score, skew, verdict = views.step_figures(
             straggler.spread((r["rank"], r["median_step_ms"]) for r in latest))
@@ -251,8 +362,16 @@ class RunsReader:
             nproc_per_node=d["nproc_per_node"], world_size=d["world_size"], started_at=d["started_at"],
             ended_at=d["ended_at"], version=d["updated_version"], median_interval_s=d["median_interval_s"],
             rank_states=rank_states, lost_nodes=lost_nodes(leases), hang=hang,
-            step_ms=step_ms, straggler_pct=skew, straggler=verdict,
+            step_ms=step_ms, straggler_pct=skew, straggler=verdict, quiet_ranks=quiet, stopped_first=first,
+            validation_mark=validation_mark(blocked=marks.blocked.get(d["run_id"], 0), summary_missing=missing),
+            interrupted_by=interrupted_by, interrupted_at=interrupted_at, first_ts=first_ts, age_s=age,
+            duration_s=took,
         )
+
+    def _marks(self, now: float) -> "_Marks":
+        """The facts behind the runs' validation marks, for every run in one go (each kept per run version)."""
+        blocked = self._blocked(now) if self._blocked is not None else {}
+        return _Marks(blocked=blocked, missing=self._validation_missing())
 
     def all(self, roots: Optional[list[str]], now: float) -> tuple[RunSummary, ...]:
         """All runs (optionally only those under ``roots``), most recently active first, with states decided."""
@@ -263,7 +382,8 @@ class RunsReader:
             rows = [r for r in rows if any(r[2] == p or r[2].startswith(p + "/") for p in real)]
         latest = self._rank_dicts(_LATEST, ())
         leases = self._leases()
-        return tuple(self._summary(r, latest.get(r[0], []), now, leases.get(r[0], ())) for r in rows)
+        marks = self._marks(now)
+        return tuple(self._summary(r, latest.get(r[0], []), now, leases.get(r[0], ()), marks) for r in rows)
 
     def one(self, run_id: int, now: float) -> Optional[RunSummary]:
         """One run's summary, or None."""
@@ -271,7 +391,8 @@ class RunsReader:
         if not rows:
             return None
         latest = self._rank_dicts(f"run_id = ? AND {_LATEST}", (run_id,))
-        return self._summary(rows[0], latest.get(run_id, []), now, self._leases(run_id).get(run_id, ()))
+        return self._summary(rows[0], latest.get(run_id, []), now, self._leases(run_id).get(run_id, ()),
+                             self._marks(now))
 
     def attempts(self, run_id: int, run: Optional[RunSummary]) -> tuple[RankRow, ...]:
         """Per (rank, attempt) rows, ordered by rank then attempt; the newest attempt carries ``run``'s state."""

@@ -169,7 +169,8 @@ class Reader:
         self.events = EventsReader(rows)
         self.files = FilesReader(rows)
         self.backlog = BacklogReader(rows, self.files.manifest)
-        self._runs = RunsReader(rows, stall_floor_s, self.events.current_hangs)
+        self._runs = RunsReader(rows, stall_floor_s, self.events.current_hangs, self.backlog.blocked,
+                                self.files.manifest)
 
     def close(self) -> None:
         """Close the connection (the reader and its rooms read nothing after)."""

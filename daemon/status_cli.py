@@ -134,6 +134,10 @@ def main(argv: list[str]) -> int:
                 ]
                 d = asdict(r)
                 d["status"] = str(r.status)
+                # the word as every surface prints it, with its marks, and whether it needs attention
+                # (core.state.describe / needs_attention: a validation mark counts, `completed ⚠ 2 blocked`)
+                d["status_text"] = r.status_text
+                d["attention"] = r.attention
                 d["rank_states"] = {str(rank): str(state) for rank, state in r.rank_states}
                 d["rank_count"] = d.pop("ranks")
                 d["ranks"] = ranks

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 from traceml_tui.core import artifacts, forensics, stopping
-from traceml_tui.core.state import BacklogState, RankState, RunStatus
+from traceml_tui.core.state import LIVE_RUN_STATES, BacklogState, RankState, RunStatus
 from traceml_tui.core.straggler import Spread
 
 from .live import WINDOW
@@ -153,6 +153,17 @@ class RunFigures:
                 "straggler_score": self.straggler_score, "straggler_pct": self.straggler_pct,
                 "straggler": self.straggler, "steps_per_s": self.steps_per_s, "examples_per_s": self.examples_per_s,
                 "eval_step": self.eval_step, "eval_lag": self.eval_lag, "early_stopping_best": best}
+
+
+def run_times(status: RunStatus, first_ts: Optional[float], last_ts: Optional[float], now: float
+              ) -> tuple[Optional[float], Optional[float]]:
+    """(age, duration) of a run at ``now``, in seconds: age since its newest record; duration from its first
+    record to its newest, or to now while it is live (``running``/``stalled``: it is still going)."""
+    age = None if last_ts is None else max(0.0, now - last_ts)
+    if first_ts is None:
+        return age, None
+    end = now if status in LIVE_RUN_STATES or last_ts is None else last_ts
+    return age, max(0.0, end - first_ts)
 
 
 def step_figures(spread: Optional[Spread]) -> tuple[Optional[float], Optional[int], Optional[float],

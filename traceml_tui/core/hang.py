@@ -51,7 +51,7 @@ def current_hang(hang: Optional[records.Hang], attempt: Optional[int], last_step
 
 def fact_of(hang: records.Hang) -> HangFact:
     """The facts :func:`traceml_tui.core.state.hang_roles` reads from a record."""
-    return HangFact(collective=hang.collective, seq=hang.seq)
+    return HangFact(collective=hang.collective, seq=hang.seq, ts=hang.ts)
 
 
 def user_frame(stack: Sequence[records.Frame]) -> Optional[records.Frame]:

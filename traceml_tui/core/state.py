@@ -52,6 +52,14 @@ The rules (docs/contracts.md, "state rules"):
   that long, or already found the rank that silent when it read its file to the
   end (a hung collective silences every rank at once; an ingest backlog is not
   a stall, an old hung run found by a fresh index is).
+
+Nothing hides (docs/watch.md): marks beside the word, decided here too —
+a rank still running but silent for several of its own step intervals is
+*quiet* (:func:`quiet_ranks`); a stall names the rank that stopped first, not
+every rank its stop silenced (:func:`stopped_first`); blocked or missing
+validation is a mark that needs attention (:func:`validation_mark`,
+:func:`needs_attention`); an interrupted run says by what (:func:`interruption`);
+:func:`marks_text` prints them for every surface.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from __future__ import annotations
 import enum
 import signal
 import sys
+import time
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -272,17 +281,19 @@ def lost_nodes(leases: Sequence[LeaseFacts]) -> tuple[int, ...]:
     return tuple(expired)
 
 
-def describe(status: str, ranks: Sequence[int] = (), nodes: Sequence[int] = ()) -> str:
+def describe(status: str, ranks: Sequence[int] = (), nodes: Sequence[int] = (), marks: str = "") -> str:
     """A run's word with what explains it, as every surface prints it: ``failed r0 · lost node 1``.
 
     ``ranks`` are the ranks named beside the word (``RunSummary.explaining_ranks``), ``nodes`` the
-    :func:`lost_nodes`.
+    :func:`lost_nodes`, ``marks`` what :func:`marks_text` adds (``completed ⚠ 2 blocked``).
     """
     text = str(status)
     if ranks:
         text += " " + ",".join(f"r{r}" for r in ranks)
     if nodes:
         text += " · " + lost_nodes_text(nodes)
+    if marks:
+        text += " " + marks
     return text
 
 
@@ -306,6 +317,8 @@ class RankFacts:
     last_seen: Optional[float] = None  # when the ingester stored its newest record (it had read the file to its end)
     node: Optional[int] = None  # the node it ran on (its stream header's node_rank), when known
     hang: Optional["HangFact"] = None  # its watchdog's record of the step it is silent in (core.hang.current_hang)
+    last_step: Optional[int] = None  # its newest step (who stopped first: the rank behind, see stopped_first)
+    median_interval_s: Optional[float] = None  # its own median step interval (how long a silence is quiet)
 
 
 @dataclass(frozen=True)
@@ -377,6 +390,157 @@ def decide_ranks(facts: RunFacts) -> tuple[RankState, ...]:
     return tuple(_mark_aborted(facts.ranks, _hang_states(facts.ranks, out)))
 
 
+# --------------------------------------------------------------------------- nothing hides (docs/watch.md)
+
+#: A rank still ``running`` is *quiet* — greyed with its silence age — after this many of its own step intervals …
+QUIET_INTERVALS = 3.0
+#: … and at least this many seconds (the ingester's own delay, a poll or two, stays well below it).
+QUIET_FLOOR_S = 5.0
+
+
+def quiet_limit_s(own_interval_s: Optional[float], stall_limit: float) -> float:
+    """Seconds of silence after which a running rank is quiet: ``max(QUIET_FLOOR_S, 3 × its own median step
+    interval)``, never past the stall limit (a quiet rank is one that may be stalling, before it is declared)."""
+    interval = own_interval_s if own_interval_s and own_interval_s > 0 else 0.0
+    return min(max(QUIET_FLOOR_S, QUIET_INTERVALS * interval), stall_limit)
+
+
+def quiet_ranks(facts: RunFacts, states: Sequence[RankState]) -> tuple[tuple[int, float], ...]:
+    """``(index, seconds silent)`` of the ranks still ``running`` whose newest record is older than their
+    :func:`quiet_limit_s` at ``facts.now`` (pure).
+
+    Long before a stall is declared (``max(30 s, 10 × the run's median interval)``, and only once the ingester
+    too has seen nothing of the run), a rank at 5 steps/s silent for 12 s is not ``running`` as the others are:
+    every surface greys it and says ``r1 silent 12s``. Its state word stays ``running``: quiet is a mark beside
+    the word, not a state. Ended, stalled, lost and waiting ranks are never quiet (their word says more).
+    """
+    if _final_word(facts) is not None:
+        return ()
+    limit = stall_limit_s(facts.median_interval_s, facts.stall_floor_s)
+    out = []
+    for i, (r, s) in enumerate(zip(facts.ranks, states)):
+        if s is not RankState.RUNNING or r.end_status is not None or r.last_ts is None:
+            continue
+        silent = facts.now - r.last_ts
+        if silent > quiet_limit_s(r.median_interval_s, limit):
+            out.append((i, silent))
+    return tuple(out)
+
+
+def stopped_first(ranks: Sequence[RankFacts], states: Sequence[RankState], tie_s: Optional[float] = None
+                  ) -> tuple[int, ...]:
+    """Indexes of the rank(s) that stopped first among the stalled and lost ones: named beside ``stalled``.
+
+    A rank that stops (SIGSTOP, a deadlock outside any collective) stops its peers at their next collective, so
+    every rank ends up silent; the one to look at is the one that stopped first: the lowest newest step (it is
+    behind the others), and among those the one whose newest record — a step, or its watchdog's ``hang``
+    record: a rank that still runs writes one, a SIGSTOPped one cannot — is older than the others' by more than
+    ``tie_s`` (the run's median step interval: ranks in lock-step write the same step within it, so a smaller
+    gap says nothing). Ranks that cannot be told apart are named together; a rank without a step counts as
+    behind every rank with one. (When the hang records tell who waits inside a collective, :func:`hang_roles`
+    makes those ``waiting``: they are not stalled at all.)
+    """
+    silent = [i for i, s in enumerate(states) if s in (RankState.STALLED, RankState.LOST)]
+    if len(silent) < 2:
+        return tuple(silent)
+
+    def step(i: int) -> float:
+        return float("-inf") if ranks[i].last_step is None else float(ranks[i].last_step)
+
+    def newest(i: int) -> Optional[float]:
+        stamps = [t for t in (ranks[i].last_ts, ranks[i].hang.ts if ranks[i].hang is not None else None)
+                  if t is not None]
+        return max(stamps) if stamps else None
+
+    low = min(step(i) for i in silent)
+    behind = [i for i in silent if step(i) == low]
+    stamps = [t for i in behind if (t := newest(i)) is not None]
+    if len(behind) < 2 or not stamps:
+        return tuple(behind)
+    margin = tie_s if tie_s is not None and tie_s > 0 else 0.0
+    oldest = min(stamps)
+    return tuple(i for i in behind if (t := newest(i)) is None or t <= oldest + margin)
+
+
+def validation_mark(*, blocked: int, summary_missing: bool) -> Optional[str]:
+    """The mark beside a run's word when its validation needs a look: ``2 blocked`` (requests whose every
+    allowed attempt failed: no drainer will take them again), else ``validation missing`` (its current final
+    summary says ``Validation: MISSING``: requests left without a receipt, or none published); None when fine.
+
+    A run with a mark needs attention (:func:`needs_attention`) whatever its word: ``✓ completed ⚠ 2 blocked``.
+    """
+    if blocked > 0:
+        return f"{blocked} blocked"
+    if summary_missing:
+        return "validation missing"
+    return None
+
+
+def needs_attention(status: RunStatus, mark: Optional[str] = None) -> bool:
+    """Whether a run needs the user's attention: an alert state (failed, lost, stalled) or a validation mark
+    (:func:`validation_mark`). The Runs screen counts these (``3 need attention``) and ``traceml status --json``
+    says ``attention``."""
+    return status in ALERT_STATES or mark is not None
+
+
+#: Exit codes and rank ends that say how a run was stopped from outside (``interrupted``): the signal's name.
+_STOP_ENDS = {"interrupted": "SIGINT", "terminated": "SIGTERM"}
+
+
+def signal_name(code: Optional[int]) -> Optional[str]:
+    """``SIGINT`` for an exit code that reports a signal (a shell's 128+N, torchrun's −N); None otherwise."""
+    if not isinstance(code, int) or isinstance(code, bool) or code == 0:
+        return None
+    number = -code if code < 0 else code - 128 if code > 128 else None
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def interruption(exit_code: Optional[int], rank_ends: Iterable[Optional[str]]) -> Optional[str]:
+    """What stopped an ``interrupted`` run: the signal its launcher's exit code reports (the manifest's
+    ``exit_code``, 130 = SIGINT), else what its ranks' end records say (``interrupted``: a KeyboardInterrupt,
+    SIGINT; ``terminated``: SIGTERM, SIGTERM first); None when nothing tells."""
+    name = signal_name(exit_code)
+    if name is not None:
+        return name
+    ends = {e for e in rank_ends if e in _STOP_ENDS}
+    if "terminated" in ends:
+        return _STOP_ENDS["terminated"]
+    return _STOP_ENDS["interrupted"] if ends else None
+
+
+def compact_age(seconds: float) -> str:
+    """``42s``, ``3m``, ``2.1h``, ``5.0d``: a silence as the marks print it (the watch's ages read alike)."""
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{s / 60:.0f}m"
+    if s < 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def marks_text(mark: Optional[str] = None, quiet: Sequence[tuple[int, float]] = (),
+               interrupted_by: Optional[str] = None, interrupted_at: Optional[float] = None) -> str:
+    """The marks every surface prints after a run's word (:func:`describe`): ``SIGINT 21:14`` (what interrupted
+    it and when, UTC), ``r1 silent 12s`` (quiet ranks: ``(rank, seconds)``, the longest silence), ``⚠ 2 blocked``
+    (validation)."""
+    parts = []
+    if interrupted_by:
+        when = time.strftime(" %H:%M", time.gmtime(interrupted_at)) if interrupted_at is not None else ""
+        parts.append(interrupted_by + when)
+    if quiet:
+        parts.append(",".join(f"r{r}" for r, _ in quiet) + f" silent {compact_age(max(s for _, s in quiet))}")
+    if mark:
+        parts.append(f"⚠ {mark}")
+    return " ".join(parts)
+
+
 # --------------------------------------------------------------------------- hang forensics
 
 
@@ -390,6 +554,7 @@ class HangFact:
 
     collective: Optional[str] = None
     seq: Optional[int] = None
+    ts: Optional[float] = None  # when the watchdog wrote it (a record of a rank that still runs: who stopped first)
 
 
 #: Rank states of a rank that stopped making progress (hang forensics looks only at these).

@@ -10,6 +10,8 @@ place (:meth:`WatchApp.on_worker_state_changed`).
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -61,6 +63,17 @@ AGE_REFRESH_S = 1.0
 TAKEOVER_RETRY_S = 5.0
 
 
+def sixteen_colours() -> bool:
+    """Whether the terminal shows 16 colours: ``TEXTUAL_COLOR_SYSTEM=standard`` (or ``windows``), else what Rich
+    detects for this terminal."""
+    wanted = os.environ.get("TEXTUAL_COLOR_SYSTEM", "auto").strip().lower()
+    if wanted != "auto":
+        return wanted in ("standard", "windows")
+    from rich.console import Console
+
+    return Console(file=sys.__stdout__).color_system in ("standard", "windows")
+
+
 def same_runs(a: RunsSnapshot, b: RunsSnapshot) -> bool:
     """Whether two snapshots show the same Runs screen (the clock and the source line aside: the header has it).
 
@@ -89,7 +102,9 @@ class WatchApp(App):
 
     def __init__(self, source: Source, *, poll_interval: float = 0.25, alerts: bool = True,
                  compare: Optional[tuple[str, str]] = None, threshold_pct: Optional[float] = 5.0) -> None:
-        super().__init__()
+        # On 16 colours the state colours go to the terminal as its own ANSI colours: converted to the theme's
+        # truecolor first, red (#f4005f) would come out magenta and yellow red (docs/watch.md "Glyphs").
+        super().__init__(ansi_color=True if sixteen_colours() else None)
         self.source = source
         self.poll_interval = poll_interval
         self.alerts = alerts

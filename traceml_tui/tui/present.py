@@ -27,6 +27,7 @@ from traceml_tui.tui.snapshots import (
     RunRow,
     Series,
 )
+from traceml_tui.tui.textplot import duration
 
 
 def _num(value: Any) -> Optional[float]:
@@ -70,16 +71,22 @@ def run_row(run: Any, figures: Any, *, workload: Optional[str], trend: tuple[flo
         eval_step=figures.eval_step, eval_lag=figures.eval_lag, backlog=backlog, errors=run.errors or 0,
         last_ts=run.last_ts, folder=run_folder(run.dir, run.root, run.name), dir=run.dir,
         slowest_rank=figures.slowest_rank, straggler_score=figures.straggler_score,
-        straggler_pct=figures.straggler_pct, straggler=figures.straggler)
+        straggler_pct=figures.straggler_pct, straggler=figures.straggler,
+        marks=run.marks, attention=run.attention,
+        validation_mark=run.validation_mark,
+        quiet_ranks=tuple(r for r, _ in run.quiet_ranks),
+        interrupted_by=run.interrupted_by, interrupted_at=run.interrupted_at,
+        age=duration(run.age_s), duration=duration(run.duration_s),
+        age_s=run.age_s, duration_s=run.duration_s)
 
 
-def rank_row(r: Any, now: float) -> RankRow:
+def rank_row(r: Any, now: float, quiet: tuple[int, ...] = ()) -> RankRow:
     """One rank of the Run screen: its median step time and Δ are the view's; the parts the window's means."""
     return RankRow(
         rank=r.rank, attempt=r.attempt, node=r.node, step=r.last_step, step_ms=r.step_ms,
         parts=tuple((r.parts or {}).get(name) for name in steptime.PART_NAMES), delta_pct=r.delta_pct,
         silent_s=None if r.last_ts is None else max(0.0, now - r.last_ts),
-        silent=r.state in (RankState.STALLED, RankState.LOST), ended=r.ended, state=r.state)
+        silent=r.state in (RankState.STALLED, RankState.LOST), ended=r.ended, state=r.state, quiet=r.rank in quiet)
 
 
 def early_stopping_info(view: Any) -> Optional[EarlyStoppingInfo]:

@@ -59,6 +59,21 @@ class RunRow:
     straggler_pct: Optional[float] = None  # the same as a skew in % (None with one timed rank)
     straggler: bool = False  # the straggler rule's verdict (core/straggler.py, as the summary's STRAGGLER)
     first_failed: Optional[int] = None  # the rank that failed first (core/state.py first_failure; the others aborted)
+    # Nothing hides (docs/watch.md): the reader's marks after the word (`SIGINT`, `r1 silent 12s`, `⚠ 2 blocked`),
+    # whether the run needs attention (an alert word or a validation mark: core.state.needs_attention), the
+    # validation mark alone, what interrupted it and when; Age (since its newest record) and Duration (first
+    # record to its newest, or to now while live) as shown, and in seconds for sorting (not compared: a rebuild
+    # whose shown text did not move is not handed to the screen).
+    marks: str = ""
+    attention: bool = False
+    validation_mark: Optional[str] = None
+    quiet_ranks: tuple[int, ...] = ()
+    interrupted_by: Optional[str] = None
+    interrupted_at: Optional[float] = None
+    age: str = "–"
+    duration: str = "–"
+    age_s: Optional[float] = field(default=None, compare=False)
+    duration_s: Optional[float] = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,7 @@ class RankRow:
     silent: bool = False  # stalled or lost
     ended: Optional[str] = None  # the rank_end record's status word, as written
     state: Optional[RankState] = None  # the core's decision (None: an older attempt)
+    quiet: bool = False  # still running, but silent for several of its own step intervals (core.state.quiet_ranks)
 
 
 @dataclass(frozen=True)

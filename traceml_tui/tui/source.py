@@ -242,7 +242,7 @@ class IndexSource:
         heat, heat_steps = views.heatmap(step_series, HEAT_COLUMNS)
         manifest = view.manifest
         return RunDetail(
-            run=row, ranks=tuple(present.rank_row(r, now) for r in view.ranks),
+            run=row, ranks=tuple(present.rank_row(r, now, row.quiet_ranks) for r in view.ranks),
             step_time=tuple(present.points_series(f"rank {r}", s) for r, s in zip(ranks, step_series)),
             loss_ratio=loss_ratio, ratio_name=fig.ratio_name,
             train_metric=train if train is not None and train.x else None, eval_metric_name=view.eval_metric,

@@ -28,7 +28,10 @@ from traceml_tui.tui.widgets.screen_header import ScreenHeader
 
 #: The Runs table's columns (labels from widgets/runs_table.py).
 RUNS_COLUMN_HELP: dict[str, str] = {
-    "Status": "the run's state word after its glyph, then the ranks that went silent (e.g. ⚠ stalled r0,r1)",
+    "Status": "the run's state word after its glyph, then the ranks that explain it (⚠ stalled r1: the rank that "
+              "stopped first), then its marks: a rank still running but silent for 3 of its step intervals "
+              "(r1 silent 12s), what interrupted it and when (SIGINT 21:14 UTC), a validation that needs a look "
+              "(⚠ 2 blocked, ⚠ validation missing: counted as needing attention)",
     "Run": "run name, cut in the middle when too long (guard-cand…-133543) so its end stays readable; "
            "◆ marks the reference run chosen with m",
     "Folder": "where the run lives, from its root's name (logs/exp1); shown when two runs share a name",
@@ -46,6 +49,8 @@ RUNS_COLUMN_HELP: dict[str, str] = {
     "Eval": "@S −L: S = newest evaluated checkpoint step, L = steps training is ahead of it (– = none yet)",
     "Backlog": "validation requests without a receipt (pending, claimed, failed, blocked, stale-claim)",
     "Err": "ingest errors: records or files the index could not read (listed on the Run screen)",
+    "Age": "time since the run's newest record",
+    "Duration": "from the run's first step record to its newest, or to now while it runs",
 }
 
 #: What each run state means (the rules of traceml_tui/core/state.py), in attention order.
@@ -193,7 +198,8 @@ def help_renderable(app_bindings=(), origin: str | None = None) -> Group:
              "puts the most urgent states first.")
     doc.section("Run states (Runs status, Run headline, rank State), most urgent first")
     doc.rows((f"{RUN_GLYPHS[s]} {s}", RUN_STATUS_HELP[s]) for s in RUN_ATTENTION)
-    doc.note("A rank's State adds how long it has been silent: ▶ running 3s, ⚠ STALLED 40s, ? LOST 2m. "
+    doc.note("A rank's State adds how long it has been silent: ▶ running 3s, ⚠ STALLED 40s, ? LOST 2m; a rank "
+             "still running but silent for 3 of its own step intervals (at least 5 s) is greyed: ▶ silent 12s. "
              "↯ aborted: the rank failed after another rank failed first (a victim); the first is ✗ failed or ? LOST.")
     doc.section("Run screen: rank table")
     doc.rows([("State", "the rank's state (above) and the time since its newest record"),

@@ -31,7 +31,7 @@ def headline(detail: RunDetail) -> list:
     """One-line run status plus facts, as InfoPanel lines."""
     r = detail.run
     # the ranks and lost nodes the Runs table and `traceml status` name beside the word (core/state.py describe)
-    status = describe(r.status.upper(), r.explaining_ranks, r.lost_nodes)
+    status = describe(r.status.upper(), r.explaining_ranks, r.lost_nodes, r.marks)
     facts = [f"step {r.step if r.step is not None else '–'}" + (f"/{r.declared_steps}" if r.declared_steps else ""),
              f"median {textplot.fmt_num(r.median_step_ms)} ms"]
     if r.slowest_rank is not None and r.straggler_pct is not None:  # the rank table's Δ of that rank
@@ -43,7 +43,16 @@ def headline(detail: RunDetail) -> list:
         facts.append(f"eval @{r.eval_step} (lag {r.eval_lag})")
     if r.backlog:
         facts.append(f"backlog {r.backlog}")
-    return [(run_label(r.status, status), STATUS_STYLE.get(r.status, "")), " · ".join(facts), timing(detail)]
+    lines = [(run_label(r.status, status), STATUS_STYLE.get(r.status, "")), " · ".join(facts), timing(detail)]
+    if r.interrupted_by is not None:  # by what and when, in full (the Runs row says it short: `SIGINT 21:14`)
+        lines.append(f"interrupted by {interruption_text(r.interrupted_by)} at {textplot.clock_time(r.interrupted_at)}")
+    return lines
+
+
+def interruption_text(signal_name: str) -> str:
+    """``SIGINT (Ctrl-C)``, ``SIGTERM (a stop from outside: scheduler, launcher)``; other signals as named."""
+    return {"SIGINT": "SIGINT (Ctrl-C)", "SIGTERM": "SIGTERM (stopped from outside: a scheduler or the launcher)",
+            "SIGHUP": "SIGHUP (its terminal closed)"}.get(signal_name, signal_name)
 
 
 def timing(detail: RunDetail) -> str:

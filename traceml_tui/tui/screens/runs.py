@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from traceml_tui.tui.messages import OpenBacklog, OpenCompare, OpenDescribe, OpenLogs, OpenRun
 from traceml_tui.tui.screens.sort_picker import SortPicker
-from traceml_tui.tui.snapshots import ATTENTION_WORDS, RunRow, RunsSnapshot
+from traceml_tui.tui.snapshots import RunRow, RunsSnapshot
 from traceml_tui.tui.widgets.runs_table import COLUMNS, RunsTable, run_cells
 from traceml_tui.tui.widgets.screen_header import ScreenHeader
 
@@ -119,7 +119,8 @@ class RunsScreen(Screen):
             self._say("No run matches the filter.")
         else:
             n = len(snap.rows)
-            failing = sum(1 for r in snap.rows if r.status in ATTENTION_WORDS)
+            # an alert word or a validation mark (core.state.needs_attention, decided by the reader)
+            failing = sum(1 for r in snap.rows if r.attention)
             if self.sort_column >= 0:
                 order = f"{COLUMNS[self.sort_column][0]} {'▼' if self.sort_reverse else '▲'}"
             else:

@@ -15,6 +15,10 @@ STATE_STYLE = {RankState.COMPLETED: "cyan", RankState.FAILED: "bold red", RankSt
                RankState.ABORTED: "red"}
 
 
+#: A quiet rank (still running, but silent): greyed, italic so that it reads without colour too.
+QUIET_STYLE = "dim italic"
+
+
 def rank_cells(r: RankRow) -> tuple:
     delta = "–" if r.delta_pct is None else f"{r.delta_pct:+.0f}%"
     delta_style = "bold red" if r.delta_pct is not None and r.delta_pct >= 20 else ""
@@ -26,10 +30,13 @@ def rank_cells(r: RankRow) -> tuple:
         silent = Text(rank_label(r.state, f"LOST {textplot.duration(r.silent_s)}"), style="bold red")
     elif r.state in (RankState.COMPLETED, RankState.FAILED, RankState.INTERRUPTED, RankState.ABORTED):
         silent = Text(rank_label(r.state), style=STATE_STYLE.get(r.state, ""))
+    elif r.quiet:  # running, but silent for several of its own step intervals (core.state.quiet_ranks): greyed
+        silent = Text(rank_label(r.state, f"silent {textplot.duration(r.silent_s)}"), style=QUIET_STYLE)
     else:
         silent = Text(rank_label(r.state, f"running {textplot.duration(r.silent_s)}"), style="green")
+    step = "–" if r.step is None else str(r.step)
     return (
-        str(r.rank), "–" if r.node is None else str(r.node), silent, "–" if r.step is None else str(r.step),
+        str(r.rank), "–" if r.node is None else str(r.node), silent, Text(step, style=QUIET_STYLE) if r.quiet else step,
         textplot.fmt_num(r.step_ms), Text(delta, style=delta_style), *(textplot.fmt_num(v) for v in r.parts),
     )
 

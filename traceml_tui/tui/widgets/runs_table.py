@@ -13,9 +13,15 @@ from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.snapshots import RUN_STATES, RunRow
 from traceml_tui.tui.widgets.table_base import PADDING, Col, FedTable, cell_width
 
-STATUS_STYLE = {RunStatus.FAILED: "bold red", RunStatus.LOST: "bold red", RunStatus.STALLED: "bold yellow",
-                RunStatus.INTERRUPTED: "yellow", RunStatus.RUNNING: "green", RunStatus.COMPLETED: "cyan",
-                RunStatus.MISSING: "dim"}
+#: The severity order (core.state.RUN_ATTENTION) must read without colour too (NO_COLOR turns colours into greys,
+#: 16-colour terminals map them to whatever the palette holds): failed is bold bright text on a red block, the
+#: loudest; lost and stalled are bold; interrupted is plain, never louder than failed; ranks and glyphs say
+#: the rest (docs/watch.md "Glyphs").
+STATUS_STYLE = {RunStatus.FAILED: "bold bright_white on red", RunStatus.LOST: "bold bright_red",
+                RunStatus.STALLED: "bold yellow", RunStatus.INTERRUPTED: "yellow", RunStatus.RUNNING: "green",
+                RunStatus.COMPLETED: "cyan", RunStatus.MISSING: "dim"}
+#: The marks after the word: a validation mark needs attention (bold), a quiet rank is news (not yet an alarm).
+MARK_STYLES = {"validation": "bold yellow", "quiet": "yellow", "signal": ""}
 _ATTENTION = {state: n for n, state in enumerate(RUN_STATES)}
 
 #: Marks the reference run chosen with `m` (a glyph, so it reads without colour too).
@@ -41,15 +47,17 @@ COLUMNS: tuple[tuple[str, object], ...] = (
     ("Eval", lambda r: r.eval_lag if r.eval_lag is not None else 1 << 62),
     ("Backlog", lambda r: r.backlog),
     ("Err", lambda r: r.errors),
+    ("Age", lambda r: r.age_s if r.age_s is not None else float("inf")),
+    ("Duration", lambda r: r.duration_s if r.duration_s is not None else -1.0),
 )
 LABELS: tuple[str, ...] = tuple(label for label, _ in COLUMNS)
 
 #: Always shown, whatever the width (the attention columns): fitted first, in this order.
 MUST = ("Status", "Run", "Folder", "Step", "Steps/s", "Straggler", "Err")
 #: Then, while they fit, these; what does not fit follows to the right (reachable by scrolling).
-OPTIONAL = ("Loss/0", "Eval", "Backlog", "Step ms", "Trend", "Topo", "Workload", "Ex/s")
+OPTIONAL = ("Loss/0", "Eval", "Backlog", "Age", "Step ms", "Trend", "Topo", "Duration", "Workload", "Ex/s")
 #: Widest a column's content gets (Run and Folder are cut in the middle to fit).
-MAX_WIDTH = {"Status": 18, "Folder": 24, "Workload": 16}
+MAX_WIDTH = {"Status": 26, "Folder": 24, "Workload": 16}
 #: Run names get at least this many cells, and at most this share of the width.
 RUN_MIN, RUN_SHARE = 16, 0.45
 #: Columns pinned at the left: scrolling right keeps the state and the name in view.
@@ -62,9 +70,16 @@ def sort_key(label: str):
 
 
 def status_text(row: RunRow) -> Text:
-    # the word with the ranks and lost nodes that explain it, as `traceml status` prints it (core/state.py)
+    """The word with the ranks and lost nodes that explain it and the reader's marks, as `traceml status` prints
+    it (core/state.py ``describe``): ``✓ completed ⚠ 2 blocked``, ``▶ running r1 silent 12s``."""
     label = run_label(row.status, describe(row.status, row.explaining_ranks, row.lost_nodes))
-    return Text(label, style=STATUS_STYLE.get(row.status, ""))
+    text = Text(label, style=STATUS_STYLE.get(row.status, ""))
+    if row.marks:
+        style = MARK_STYLES["validation"] if row.validation_mark else (
+            MARK_STYLES["quiet"] if row.quiet_ranks else MARK_STYLES["signal"])
+        text.append(" ")
+        text.append(row.marks, style=style)
+    return text
 
 
 #: A straggler score from which the Straggler cell stands out (the rank table's Δ median does at +20% too).
@@ -97,7 +112,7 @@ def run_cells(row: RunRow, marked: bool = False) -> tuple:
         textplot.fmt_num(row.median_step_ms), Text(textplot.sparkline(row.trend, 8), style="blue"),
         textplot.fmt_num(row.steps_per_s), straggler_text(row), textplot.fmt_num(row.examples_per_s), ratio, fresh,
         Text(str(row.backlog), style="yellow" if row.backlog else "dim"),
-        Text(str(row.errors), style="red" if row.errors else "dim"),
+        Text(str(row.errors), style="red" if row.errors else "dim"), row.age, row.duration,
     )
 
 
