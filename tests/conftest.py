@@ -10,6 +10,14 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# The suite caches bytecode even where the environment says not to (PYTHONDONTWRITEBYTECODE): otherwise every
+# pytest-xdist worker re-rewrites the asserts of every test module and plugin, and every `traceml …`
+# subprocess recompiles the package, on every run — about half of collection's CPU and a tenth of a second
+# per CLI call (README, "test lanes"). The files land in __pycache__ folders, which git ignores. Workers and
+# subprocesses inherit the environment; this process writes from here on.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 @pytest.fixture
 def cli_env(tmp_path: Path) -> dict[str, str]:
@@ -44,9 +52,12 @@ def traceml_cmd() -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``pytest -n N --dist loadgroup``: a module's users of a module-scoped fixture stay on one worker."""
+    """``pytest -n N --dist loadgroup``: a module's users of a module-scoped fixture stay on one worker; a test
+    that reads the real runs is marked slow (support/lanes.py), so the fast lane builds none."""
+    from support.lanes import check_lanes
     from support.parallel import group_module_fixtures
 
+    check_lanes(items)
     group_module_fixtures(items)
 
 

@@ -65,6 +65,7 @@ def _points(logs: list[dict]) -> dict[tuple[str, int], object]:
     return {(k, row["step"]): v for row in logs for k, v in row.items() if k not in ("step", "timestamp")}
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_measures_of_grids_and_galleries_are_published_once_as_qc_metrics(tmp_path: Path, env: dict,
                                                                           traceml_cmd) -> None:
     logs = tmp_path / "logs"

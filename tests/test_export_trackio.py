@@ -85,6 +85,7 @@ def env(cli_env: dict, tmp_path: Path) -> dict:
     return cli_env
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_export_is_incremental_idempotent_and_equals_the_records(tmp_path: Path, env: dict, traceml_cmd):
     logs = tmp_path / "logs"
     _train(logs, 1, 5, env)
@@ -164,6 +165,7 @@ def test_validate_only_fails_on_a_missing_description_before_reading_anything(tm
     assert not Path(env["TRACKIO_DIR"]).exists()  # nothing was contacted or created
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_an_unavailable_store_loses_nothing_and_the_next_export_delivers(tmp_path: Path, env: dict, traceml_cmd):
     logs = tmp_path / "logs"
     _train(logs, 1, 3, env)
@@ -180,6 +182,7 @@ def test_an_unavailable_store_loses_nothing_and_the_next_export_delivers(tmp_pat
     assert {s for (k, s) in _scalars(_stored(env)[0]) if k == "loss/train"} == {1, 2, 3}
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_a_changed_description_and_group_are_published_and_read_back_with_nothing_new(tmp_path: Path, env: dict,
                                                                                       traceml_cmd):
     """Seed 004: update the description when the run's role changes, and verify what the server saved."""
@@ -204,6 +207,7 @@ def test_a_changed_description_and_group_are_published_and_read_back_with_nothin
     assert again.returncode == 0 and "nothing new" in again.stdout
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_two_run_directories_of_one_name_never_merge_into_one_trackio_run(tmp_path: Path, env: dict, traceml_cmd):
     """Trackio runs are named after the folder; a second folder of that name is refused, naming both, and
     published with --run-name; nothing of it reaches the first one's run, with or without --cursor-dir."""
@@ -264,6 +268,7 @@ def test_an_unreachable_server_is_one_line_and_trackio_adds_none(tmp_path: Path,
     assert len(proc.stderr.strip().splitlines()) == 1 and "will retry" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_malformed_step_lines_are_counted_reported_and_everything_else_is_sent(tmp_path: Path, env: dict,
                                                                               traceml_cmd):
     logs = tmp_path / "logs"

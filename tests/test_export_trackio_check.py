@@ -47,6 +47,7 @@ def _check(traceml_cmd, target: Path, env: dict, *extra: str, cwd: Path | None =
                           capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_a_good_block_passes_before_launch_and_from_the_launched_runs_manifest(tmp_path: Path, env: dict,
                                                                                  traceml_cmd):
     config = _write_config(tmp_path, EXAMPLE)
@@ -122,6 +123,7 @@ TRAIN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_a_folder_whose_trackio_run_another_folder_fills_is_not_mapped(tmp_path: Path, env: dict, traceml_cmd):
     """Seed 004: an earlier or sibling output directory does not cover a new output root."""
     (tmp_path / "train.py").write_text(TRAIN)

@@ -79,6 +79,7 @@ def _stored(env: dict, run: str) -> dict[tuple[str, int], float]:
             if key not in ("step", "timestamp") and isinstance(value, (int, float))}
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_train_and_eval_of_one_quantity_land_under_one_key(tmp_path: Path, env: dict, traceml_cmd):
     evals = {"loss": 0.4, "mse": 0.2, "mse_ratio": 0.1, "r2/val": 0.55}  # what a validation worker reports
     run_dir = _train(tmp_path, env, "exp", evals)
@@ -108,6 +109,7 @@ def test_train_and_eval_of_one_quantity_land_under_one_key(tmp_path: Path, env: 
     ],
     ids=["auc-and-auc-val", "component-and-metric"],
 )
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_two_sources_of_one_key_are_refused_naming_both(tmp_path: Path, env: dict, traceml_cmd, evals, extra,
                                                          sources, key):
     bad = _train(tmp_path, env, "exp", evals, extra)
@@ -136,6 +138,7 @@ TRACKIO_WRITE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_first_measurements_read_back_name_what_trackio_holds_otherwise(tmp_path: Path, env: dict, traceml_cmd):
     run_dir = _train(tmp_path, env, "exp", {"r2": 0.5})
     proc = subprocess.run([sys.executable, "-c", TRACKIO_WRITE, PROJECT, str(run_dir.resolve())], env=env,
@@ -165,6 +168,7 @@ STEPS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_the_first_measurements_are_read_back_when_they_come_after_a_pass_without_steps(tmp_path: Path, env: dict,
                                                                                          traceml_cmd):
     """An exporter started with the run (--follow) first sends only tables; the first steps are still verified."""
@@ -224,6 +228,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_a_server_is_read_back_through_its_http_api(tmp_path: Path, env: dict, traceml_cmd):
     """A real self-hosted Trackio server: the first measurements and the folder's owner are read over its API."""
     port = _free_port()

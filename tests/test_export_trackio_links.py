@@ -83,6 +83,7 @@ def _same_file(a: Path, b: Path) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_images_are_links_to_the_runs_pngs_readable_through_trackio(tmp_path: Path, env: dict) -> None:
     import matplotlib.image as mpimg
 
@@ -108,6 +109,7 @@ def test_images_are_links_to_the_runs_pngs_readable_through_trackio(tmp_path: Pa
     assert sorted(p for p in Path(stored["media"]).rglob("*") if p.is_file()) == before
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_readouts_carry_their_denominator(tmp_path: Path, env: dict) -> None:
     run_dir = _make_run(tmp_path, env)
     assert _export(run_dir, env).returncode == 0
@@ -118,6 +120,7 @@ def test_readouts_carry_their_denominator(tmp_path: Path, env: dict) -> None:
     assert "examples evaluated" in text and '"500"' in text
 
 
+@pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
 def test_a_metric_role_named_selection_is_refused_before_anything_is_sent(tmp_path: Path, env: dict) -> None:
     run_dir = _make_run(tmp_path, env, role="selection")
     done = _export(run_dir, env)

@@ -57,6 +57,7 @@ def test_unapplied_early_stopping_exceeded_budget_and_missing_grad_norm_are_said
     assert [line for line in launcher if line in expected] == expected  # each once, in the summary's order
 
 
+@pytest.mark.slow  # reads a real 2-rank run (the fast lane keeps the rule's own test below)
 @pytest.mark.realruns("completed")
 def test_a_loss_without_declared_validation_is_said(real_runs) -> None:
     run = real_runs["completed"]
@@ -77,6 +78,7 @@ def test_the_rules_stay_quiet_for_a_run_that_follows_them() -> None:
     assert hygiene_warnings(disabled, {"early_stopping": {"state": "disabled"}}, facts) == [
         "max_budget exceeded: training reached update 5, hygiene.early_stopping.max_budget is 4"]
     assert hygiene_warnings(None, None, step_facts([])) == []  # nothing trained: nothing to say
+    assert hygiene_warnings(None, None, facts) == [NO_VALIDATION]  # it trains and declares no validation
 
 
 def test_require_validation_refuses_a_launch_without_a_hygiene_block(tmp_path: Path, monkeypatch, capsys) -> None:

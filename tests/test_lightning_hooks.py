@@ -6,12 +6,13 @@ Lightning whose dispatcher would call it must keep the inherited no-op hooks (fa
 
 import pytest
 
-pytest.importorskip("lightning")
-
-from traceml_tui.integrations import lightning as pl_adapter  # noqa: E402
+from traceml_tui.integrations import lightning as pl_adapter
 
 
 def test_the_installed_dispatcher_skips_a_hook_that_is_not_callable() -> None:
+    # Imported by the test, not at collection: importing Lightning costs ~10 s of CPU, which every pytest-xdist
+    # worker would pay while collecting even when this test runs elsewhere or is deselected.
+    pytest.importorskip("lightning")
     import lightning.pytorch as pl
 
     assert pl_adapter._dispatcher_skips_none("lightning.pytorch")

@@ -85,6 +85,7 @@ def _status_json(tmp_path: Path) -> dict:
     return run
 
 
+@pytest.mark.slow  # two launches, status polled during the second: end to end (other resume tests stay fast)
 def test_a_resumed_run_reads_running_until_its_new_attempt_ends(tmp_path: Path) -> None:
     """While --resume's attempt runs, the failed attempt's final_summary.json is still on disk: it must not make
     the run `failed`, its rank `lost` or show the old failure (the manifest says `running`: core.state)."""
@@ -196,7 +197,10 @@ def test_late_node_never_writes_into_a_finished_run(tmp_path: Path) -> None:
     assert _digest(tmp_path / "logs") == before
 
 
-@pytest.mark.parametrize("sig,nproc", [(signal.SIGINT, 1), (signal.SIGTERM, 2)])
+@pytest.mark.parametrize("sig,nproc", [
+    (signal.SIGINT, 1),
+    pytest.param(signal.SIGTERM, 2, marks=pytest.mark.slow),  # torchrun and 2 ranks: the fast lane keeps Ctrl-C
+])
 def test_a_signal_mid_run_gives_an_interrupted_run_with_a_summary(tmp_path: Path, sig, nproc) -> None:
     """Ctrl-C (one process) or a scheduler's SIGTERM (torchrun, 2 processes): exit 128 + the signal's number
     (torchrun turned SIGTERM into its own exit 1), an interrupted run, every step before the signal."""

@@ -80,3 +80,69 @@ def test_a_module_fixture_is_made_once_and_the_workers_share_one_session_folder(
     assert {worker for worker, _ in shared} == {"gw0", "gw1"}
     (folder,) = {path for _, path in shared}  # one folder for both workers …
     assert Path(folder) == project / "tmp" / "shared"  # … in the session's basetemp (pytest empties it each session)
+
+
+LANES_CONFTEST = '''
+import pytest
+
+from support.lanes import check_lanes
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: end to end")
+    config.addinivalue_line("markers", "realruns(*cases): uses these real runs")
+
+
+@pytest.fixture(scope="session")
+def real_runs():
+    raise AssertionError("collection alone must decide; no real run is built")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    check_lanes(items)
+'''
+
+LANES_TESTS = '''
+import pytest
+
+
+@pytest.mark.slow
+def test_reads_a_real_run_marked_slow(real_runs):
+    pass
+
+
+@pytest.mark.slow
+@pytest.mark.realruns("completed")
+def test_names_its_case_marked_slow():
+    pass
+
+
+def test_plain():
+    pass
+'''
+
+
+def _collect(project: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in python_env().items() if not k.startswith(("PYTEST_", "TRACEML_"))}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+                           "-m", "not slow"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_test_that_reads_the_real_runs_outside_slow_refuses_the_session_naming_it(tmp_path: Path) -> None:
+    """The fast lane builds no real run (support/lanes.py): marked slow is fine; the fixture or the marker
+    without slow refuses the session, naming each such test, even when ``-m`` would deselect it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "conftest.py").write_text(LANES_CONFTEST)
+    (project / "test_lanes.py").write_text(LANES_TESTS)
+    fine = _collect(project)
+    assert fine.returncode == 0, fine.stdout[-3000:] + fine.stderr[-2000:]
+    assert "1/3 tests collected (2 deselected)" in fine.stdout
+    (project / "test_lanes.py").write_text(LANES_TESTS.replace("@pytest.mark.slow\n", ""))
+    refused = _collect(project)
+    assert refused.returncode == 4, refused.stdout[-3000:] + refused.stderr[-2000:]  # pytest's usage error
+    (said,) = [line for line in (refused.stdout + refused.stderr).splitlines() if line.startswith("ERROR: ")]
+    assert said == ('ERROR: tests that use the real runs must be marked @pytest.mark.slow (README, "test lanes"): '
+                    "test_lanes.py::test_reads_a_real_run_marked_slow, test_lanes.py::test_names_its_case_marked_slow")

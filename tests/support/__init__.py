@@ -3,6 +3,7 @@ pyproject.toml), so a test writes ``from support import realruns``.
 
 - ``realruns``: real run directories made by the real SDK and ``traceml run`` (the ``real_runs`` fixture).
 - ``shared_runs``: those real runs built once per test session, shared by parallel workers.
+- ``parallel``, ``lanes``: the suite on pytest-xdist workers, and the rule that keeps the fast lane fast.
 - ``fixture_runs``: the committed real runs under ``tests/fixtures/runs`` and live copies of them.
 - ``tui_data``: index builders and App drivers for the screen tests.
 - ``fake_source``: a fake ``Source`` for screen tests, serving snapshots the real reader took of the committed runs.
