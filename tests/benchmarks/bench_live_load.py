@@ -1,6 +1,6 @@
 """Live ingest under load: the daemon's CPU and the append → visible lag while many ranks write.
 
-Run: python tests/benchmarks/bench_live_load.py [--seconds 20] [--only small,cluster,cluster_poll,busy,idle]
+Run: python tests/benchmarks/bench_live_load.py [--seconds 20] [--only small,cluster,cluster_poll,busy,cluster100,idle]
      python tests/benchmarks/bench_live_load.py --in-process   (one live pass, in this process: CPU per record)
 
 A live ``traceml daemon`` (its own process) watches R runs × K ranks while writer processes append
@@ -201,6 +201,7 @@ def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds:
         c0 = sum(dp.cpu_times()[:2])
         t_start = time.perf_counter()
         lat = []
+        wal_max = 0  # the largest the index's WAL file was seen during the window (docs/daemon.md, "Live path")
         rng = random.Random(2)
         step = 0
         while time.perf_counter() - t_start < seconds:
@@ -216,6 +217,10 @@ def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds:
                     break
                 time.sleep(0.002)
             lat.append(time.perf_counter() - t0)
+            try:
+                wal_max = max(wal_max, os.path.getsize(f"{index}-wal"))
+            except OSError:
+                pass
         elapsed = time.perf_counter() - t_start
         used = sum(dp.cpu_times()[:2]) - c0
     for p in writers:
@@ -229,7 +234,7 @@ def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds:
     rec_s = runs * ranks * rate
     return (f"| {label} | {runs} × {ranks} × {rate:g}/s{' (' + ' '.join(extra) + ')' if extra else ''} | "
             f"{rec_s:,.0f} | {100 * used / elapsed:.1f} % | {100 * rec_s * cost:.1f} % | "
-            f"p50 {p50:.0f} ms, p99 {p99:.0f} ms ({len(lat)}) |")
+            f"p50 {p50:.0f} ms, p99 {p99:.0f} ms ({len(lat)}) | {wal_max / 2**20:.1f} MiB |")
 
 
 ROWS = {
@@ -237,6 +242,7 @@ ROWS = {
     "cluster": (20, 64, 1.0, []),
     "cluster_poll": (20, 64, 1.0, ["--no-inotify"]),
     "busy": (20, 64, 10.0, []),
+    "cluster100": (100, 64, 1.0, []),
     "idle": (100, 4, 0.0, []),
 }
 
@@ -261,8 +267,9 @@ def main() -> None:
                 per = in_process_cost(tmp, lines, gap)
                 print(f"| {label} | {per * 1e6:.1f} µs | {per / cost:.1f} |", flush=True)
             return
-        print("| load | runs × ranks × rate | records/s | daemon CPU | at cold cost | append → visible (probe) |")
-        print("|---|---|---|---|---|---|")
+        print("| load | runs × ranks × rate | records/s | daemon CPU | at cold cost | append → visible (probe) "
+              "| WAL max |")
+        print("|---|---|---|---|---|---|---|")
         for name in args.only.split(","):
             runs, ranks, rate, extra = ROWS[name]
             print(load_row(tmp, name, runs, ranks, rate, args.seconds, extra, cost), flush=True)
