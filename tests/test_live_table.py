@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from daemon import index as idx
-from daemon import live_table, store
+from daemon import store
 from daemon.reader import Reader
 from daemon.service import Ingester
 
@@ -175,7 +175,7 @@ def test_rows_count_as_stored_in_the_live_table_and_a_stop_merges_them(tmp_path)
             for (run, rank), path in paths.items():
                 append_raw(path, pass_lines(run, rank, p))
             expected += len(paths) * (1 if p % 5 else 3)
-            assert _wait_for(lambda: _counts(index)[1] == expected)
+            assert _wait_for(lambda want=expected: _counts(index)[1] == want)
         total, distinct, waiting = _counts(index)
         assert total == distinct == expected and waiting == expected  # nothing merged yet: all of them wait
         with Reader(index) as r:
