@@ -317,10 +317,15 @@ class Ingester:
     # ----------------------------------------------------------------- transactions
     def commit_pass(self) -> None:
         """End a live pass: commit what it read, and the rolling figures of quiet ranks that fell due since
-        (their last figures were left for later, docs/daemon.md "Live path"), even when it read nothing."""
+        (their last figures were left for later, docs/daemon.md "Live path"), even when it read nothing; a
+        pass that stored no step row merges the rows waiting in the live table (a quiet daemon's series need
+        not wait for the merge interval)."""
         if self.store.agg.stale and self.store.agg.due_stale():
             self.begin()  # commit writes the due ones with the batch
+        quiet = self._batch is None or not self._batch.records
         self.commit()
+        if quiet and self.store.live.rows:
+            self.merge_live()
 
     def begin(self) -> store.Batch:
         """The open transaction's batch (``BEGIN IMMEDIATE`` when none is open)."""
