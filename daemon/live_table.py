@@ -93,6 +93,9 @@ class LiveTable:
         #: New steps of this transaction not inserted yet, per set of columns they carry (:meth:`add`)
         self._buffer: dict[tuple[int, ...], list[tuple]] = {}
         self._buffered = 0
+        #: False once a flush found a step it was told is new stored already (a broken assumption, never seen):
+        #: every live row is then inserted on its own and counted exactly, from the retried pass on
+        self.shared_inserts = True
 
     def load(self) -> None:
         """What waits in the table as committed (at open, and after a rollback: memory may be ahead)."""
@@ -153,7 +156,9 @@ class LiveTable:
         self._buffer.clear()
         self._buffered = 0
         if inserted != expected:
-            raise RuntimeError(f"live rows: {inserted} of {expected} new steps stored (a step was stored already)")
+            self.shared_inserts = False  # the pass is rolled back and read again, each row counted on its own
+            raise RuntimeError(f"live rows: {inserted} of {expected} new steps stored (a step was stored already);"
+                               " the pass is read again with one insert per rank")
 
     def _shared_sql(self, keep: tuple[int, ...]) -> str:
         sql = self._insert_sql.get((-1, keep))

@@ -196,7 +196,7 @@ class Store:
             if n == 1:
                 mask = list(map(operator.is_not, rows[0], _NONES))
                 keep = tuple(compress(_POSITIONS, mask))
-                if window.last_step is None or rows[0][live.COL_STEP] > window.last_step:
+                if table.shared_inserts and (window.last_step is None or rows[0][live.COL_STEP] > window.last_step):
                     # A new step (the window holds the rank's newest stored one): one INSERT for the pass.
                     table.add(key, keep, (run_id, *compress(rows[0], mask), texts[0]))
                     inserted = 1

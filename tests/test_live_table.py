@@ -391,3 +391,40 @@ def test_a_reader_holding_the_wal_never_blocks_the_ingester_and_the_bound_comes_
         assert ing.wal.size() <= limit
     finally:
         ing.close()
+
+
+def test_a_new_step_found_stored_rolls_the_pass_back_and_it_is_read_again_counted_exactly(tmp_path):
+    """The pass's new steps share one INSERT on the assumption that a step past a rank's newest stored one
+    cannot be stored; a row stored behind the ingester's back breaks it: the pass fails whole (nothing
+    half-counted), and read again (as the serve loop does after a rollback) each row is inserted and
+    counted on its own: the step is stored once and every count agrees with the rows."""
+    root = tmp_path / "logs"
+    make_streams(root)
+    index = tmp_path / "index.sqlite"
+    ing = _live_ingester(index, root)
+    paths = stream_paths(root)
+    try:
+        for (run, rank), path in paths.items():
+            append_raw(path, pass_lines(run, rank, 1))
+        _live_pass(ing)
+        run_id = ing.conn.execute("SELECT run_id FROM runs WHERE name = 'run0'").fetchone()[0]
+        ing.conn.execute(f"INSERT INTO {idx.STEPS_TABLE} (run_id, rank, attempt, step) VALUES (?, 0, 0, 7)",
+                         (run_id,))  # step 7 of run0 rank 0, stored behind the ingester's back
+        for (run, rank), path in paths.items():
+            append_raw(path, pass_lines(run, rank, 2))  # step 7 for every stream
+        with pytest.raises(RuntimeError, match="read again"):
+            _live_pass(ing)
+        ing.rollback()
+        _live_pass(ing)
+        ing.merge_live()
+    finally:
+        ing.close()
+    total, distinct, waiting = _counts(index)
+    assert total == distinct == 2 * len(paths) and waiting == 0
+    conn = _ro(index)
+    try:
+        assert conn.execute("SELECT sum(records) FROM rank_live").fetchone()[0] == 2 * len(paths) - 1
+        assert conn.execute("SELECT rank_live.records FROM rank_live JOIN runs USING (run_id) WHERE name = 'run0'"
+                            " AND rank = 0").fetchone()[0] == 1  # its step 7 was not stored by the ingester
+    finally:
+        conn.close()
