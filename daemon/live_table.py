@@ -96,15 +96,24 @@ class LiveTable:
         #: False once a flush found a step it was told is new stored already (a broken assumption, never seen):
         #: every live row is then inserted on its own and counted exactly, from the retried pass on
         self.shared_inserts = True
+        #: The waiting rows' row tuples and ratio pairs per key, kept as they were inserted so that a merge
+        #: folds them without reading them back; ``_remembered`` says whether they are exactly what waits (not
+        #: after a reload, nor after an insert that skipped rows): else the merge reads the table
+        self._rows: dict[RankKey, list[tuple]] = {}
+        self._ratios: dict[RankKey, dict[str, list]] = {}
+        self._remembered = True
 
     def load(self) -> None:
         """What waits in the table as committed (at open, and after a rollback: memory may be ahead)."""
         self._buffer.clear()
         self._buffered = 0
+        self._rows.clear()
+        self._ratios.clear()
         self.pending = {(r[0], r[1], r[2]): r[3] for r in self.conn.execute(
             f"SELECT run_id, rank, attempt, count(*) FROM {idx.LIVE_TABLE} GROUP BY run_id, rank, attempt")}
         self.rows = sum(self.pending.values())
         self.since = self.tick() if self.rows else None
+        self._remembered = not self.rows
 
     def due(self) -> bool:
         """True when the waiting rows should be merged now (:data:`MERGE_EVERY_S`, :data:`MERGE_ROWS`)."""
@@ -128,15 +137,28 @@ class LiveTable:
                 " AND attempt = ?2 AND step = ?3)")
         return sql
 
-    def add(self, key: RankKey, keep: tuple[int, ...], value: tuple) -> None:
-        """One new step of a rank (``value``: run_id, the ``keep`` columns, its ratio text), newer than every
-        step the rank has stored (its window's last step), hence stored by this transaction: it waits with the
-        other new steps of the pass for one INSERT of them all (:meth:`flush`), not one statement per rank."""
+    def _remember(self, key: RankKey, rows: Sequence[tuple], ratios: Optional[dict]) -> None:
+        kept = self._rows.get(key)
+        if kept is None:
+            self._rows[key] = list(rows)
+        else:
+            kept.extend(rows)
+        if ratios:
+            pairs = self._ratios.setdefault(key, {})
+            for name, more in ratios.items():
+                pairs.setdefault(name, []).extend(more)
+
+    def add(self, key: RankKey, keep: tuple[int, ...], value: tuple, row: tuple, ratios: Optional[dict]) -> None:
+        """One new step of a rank (``value``: run_id, the ``keep`` columns, its ratio text; ``row``: its row
+        tuple, ``ratios``: its group's ratio pairs), newer than every step the rank has stored (its window's
+        last step), hence stored by this transaction: it waits with the other new steps of the pass for one
+        INSERT of them all (:meth:`flush`), not one statement per rank."""
         rows = self._buffer.get(keep)
         if rows is None:
             rows = self._buffer[keep] = []
         rows.append(value)
         self._buffered += 1
+        self._remember(key, (row,), ratios)
         self.pending[key] = self.pending.get(key, 0) + 1
         if not self.rows:
             self.since = self.tick()
@@ -173,14 +195,20 @@ class LiveTable:
                 " AND attempt = ?3 AND step = ?4)")
         return sql
 
-    def insert(self, run_id: int, key: RankKey, keep: tuple[int, ...], values: list[tuple]) -> int:
-        """Insert one rank's rows (``values``: the ``keep`` columns of each row, then its ratio text); returns
-        how many were stored (a step already stored in either table is not)."""
+    def insert(self, run_id: int, key: RankKey, keep: tuple[int, ...], values: list[tuple], rows: Sequence[tuple],
+               ratios: Optional[dict]) -> int:
+        """Insert one rank's rows (``values``: the ``keep`` columns of each row, then its ratio text; ``rows``
+        and ``ratios``: their row tuples and ratio pairs); returns how many were stored (a step already stored
+        in either table is not)."""
         conn = self.conn
         self.flush()
         before = conn.total_changes
         conn.executemany(self.insert_sql(run_id, keep), values)
         inserted = conn.total_changes - before
+        if inserted == len(values):
+            self._remember(key, rows, ratios)
+        elif inserted:
+            self._remembered = False  # which rows were skipped is the table's to say: the merge reads it
         if inserted:
             self.pending[key] = self.pending.get(key, 0) + inserted
             if not self.rows:
@@ -207,13 +235,22 @@ class LiveTable:
             targets = [(_READ.format(where=f" WHERE {_KEY_WHERE}"), k, _MOVE_KEY,
                         f"DELETE FROM {idx.LIVE_TABLE} WHERE {_KEY_WHERE}", k) for k in moved]
         items = []
+        remembered = self._remembered
         for read_sql, params, move_sql, delete_sql, delete_params in targets:
-            rows = conn.execute(read_sql, params).fetchall()
-            items.extend(_fold_items(rows))
+            if not remembered:
+                items.extend(_fold_items(conn.execute(read_sql, params).fetchall()))
             conn.execute(move_sql, params)
             conn.execute(delete_sql, delete_params)
+        for k in moved:
+            rows = self._rows.pop(k, None)
+            ratios = self._ratios.pop(k, None)
+            if remembered and rows:
+                items.append((k[0], k[1], list(zip(*rows)), ratios or {}))
         agg.write_series_many(items)
         if keys is None:
+            self._rows.clear()
+            self._ratios.clear()
+            self._remembered = True  # nothing waits: what comes next is remembered as it is inserted
             self.pending.clear()
             self.rows = 0
             self.since = None

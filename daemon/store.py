@@ -198,15 +198,15 @@ class Store:
                 keep = tuple(compress(_POSITIONS, mask))
                 if table.shared_inserts and (window.last_step is None or rows[0][live.COL_STEP] > window.last_step):
                     # A new step (the window holds the rank's newest stored one): one INSERT for the pass.
-                    table.add(key, keep, (run_id, *compress(rows[0], mask), texts[0]))
+                    table.add(key, keep, (run_id, *compress(rows[0], mask), texts[0]), rows[0], ratios)
                     inserted = 1
                 else:
-                    inserted = table.insert(run_id, key, keep, [(*compress(rows[0], mask), texts[0])])
+                    inserted = table.insert(run_id, key, keep, [(*compress(rows[0], mask), texts[0])], rows, ratios)
             else:
                 cols = list(zip(*rows))
                 keep = tuple(i for i, col in enumerate(cols) if col[0] is not None or col.count(None) != n)
                 inserted = table.insert(run_id, key, keep,
-                                        [(*v, t) for v, t in zip(zip(*[cols[i] for i in keep]), texts)])
+                                        [(*v, t) for v, t in zip(zip(*[cols[i] for i in keep]), texts)], rows, ratios)
             batch.rows += n
             batch.records += inserted
             if n == 1:

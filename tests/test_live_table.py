@@ -142,7 +142,7 @@ def test_a_live_row_reads_back_as_the_merge_stores_it(tmp_path, values):
         row = (0, 0, step, *values)  # rank, attempt, step, then the row tuple's other columns
         keep = tuple(i for i, v in enumerate(row) if v is not None)
         conn.execute("BEGIN")
-        s.live.add((1, 0, 0), keep, (1, *(row[i] for i in keep), None))
+        s.live.add((1, 0, 0), keep, (1, *(row[i] for i in keep), None), row, None)
         s.live.flush()
         read = f"SELECT {', '.join(idx.STEP_COLUMNS)}, {', '.join(f'typeof({c})' for c in idx.STEP_COLUMNS)}" \
                " FROM steps WHERE run_id = 1 AND step = ?"
