@@ -10,9 +10,9 @@ real-shaped step records to every stream at a fixed rate. Reported per load:
 * the lag from an append to its record being visible through ``daemon.reader.Reader``, measured on a
   probe stream (one more run, appended at random moments by this process), p50 / p99;
 * the baseline, measured in this same run: the cold-ingest cost per record (``Ingester.run_once`` over a
-  dataset of the same record shape), and the CPU the load would cost at that price (records/s × cost).
-
-and the largest size of the index's WAL file seen during the window (docs/daemon.md, "The WAL stays bounded").
+  dataset of the same record shape), and the CPU the load would cost at that price (records/s × cost);
+* the largest size of the index's WAL file seen during the window (docs/daemon.md, "Live path": the WAL
+  stays bounded).
 
 The issue's targets (docs/daemon.md, "Live path"): 20 × 64 × 1 step/s ≤ 5 % of a core (inotify and
 polling); 20 × 64 × 10 steps/s ≤ 30 % with lag p99 < 1 s; 100 × 64 × 1 step/s (``cluster100``) ≤ 25 % with
