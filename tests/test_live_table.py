@@ -428,3 +428,37 @@ def test_a_new_step_found_stored_rolls_the_pass_back_and_it_is_read_again_counte
                             " AND rank = 0").fetchone()[0] == 1  # its step 7 was not stored by the ingester
     finally:
         conn.close()
+
+
+def test_an_index_written_before_the_live_table_gains_it_and_keeps_every_row(tmp_path):
+    """An index of the earlier layout (``steps`` a view over the step table alone, no live table) opened by
+    this writer: the live table is made, the view is replaced by one over both tables, every stored row
+    reads back as before, and a live daemon's rows then show through the view."""
+    root = tmp_path / "logs"
+    make_streams(root)
+    paths = stream_paths(root)
+    for (run, rank), path in paths.items():
+        append_raw(path, pass_lines(run, rank, 0) + pass_lines(run, rank, 1))
+    index = tmp_path / "index.sqlite"
+    ing = Ingester(index, [str(root)], use_inotify=False)
+    ing.run_once()
+    ing.close()
+    before = _state(index)["rows"]
+    conn = sqlite3.connect(index, isolation_level=None)
+    old_view = ",\n  ".join(idx.STEP_DERIVED[c] if idx.STEP_DERIVED[c] == c else f"{idx.STEP_DERIVED[c]} AS {c}"
+                            for c in idx.STEP_COLUMNS)
+    conn.execute("DROP VIEW steps")
+    conn.execute(f"DROP TABLE {idx.LIVE_TABLE}")
+    conn.execute(f"CREATE VIEW steps AS SELECT\n  {old_view}\nFROM {idx.STEPS_TABLE}")
+    conn.close()
+    ing = _live_ingester(index, root)
+    try:
+        view = ing.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'steps'").fetchone()[0]
+        assert idx.LIVE_TABLE in view
+        assert _state(index)["rows"] == before
+        for (run, rank), path in paths.items():
+            append_raw(path, pass_lines(run, rank, 2))
+        _live_pass(ing)
+        assert _counts(index) == (len(before) + len(paths), len(before) + len(paths), len(paths))
+    finally:
+        ing.close()
