@@ -30,6 +30,7 @@ from . import index as idx
 from . import live, sidefiles
 
 RankKey = tuple[int, int, int]  # (run_id, rank, attempt)
+_NEWEST_SQL = idx.steps_newest_sql(live.WINDOW_COLUMNS)  # a rank's newest rows, from both step tables
 
 
 class Aggregates:
@@ -130,9 +131,7 @@ class Aggregates:
 
     def _load_tail(self, w: live.RankWindow, key: RankKey) -> None:
         """Fill ``w``'s rolling window with the rank's newest stored rows (at most ``live.WINDOW``)."""
-        tail = self.conn.execute(
-            f"SELECT {', '.join(live.WINDOW_COLUMNS)} FROM steps WHERE run_id = ? AND rank = ?"
-            " AND attempt = ? ORDER BY step DESC LIMIT ?", (*key, live.WINDOW)).fetchall()
+        tail = self.conn.execute(_NEWEST_SQL, (*key, live.WINDOW)).fetchall()
         w.add_stored(tail[::-1])
 
     def header_node(self, key: RankKey) -> Optional[int]:

@@ -143,9 +143,66 @@ def _steps_table(name: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {name} (\n  {stored},\n  PRIMARY KEY (run_id, rank, attempt, step)\n) WITHOUT ROWID"
 
 
+#: The append-ordered table of the live path (daemon/live_table.py; docs/daemon.md, "Live path"): a live pass's
+#: step rows, keyed by arrival (``seq``) so that the rows of every rank of one pass fill a few shared pages, their
+#: values as read (the :data:`STEP_COLUMNS`, converted to the stored form when a merge moves them into
+#: :data:`STEPS_TABLE`) and, per row, its loss components' ratios (JSON ``{name: ratio}``: what the merge folds into
+#: the ``ratio/<name>`` series). A row is in one of the two tables, never both; the unique index holds rule 3's
+#: step key inside this table (the live path checks :data:`STEPS_TABLE` before it inserts).
+LIVE_TABLE = "steps_live"
+
+
+#: Each :data:`STEP_COLUMNS` column of a :data:`LIVE_TABLE` row (values as read) as the ``steps`` view reads it:
+#: the value a merge stores, read back (:data:`STEP_STORED` then :data:`STEP_DERIVED`), so that a merge changes no
+#: value any reader sees (``tests/test_live_table.py`` holds the two equal). A learning rate reads back as itself
+#: either way (an integer count of 1e-6 only when that gives back the very same double).
+LIVE_DERIVED: dict[str, str] = {
+    **{c: c for c in STEP_COLUMNS},
+    "ts": "round(ts * 1000) / 1000.0",
+    **{c: f"round({c} * 1000) / 1000.0" for c in STEP_IN_US},
+    **{c: f"CAST(round({c} * 1000) AS INTEGER) / 1000.0" for c in STEP_FOLDED},
+    "rss": "CAST(round(rss / 1024.0) AS INTEGER) * 1024",
+}
+
+_LIVE_TYPES = {"run_id": "INTEGER NOT NULL", "rank": "INTEGER NOT NULL", "attempt": "INTEGER NOT NULL",
+               "step": "INTEGER NOT NULL", "examples": "INTEGER", "rss": "INTEGER", "extra": "TEXT"}
+
+
+def _live_table() -> str:
+    cols = ", ".join(f"{c} {_LIVE_TYPES.get(c, 'REAL')}" for c in STEP_COLUMNS)
+    return (f"CREATE TABLE IF NOT EXISTS {LIVE_TABLE} (seq INTEGER PRIMARY KEY, {cols}, ratios TEXT);\n"
+            f"CREATE UNIQUE INDEX IF NOT EXISTS {LIVE_TABLE}_key ON {LIVE_TABLE} (run_id, rank, attempt, step)")
+
+
 def _steps_view() -> str:
-    cols = ",\n  ".join(STEP_DERIVED[c] if STEP_DERIVED[c] == c else f"{STEP_DERIVED[c]} AS {c}" for c in STEP_COLUMNS)
-    return f"CREATE VIEW IF NOT EXISTS steps AS SELECT\n  {cols}\nFROM {STEPS_TABLE}"
+    """``steps``: every step row, stored (:data:`STEPS_TABLE`) or not yet merged (:data:`LIVE_TABLE`), each column
+    read back the same from both (:data:`STEP_DERIVED`, :data:`LIVE_DERIVED`)."""
+    def select(derived: Mapping[str, str]) -> str:
+        return ",\n  ".join(derived[c] if derived[c] == c else f"{derived[c]} AS {c}" for c in STEP_COLUMNS)
+    return (f"CREATE VIEW IF NOT EXISTS steps AS SELECT\n  {select(STEP_DERIVED)}\nFROM {STEPS_TABLE}\n"
+            f"UNION ALL SELECT\n  {select(LIVE_DERIVED)}\nFROM {LIVE_TABLE}")
+
+
+def steps_newest_sql(columns: Iterable[str]) -> str:
+    """The newest step rows of one (run, rank, attempt) (``?1, ?2, ?3``), newest first, at most ``?4``: the
+    ``steps`` view's columns ``columns`` written as one compound over both tables, which SQLite merges in key order
+    and stops at the limit (``… FROM steps ORDER BY step DESC LIMIT ?`` sorts every row of the rank first)."""
+    cols = list(columns)
+    where = "WHERE run_id = ?1 AND rank = ?2 AND attempt = ?3"
+
+    def arm(derived: Mapping[str, str], table: str) -> str:
+        return f"SELECT {', '.join(derived[c] for c in cols)} FROM {table} {where}"
+    return (f"{arm(STEP_DERIVED, STEPS_TABLE)} UNION ALL {arm(LIVE_DERIVED, LIVE_TABLE)}"
+            f" ORDER BY {cols.index('step') + 1} DESC LIMIT ?4")
+
+
+def _replace_steps_view(conn: sqlite3.Connection) -> None:
+    """Put this version's ``steps`` view in place of an older one (an index written before the live table read
+    :data:`STEPS_TABLE` alone). Nothing is stored in a view: no row moves, no version changes."""
+    row = conn.execute("SELECT type, sql FROM sqlite_master WHERE name = 'steps'").fetchone()
+    if row is not None and row[0] == "view" and row[1] != _steps_view().replace(" IF NOT EXISTS", ""):
+        conn.execute("DROP VIEW steps")
+        conn.execute(_steps_view())
 
 
 _SOURCE = re.compile(r"\{(\w+)\}")
@@ -231,6 +288,7 @@ CREATE TABLE IF NOT EXISTS segments (
 ) WITHOUT ROWID;
 
 {_steps_table(STEPS_TABLE)};
+{_live_table()};
 {_steps_view()};
 
 CREATE TABLE IF NOT EXISTS events (
@@ -379,6 +437,7 @@ def _connect_writer(path: str | Path) -> sqlite3.Connection:
         conn.execute("PRAGMA cache_size=-16000")  # 16 MB: enough for the hot B-tree pages
         conn.execute("PRAGMA temp_store=MEMORY")
         conn.executescript(SCHEMA)  # creates what is missing; existing tables keep their columns
+        _replace_steps_view(conn)  # an index of an earlier layout: the view reads the live table too
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None:
             conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -583,7 +642,7 @@ def prune_missing(conn: sqlite3.Connection, run_ids: Optional[Iterable[int]] = N
             idents = [r[0] for r in conn.execute("SELECT identity FROM files WHERE run_id=? AND identity IS NOT NULL", (run_id,))]
             for ident in idents:
                 conn.execute("DELETE FROM segments WHERE identity = ?", (ident,))
-            for table in (STEPS_TABLE, "events", "system", "errors", "side_files", "leases", "rank_live", "series",
+            for table in (STEPS_TABLE, LIVE_TABLE, "events", "system", "errors", "side_files", "leases", "rank_live", "series",
                           "series_extra", "series_width", "files", "runs"):
                 conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
         if run_ids:

@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 from traceml_tui.core import rundir
 
-from . import cold, decode, leases, live, locations, plan, refusals, sidefiles, store, stream, watcher
+from . import cold, decode, leases, live, locations, plan, refusals, sidefiles, store, stream, wal, watcher
 from . import index as idx
 from .lock import DaemonInfo, IndexLockedError, acquire_lock, find_running_daemon, lock_path, release_lock
 
@@ -49,7 +49,7 @@ BACKOFF_MAX_S = 60.0  # the live daemon retries a failing index at most this far
 FIGURES_EVERY_S = 2.0  # the live daemon recomputes a rank's rolling figures at most this often …
 FIGURES_NEW_STEPS = live.WINDOW // 2  # … and then once half of its window is new steps …
 FIGURES_MAX_S = 10.0  # … or this long after the last time, whichever comes first
-LIVE_CHECKPOINT_PAGES = 8000  # the live daemon's WAL checkpoints (~32 MiB) apart (docs/daemon.md, "Live path")
+LIVE_CHECKPOINT_PAGES = 2048  # the live daemon's WAL checkpoints (~8 MiB) apart (docs/daemon.md, "Live path")
 
 
 class IndexWriteError(RuntimeError):
@@ -90,6 +90,7 @@ class Ingester:
         self.mode = mode
         self.clock = clock  # when a batch was stored ("last seen"); injectable so that tests are deterministic
         self.conn = None
+        self.wal: Optional[wal.WalBound] = None
         self.store: Optional[store.Store] = None
         self.plan = plan.Planner(self.poll_interval, self.rescan_interval)
         self.streams = stream.Streams()  # its descriptor bound is set at open() once the open-file limit is known
@@ -123,9 +124,11 @@ class Ingester:
         self.streams.fds.cap = stream.fd_budget()
         try:
             self.conn = idx.connect_writer(self.index_path)
+            self.wal = wal.WalBound(self.conn, self.index_path)  # the WAL file stays under a bound (daemon/wal.py)
             self.store = store.Store(self.conn)
             self.store.load(self.plan)
             self.refused.load(self.conn, {r.run_id: r.dir for r in self.plan.runs.values()})
+            self.merge_live()  # rows a killed daemon left in the live table: stored and folded before anything
             if idx.needs_rederive(self.conn):
                 try:
                     self.store.rederive({r.run_id: r for r in self.plan.runs.values()}, self.begin())
@@ -165,6 +168,7 @@ class Ingester:
                 while self.poll(self.plan.everything()):
                     pass
                 self.commit()
+                self.merge_live()
                 break
             except Exception as exc:
                 self.rollback()
@@ -244,6 +248,10 @@ class Ingester:
             except Exception as exc:
                 self.rollback()
                 log.error("traceml daemon: writing the last rolling figures at stop failed: %s", exc)
+        try:  # the live table left empty at a clean stop (a killed daemon's rows are merged at the next open)
+            self.merge_live()
+        except Exception as exc:
+            log.error("traceml daemon: merging the live rows at stop failed: %s", exc)
 
     def live_settings(self) -> None:
         """What :meth:`serve` changes for a long-lived ingester (docs/daemon.md, "Live path"); the benchmark
@@ -251,6 +259,9 @@ class Ingester:
         # A live rank's last pages of `steps` and the series are rewritten pass after pass: checkpoints further
         # apart copy each of them back once for several passes, not once per pass.
         self.conn.execute(f"PRAGMA wal_autocheckpoint={LIVE_CHECKPOINT_PAGES}")
+        # A live pass's step rows go to the append-ordered live table, merged every few seconds
+        # (daemon/live_table.py).
+        self.store.live.enabled = True
         # A live rank's medians and rates: at most every 2 s, and at least every 10 s while it writes.
         agg = self.store.agg
         agg.figures_every = FIGURES_EVERY_S
@@ -306,10 +317,15 @@ class Ingester:
     # ----------------------------------------------------------------- transactions
     def commit_pass(self) -> None:
         """End a live pass: commit what it read, and the rolling figures of quiet ranks that fell due since
-        (their last figures were left for later, docs/daemon.md "Live path"), even when it read nothing."""
+        (their last figures were left for later, docs/daemon.md "Live path"), even when it read nothing; a
+        pass that stored no step row merges the rows waiting in the live table (a quiet daemon's series need
+        not wait for the merge interval)."""
         if self.store.agg.stale and self.store.agg.due_stale():
             self.begin()  # commit writes the due ones with the batch
+        quiet = self._batch is None or not self._batch.records
         self.commit()
+        if quiet and self.store.live.rows:
+            self.merge_live()
 
     def begin(self) -> store.Batch:
         """The open transaction's batch (``BEGIN IMMEDIATE`` when none is open)."""
@@ -329,15 +345,40 @@ class Ingester:
         self.store.finish(batch, self.clock(), progress)
         self.conn.execute("COMMIT")
         self._batch = None
+        self.wal.after_commit()
         self.records_ingested += batch.records
         for f, changes in batch.file_updates.items():
             for k, v in changes.items():
                 setattr(f, k, v)
+        if self.store.live.due():
+            self.merge_live()
         if progress is not None:
             if progress["done"]:
                 self.cold.progress = None
             if self.on_progress is not None:
                 self.on_progress(progress)
+
+    def merge_live(self) -> None:
+        """Move every row waiting in the live table into the step table and fold it into the series, in a
+        transaction of its own (daemon/live_table.py); the runs it touched are marked changed."""
+        live = self.store.live
+        if not live.rows or self._batch is not None:
+            return
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            runs = live.move(self.store.agg)
+            version = idx.bump_version(conn)
+            conn.executemany("UPDATE runs SET updated_version = ? WHERE run_id = ?", [(version, r) for r in runs])
+            conn.execute("COMMIT")
+            self.wal.after_commit()
+        except BaseException:
+            try:
+                conn.execute("ROLLBACK")
+            except Exception:
+                pass
+            self.rollback()  # memory (waiting rows, series widths) went ahead of the index: reload it
+            raise
 
     def rollback(self) -> None:
         """Roll the open transaction back; memory may be ahead of the index, so reload what was committed and
@@ -569,7 +610,7 @@ class Ingester:
             for i, (run, f, cur, data, offset) in enumerate(items):
                 try:
                     self.store.route(run, f, cur, prepared[i] if prepared is not None
-                                     else decode.prepare_block(data, offset), batch)
+                                     else decode.prepare_block(data, offset), batch, append=True)
                 except Exception as exc:
                     self._set_aside(f, exc)
                     raise

@@ -24,7 +24,7 @@ import msgspec
 
 from traceml_tui.core import records, rundir
 
-from . import aggregates, live, refusals, sidefiles
+from . import aggregates, live, live_table, refusals, sidefiles
 from . import index as idx
 from .decode import Prepared
 from .plan import File, Planner, Run
@@ -62,12 +62,14 @@ class Store:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.agg = aggregates.Aggregates(conn)
+        self.live = live_table.LiveTable(conn)  # the live path's rows until they are merged (daemon/live_table.py)
 
     # ----------------------------------------------------------------- what the index knows
     def load(self, plan: Planner) -> None:
         """Fill ``plan`` with the runs, streams (and their committed cursors) and side files the index holds."""
         plan.clear()
         self.agg.reset()
+        self.live.load()
         by_id = {}
         for run_id, run_dir, root, missing in self.conn.execute("SELECT run_id, dir, root, missing FROM runs"):
             by_id[run_id] = run = Run(run_id, run_dir, root, bool(missing))
@@ -166,20 +168,61 @@ class Store:
             self.conn.execute("UPDATE runs SET errors = errors + 1 WHERE run_id = ?", (run.run_id,))
             batch.runs.add(run.run_id)
 
-    def route(self, run: Run, f: File, cur: dict, prepared: Prepared, batch: Batch) -> None:
+    def route(self, run: Run, f: File, cur: dict, prepared: Prepared, batch: Batch, append: bool = False) -> None:
         """A decoded block of ``f`` (read under the cursor ``cur``): its errors, its other records and its
-        step rows, with the rank windows and series that follow them."""
+        step rows, with the rank windows and series that follow them. ``append``: a small append of the live
+        path, whose step rows go to the live table when the live daemon keeps one (daemon/live_table.py)."""
         for off, length, message in prepared.errors:
             self.error(run, f, cur, off, length, message, batch)
         if prepared.others:
             self._route_other(run, f, cur, prepared.others, batch)
         if prepared.groups:
-            self._route_steps(run, cur, prepared.groups, batch)
+            if append and self.live.enabled and not cur["generation"]:
+                self._route_live(run, prepared.groups, batch)
+            else:
+                self._route_steps(run, cur, prepared.groups, batch)
+
+    def _route_live(self, run: Run, groups: dict, batch: Batch) -> None:
+        """Step rows of a live append into the live table: no series fold here (the merge folds them), the
+        rank windows as for any stored row."""
+        agg = self.agg
+        table = self.live
+        run_id = run.run_id
+        for (rank, attempt), (rows, ratios, latest) in groups.items():
+            n = len(rows)
+            key = (run_id, rank, attempt)
+            window = agg.window(key)
+            texts = live_table.ratio_texts([r[live.COL_STEP] for r in rows] if n > 1 else (), ratios, n)
+            if n == 1:
+                mask = list(map(operator.is_not, rows[0], _NONES))
+                keep = tuple(compress(_POSITIONS, mask))
+                if table.shared_inserts and (window.last_step is None or rows[0][live.COL_STEP] > window.last_step):
+                    # A new step (the window holds the rank's newest stored one): one INSERT for the pass.
+                    table.add(key, keep, (run_id, *compress(rows[0], mask), texts[0]), rows[0], ratios)
+                    inserted = 1
+                else:
+                    inserted = table.insert(run_id, key, keep, [(*compress(rows[0], mask), texts[0])], rows, ratios)
+            else:
+                cols = list(zip(*rows))
+                keep = tuple(i for i, col in enumerate(cols) if col[0] is not None or col.count(None) != n)
+                inserted = table.insert(run_id, key, keep,
+                                        [(*v, t) for v, t in zip(zip(*[cols[i] for i in keep]), texts)], rows, ratios)
+            batch.rows += n
+            batch.records += inserted
+            if n == 1:
+                window.add_row(rows[0], inserted)
+            else:
+                window.add_columns(cols, inserted)
+            if latest is not None:
+                window.ratios = latest
+            batch.ranks.add(key)
 
     def _route_steps(self, run: Run, cur: dict, groups: dict, batch: Batch) -> None:
         conn = self.conn
         agg = self.agg
         for (rank, attempt), (rows, ratios, latest) in groups.items():
+            if (run.run_id, rank, attempt) in self.live.pending:  # rule 3 across both tables: its live rows first
+                self.live.move(agg, [(run.run_id, rank, attempt)])
             cols = list(zip(*rows))  # transpose in C: the insert, the window and the series read columns
             n = len(rows)
             # Columns NULL in the whole group are left out of the INSERT (same rows, far fewer None binds).
@@ -284,12 +327,14 @@ class Store:
         every file's new cursor (in the transaction that holds its rows: rule 2), the version, the run
         rollups and the progress row (committed with the rows it counts)."""
         agg = self.agg
+        self.live.flush()  # the pass's new live steps, in one INSERT (daemon/live_table.py)
         # Pending folds first: a rank rebuilt below refolds its series from the stored rows (these included).
         agg.write_series_many(batch.series)
         for key in batch.rebuild:  # re-supplied rows: recount from the rows that remain, never fold twice
             agg.rebuild_rank(key)
             batch.ranks.add(key)
         for run_id, rank in {(k[0], k[1]) for k in batch.rebuild}:
+            self.live.move(agg, self.live.keys_of(run_id, rank))  # folded once: moved before the refold
             agg.rebuild_series(run_id, rank)
         if agg.stale:  # ranks that went quiet with figures older than their last rows
             batch.ranks.update(agg.due_stale())
