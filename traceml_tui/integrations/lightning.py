@@ -97,8 +97,7 @@ class _Tracer:
             module = self._module_ref() if self._module_ref is not None else None
             if module is not None:
                 self._publish_saved(module.trainer)
-        if self._state is None:
-            self._reset()
+        if self._state is None:  # (the previous update's _close reset the values)
             session = sdk._session
             if session is None:
                 session = sdk.init()
