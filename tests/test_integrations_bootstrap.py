@@ -72,6 +72,21 @@ def test_the_environment_kill_switch_installs_no_hook(probe):
     assert booted.returncode == 0 and json.loads(booted.stdout)["hooks"] == []
 
 
+def test_the_environment_kill_switch_reaches_the_ranks_of_traceml_run(probe, tmp_path):
+    """``TRACEML_AUTO_ATTACH=0`` in the launcher's environment: its rank starts through the bootstrap, which
+    installs no import hook, so no trainer the script builds can be attached (the flag's end-to-end run is
+    tests/test_integrations_lightning.py ``flag_off``)."""
+    cwd, script = probe
+    logs = tmp_path / "logs"
+    done = _run([sys.executable, "-m", "traceml_tui", "run", str(script), "--run-name", "env-off",
+                 "--logs-dir", str(logs)], cwd, TRACEML_AUTO_ATTACH="0", XDG_STATE_HOME=str(tmp_path / "state"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = (logs / "env-off" / "nodes" / "node_0" / "training.stdout.log").read_text()
+    seen = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    assert seen["hooks"] == [] and seen["main_is_me"] and seen["frameworks"] == []
+    assert "detected: traceml callback added" not in done.stderr
+
+
 def test_launcher_starts_ranks_through_the_bootstrap_unless_told_not_to(tmp_path):
     from traceml_tui.guard.config import TracemlConfig
     from traceml_tui.run.launch import Launcher

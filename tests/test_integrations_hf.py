@@ -1,9 +1,10 @@
 """Hugging Face Trainer under `traceml run` with no traceml code (docs/trainers.md), real 2-rank gloo runs.
 
-One set of runs, many assertions: two 2-rank runs of examples/hf_trainer (GPT-2 from a tiny config,
-gradient accumulation 2, eval and save every 10 updates, a `hygiene:` validation block) and one run of
-the same Trainer with traceml's explicit callback added by the script. They start in the pool the
-Lightning module's runs share (tests/integrations_support.py).
+One set of runs, many assertions: two 2-rank runs of one declared workload (examples/hf_trainer: GPT-2
+from a tiny config, gradient accumulation 2, eval and save every 10 updates, a `hygiene:` validation
+block), ``auto`` with no traceml code and ``explicit`` with traceml's callback added by the script. Each
+answers every per-run assertion; together they are the pair `traceml compare` judges. They start in the
+pool the Lightning module's runs share (tests/support/integrations.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ UPDATES, GRAD_ACCUM, BATCH, EVERY = 20, 2, 4, 10
 
 
 def _plan(tmp_path_factory):
-    """The runs: ``ref`` and ``cand`` (automatic, 2 ranks), ``explicit`` (the script adds the callback)."""
+    """The runs: ``auto`` (the import hook attaches the callback) and ``explicit`` (the script adds it), 2 ranks."""
     work = prepare(tmp_path_factory.mktemp("hf"), "hf_trainer", "hf_explicit.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
     env.pop("TRACEML_RUN_DIR", None)
@@ -39,7 +40,7 @@ def _plan(tmp_path_factory):
     plan = {
         name: ([*TRACEML, "run", script, "--run-name", name, "--nproc-per-node", str(nproc),
                 "--args", "--output-dir", f"out-{name}"], work, env)
-        for name, script, nproc in (("ref", "train.py", 2), ("cand", "train.py", 2), ("explicit", "hf_explicit.py", 1))
+        for name, script, nproc in (("auto", "train.py", 2), ("explicit", "hf_explicit.py", 2))
     }
     return plan, (work, env)
 
@@ -60,12 +61,13 @@ def _history(work: Path, name: str) -> list[dict]:
     return state["log_history"]
 
 
-@pytest.mark.parametrize("name", ["ref", "cand"])
+@pytest.mark.parametrize("name", ["auto", "explicit"])
 def test_every_rank_records_every_update(hf, name):
     work, _, runs = hf
     proc, run_dir = runs[name]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count(DETECTED) == 1  # rank 0 says it once; rank 1 stays quiet
+    # rank 0 says it once, rank 1 stays quiet; the script's own callback: the import hook adds none
+    assert proc.stderr.count(DETECTED) == (1 if name == "auto" else 0)
     for rank in (0, 1):
         rows = steps(run_dir, rank)
         assert [r["step"] for r in rows] == list(range(1, UPDATES + 1))  # one record per optimizer update
@@ -91,7 +93,7 @@ def test_every_rank_records_every_update(hf, name):
         assert zero[end - 1]["grad_norm"] == pytest.approx(logged[end]["grad_norm"], rel=1e-4)
 
 
-@pytest.mark.parametrize("name", ["ref", "cand"])
+@pytest.mark.parametrize("name", ["auto", "explicit"])
 def test_eval_records_and_published_checkpoints(hf, name):
     work, _, runs = hf
     _, run_dir = runs[name]
@@ -112,11 +114,11 @@ def test_eval_records_and_published_checkpoints(hf, name):
 
 def test_two_runs_of_one_workload_get_a_verdict(hf):
     work, env, runs = hf
-    for name in ("ref", "cand"):
+    for name in ("auto", "explicit"):
         summary = json.loads((runs[name][1] / "final_summary.json").read_text())
         assert summary["step_time"]["global"]["window"]["steps_analyzed"] == UPDATES
-    proc = launch([*TRACEML, "compare", str(runs["ref"][1] / "final_summary.json"),
-                   str(runs["cand"][1] / "final_summary.json"), "--max-step-time-regression-pct", "50"], work, env)
+    proc = launch([*TRACEML, "compare", str(runs["auto"][1] / "final_summary.json"),
+                   str(runs["explicit"][1] / "final_summary.json"), "--max-step-time-regression-pct", "50"], work, env)
     assert proc.returncode in (0, 4), proc.stdout + proc.stderr  # a verdict, never INCONCLUSIVE (3)
 
 
@@ -125,9 +127,11 @@ def test_explicit_callback_records_what_the_automatic_path_does_once(hf):
     proc, run_dir = runs["explicit"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert DETECTED not in proc.stderr  # the script's own callback: the import hook adds none
-    explicit, automatic = steps(run_dir), steps(runs["ref"][1])
-    assert [r["step"] for r in explicit] == list(range(1, UPDATES + 1))  # not instrumented twice
-    assert [r["step"] for r in evals(run_dir)] == [r["step"] for r in evals(runs["ref"][1])]
-    assert {frozenset(measured_fields(r)) for r in explicit[1:]} == {frozenset(measured_fields(r)) for r in automatic[1:]}
-    assert [r["lr"] for r in explicit] == pytest.approx([r["lr"] for r in automatic])
-    assert all(not math.isnan(r["loss"]) for r in explicit)
+    for rank in (0, 1):
+        explicit, automatic = steps(run_dir, rank), steps(runs["auto"][1], rank)
+        assert [r["step"] for r in explicit] == list(range(1, UPDATES + 1))  # not instrumented twice
+        assert [r["step"] for r in evals(run_dir, rank)] == [r["step"] for r in evals(runs["auto"][1], rank)]
+        assert ({frozenset(measured_fields(r)) for r in explicit[1:]}
+                == {frozenset(measured_fields(r)) for r in automatic[1:]})
+        assert [r["lr"] for r in explicit] == pytest.approx([r["lr"] for r in automatic])
+        assert all(not math.isnan(r["loss"]) for r in explicit)

@@ -11,7 +11,7 @@ allocator and caches; whole separate runs differ from each other by more than
 the overhead measured here.
 
 "Without traceml" is without all of it: the callback is out of the list, its
-wrappers (Lightning's ``training_step``; HF's ``training_step`` and
+wrappers (on the LightningModule's methods; HF's ``training_step`` and
 ``clip_grad_norm_``) are undone, the DataLoader's ``__next__`` is torch's own,
 and the SDK's module and optimizer hooks are lifted. The first updates of
 each block (``SETTLE``) are not counted: their batches were fetched before the
@@ -29,14 +29,25 @@ Budget (the design's "trainer integration overhead ≤ 2 % of a step"): at most
 2 % of the step or 30 µs, whichever is larger. The SDK's own per-step cost,
 without any trainer, is ``tests/benchmarks/bench_sdk_overhead.py``.
 
-    python tests/benchmarks/bench_trainers.py [--cycles 30] [--only hf|lightning]
+``--instructions`` counts CPU instructions per update instead, a figure a loaded
+machine does not move: the benchmark runs again under valgrind's callgrind
+(instrumentation switched on after start-up, the hang watchdog off, Python's
+garbage collector paused), which dumps its counters at a mark before and after
+each block's counted updates; per cycle, each mode's count per update minus the
+untraced one's, the median over cycles.
+
+    python tests/benchmarks/bench_trainers.py [--cycles 30] [--only hf|lightning] [--instructions]
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +55,8 @@ from typing import Any, Callable
 
 SETTLE = 3
 BUDGET_SHARE, BUDGET_US = 0.02, 30.0
+#: Set in the benchmark's own process when it runs under callgrind (``--instructions``).
+CALLGRIND_ENV = "TRACEML_BENCH_CALLGRIND"
 
 
 class Modes:
@@ -68,6 +81,14 @@ class Modes:
     def note_end(self) -> None:
         self.ends.append((time.thread_time(), time.perf_counter()))
 
+    def mark(self, update: int) -> None:
+        """Under callgrind: dump its counters before a block's first counted update and at the block's end."""
+        if not os.environ.get(CALLGRIND_ENV) or update < self.block:
+            return
+        if update == self.block:  # the first block (start-up, lazy installs) is not counted
+            subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], capture_output=True, check=False)
+        if update % self.block in (0, SETTLE) and update <= len(self.plan) * self.block:
+            os.getppid()  # callgrind runs with --dump-before=getppid
     def figures(self) -> dict[str, list[tuple[float, float]]]:
         """mode -> per-block (CPU, wall) median update interval, in plan order."""
         out: dict[str, list[tuple[float, float]]] = {name: [] for name in self.names}
@@ -164,6 +185,7 @@ def hf(cycles: int, block: int) -> bool:
 
     class Switch(TrainerCallback):
         def on_step_begin(self, args, state_, control, model=None, **kwargs):  # noqa: ANN001
+            modes.mark(len(modes.ends))
             mode = modes.mode_at(len(modes.ends))
             if mode is None or mode == modes.current:
                 return
@@ -186,7 +208,7 @@ def hf(cycles: int, block: int) -> bool:
             modes.note_end()
 
     config = GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
-    updates = len(modes.plan) * block
+    updates = len(modes.plan) * block + 1  # + 1: the last block's end mark
     torch.manual_seed(0)
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none", disable_tqdm=True,
                              per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=updates,
@@ -195,11 +217,11 @@ def hf(cycles: int, block: int) -> bool:
     model = GPT2LMHeadModel(config)
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(updates * 16), callbacks=[switch, tracer])
     state["trainer"], state["model"] = trainer, model
-    trainer.train()
+    _fit(trainer.train)
     traceml.finish()
     state["loader"].set(True)  # as the SDK left it (the next run's traceml times its loader again)
     state["hooks"].set(True)
-    return report("HF Trainer", modes)
+    return _done("HF Trainer", modes)
 
 
 def lightning(cycles: int, block: int) -> bool:
@@ -229,6 +251,7 @@ def lightning(cycles: int, block: int) -> bool:
 
     class Switch(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
+            modes.mark(len(modes.ends))
             mode = modes.mode_at(len(modes.ends))
             if mode is None or mode == modes.current:
                 return
@@ -249,16 +272,93 @@ def lightning(cycles: int, block: int) -> bool:
         def on_train_batch_end(self, *args: Any) -> None:
             modes.note_end()
 
-    x = torch.randn(8192, 32, generator=torch.Generator().manual_seed(1))
+    x = torch.randn((len(modes.plan) * block + 1) * 64, 32, generator=torch.Generator().manual_seed(1))  # one epoch
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=64)
     torch.manual_seed(0)
-    trainer = L.Trainer(max_steps=len(modes.plan) * block, accelerator="cpu", devices=1, logger=False,
+    trainer = L.Trainer(max_steps=len(modes.plan) * block + 1, accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[Switch(), tracer])
-    trainer.fit(Net(), loader)
+    _fit(lambda: trainer.fit(Net(), loader))
     traceml.finish()
     state["loader"].set(True)
-    return report("Lightning", modes, reference="empty")
+    return _done("Lightning", modes, reference="empty")
+
+
+def _fit(train: Callable[[], Any]) -> None:
+    """Train; under callgrind with the garbage collector paused (a collection lands in one block, not all)."""
+    import gc
+
+    if os.environ.get(CALLGRIND_ENV):
+        gc.disable()
+    try:
+        train()
+    finally:
+        gc.enable()
+
+
+def _done(name: str, modes: Modes, reference: str | None = None) -> bool:
+    """Report the clock figures, or under callgrind leave the plan for the parent (``--instructions``)."""
+    out = os.environ.get(CALLGRIND_ENV)
+    if not out:
+        return report(name, modes, reference)
+    with open(out, "a") as handle:
+        handle.write(json.dumps({"name": name, "plan": modes.plan[1:], "block": modes.block}) + "\n")
+    return True
+
+
+def instructions(argv: list[str], only: str | None) -> int:
+    """Run this benchmark under callgrind; print instructions per update that traceml adds (and the reference)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("--instructions needs valgrind (callgrind) on PATH", file=sys.stderr)
+        return 2
+    work = tempfile.mkdtemp(prefix="traceml-bench-cg-")
+    plans = os.path.join(work, "plans.jsonl")
+    ok = True
+    for name in ("hf", "lightning"):
+        if only not in (None, name):
+            continue
+        out = os.path.join(work, f"{name}.%p")
+        env = dict(os.environ, **{CALLGRIND_ENV: plans, "TRACEML_HANG_WATCHDOG": "0"})
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-before=getppid",
+               f"--callgrind-out-file={out}", sys.executable, *argv, "--only", name]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            print(done.stderr[-2000:], file=sys.stderr)
+            return 1
+        with open(plans) as handle:
+            plan = json.loads(handle.readlines()[-1])
+        dumps = sorted(glob.glob(os.path.join(work, f"{name}.*.*")), key=lambda f: int(f.rsplit(".", 1)[1]))
+        counted = plan["block"] - SETTLE
+        # dump 1: instrumentation on at the first block's end; then (settling, counted updates) per block
+        per = [_total(dumps[2 * i + 2]) / counted for i in range(len(plan["plan"]))]
+        ok &= _report_instructions(plan["name"], plan["plan"], per)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+def _total(path: str) -> int:
+    with open(path) as handle:
+        for line in handle:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise ValueError(f"no totals in {path}")
+
+
+def _report_instructions(name: str, plan: list[str], per: list[float]) -> bool:
+    modes = list(dict.fromkeys(plan))
+    n = len(modes)
+    cycles = [dict(zip(plan[c * n:(c + 1) * n], per[c * n:(c + 1) * n])) for c in range(len(plan) // n)]
+    base = statistics.median(c["none"] for c in cycles)
+    print(f"{name}: {base / 1e6:.2f} M instructions per update without traceml")
+    for mode in modes:
+        if mode == "none":
+            continue
+        extra = [c[mode] - c["none"] for c in cycles]
+        label = "traceml" if mode == "traced" else f"{mode} (reference)"
+        print(f"  {label}: {statistics.median(extra) / 1e3:+.1f} k instructions per update "
+              f"({statistics.median(extra) / base * 100:.2f} % of the update; cycles: "
+              f"{', '.join(f'{e / 1e3:+.0f}k' for e in extra)})")
+    return True
 
 
 def main() -> int:
@@ -267,7 +367,13 @@ def main() -> int:
     parser.add_argument("--hf-block", type=int, default=16, help="updates per Hugging Face block")
     parser.add_argument("--lightning-block", type=int, default=40, help="updates per Lightning block")
     parser.add_argument("--only", choices=("hf", "lightning"))
+    parser.add_argument("--instructions", action="store_true",
+                        help="count CPU instructions per update under callgrind (load-independent)")
     args = parser.parse_args()
+    if args.instructions and not os.environ.get(CALLGRIND_ENV):
+        argv = [os.path.abspath(__file__), "--cycles", str(args.cycles), "--hf-block", str(args.hf_block),
+                "--lightning-block", str(args.lightning_block)]
+        return instructions(argv, args.only)
     os.environ["TRACEML_RUN_DIR"] = os.path.join(tempfile.mkdtemp(prefix="traceml-bench-"), "run")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch

@@ -7,22 +7,28 @@ every Lightning ``Trainer`` the script builds. Per rank, one step record per
 optimizer update (``accumulate_grad_batches`` micro-batches fold in):
 
 * the step envelope from the first micro-batch's ``on_train_batch_start`` to
-  the ``on_train_batch_end`` of the batch whose optimizer stepped
-  (``on_before_optimizer_step`` fires only at update boundaries); the training
-  DataLoader fetch before it is the step's data wait, validation and
-  sanity-check fetches are not;
+  the end of the LightningModule's ``optimizer_step`` (Lightning calls it only
+  when the accumulated update is applied, around ``optimizer.step(closure)``);
+  the training DataLoader fetch before it is the step's data wait, validation
+  and sanity-check fetches are not;
 * forward: the LightningModule's ``training_step`` (the forward pass and the
-  loss); backward: its ``backward`` (Lightning calls it between the
-  ``on_before_backward`` and ``on_after_backward`` hooks); optimizer:
-  ``on_before_optimizer_step`` → the batch end (the update and a step-interval
-  scheduler). Lightning runs forward and backward *inside*
-  ``optimizer.step(closure)``, so torch's global optimizer hooks are kept out
-  of these steps: they would count the closure as optimizer time;
-* loss: the batch-end ``outputs["loss"]`` summed over the update (this rank's,
-  already divided by the accumulation); lr before the scheduler steps; examples;
+  loss); backward: its ``backward``; optimizer: its ``on_before_optimizer_step``
+  (after the closure ran forward and backward) → the end of ``optimizer_step``.
+  Lightning runs forward and backward *inside* ``optimizer.step(closure)``, so
+  torch's global optimizer hooks are kept out of these steps: they would count
+  the closure as optimizer time;
+* loss: ``training_step``'s loss divided by ``accumulate_grad_batches`` (what
+  Lightning hands the batch end), summed over the update, this rank's own; lr
+  before the scheduler steps; examples;
 * validation-end metrics (never the sanity check) as eval records, and, when the
   run declares a ``hygiene:`` validation block, every checkpoint file a
   ``ModelCheckpoint`` wrote, once it exists, published to the backlog (rank 0).
+
+The per-update work runs in wrappers on the LightningModule's own methods, which
+Lightning calls anyway: a callback hook would cost Lightning a dispatch per
+update (docs/trainers.md "Overhead"). Where the phases cannot be split (manual
+optimization, torch.compile, DeepSpeed, FSDP) the callback's batch hooks keep
+the step envelope, loss and lr instead.
 
 Importing this module does not import Lightning; the class is built on first use
 of ``TraceMLCallback``.
@@ -33,12 +39,21 @@ from __future__ import annotations
 import functools
 import os
 import weakref
-from typing import Any, Optional
+from collections.abc import Mapping
+from time import perf_counter
+from typing import Any, Callable, Optional
 
 from traceml_tui import sdk
-from traceml_tui.integrations.support import attach_on_init, eval_metrics, examples_in, guarded, unmeasured
+from traceml_tui.integrations.support import (
+    attach_on_init,
+    eval_metrics,
+    examples_in,
+    fail_open,
+    guarded,
+    unmeasured,
+)
 from traceml_tui.sdk import env
-from traceml_tui.sdk.phases import begin_phase, end_phase
+from traceml_tui.sdk import loader as _loader
 
 NAME = "Lightning Trainer"
 #: Namespace -> the module holding its ``Callback`` base class.
@@ -46,23 +61,22 @@ NAMESPACES = {"lightning.pytorch": "lightning.pytorch.callbacks", "pytorch_light
 _classes: dict[str, type] = {}
 
 
-def _current() -> Any:
-    return sdk._session.current
-
-
 class _Tracer:
     """The callback's behaviour; :func:`callback_class` mixes it into Lightning's ``Callback``."""
+
+    _traceml_namespace = "lightning.pytorch"
 
     def __init__(self) -> None:
         self._traceml_off = False
         self._auto = False  # added by the import hook (stands down when the script added its own)
-        self._step: Any = None  # the open sdk.trace_step of the current update
-        self._phases = True
+        self._session: Any = None
+        self._state: Any = None  # the SDK step state of the open update (sdk/session.py _StepState)
+        self._by_module = False  # the update is timed by wrappers on the module's methods
+        self._accumulate = 1
         self._module_ref: Any = None
         self._published: set[str] = set()
         self._saved = False  # a checkpoint save began; publish its file once it exists
         self._before_val: dict[str, Any] = {}
-        self._boundary = False
         self._fitting = False  # set up for Trainer.fit (a separate trainer.validate() records nothing)
         self._reset()
 
@@ -73,36 +87,83 @@ class _Tracer:
         self._boundary = False
 
     def _traceml_abandon(self) -> None:
-        step, self._step = self._step, None
-        if step is not None:
-            step.__exit__(RuntimeError, None, None)
+        self._close(False)
         self._unwrap()
 
-    # -- forward and backward timing ----------------------------------------------------------
-    def _wrap(self, pl_module: Any) -> None:
-        """Time the module's ``training_step`` as forward and its ``backward`` as backward (instance wrappers).
+    # -- the update ---------------------------------------------------------------------------
+    def _open(self, batch: Any) -> None:
+        """A training batch starts: open the update on its first micro-batch; count its examples."""
+        if self._saved:
+            module = self._module_ref() if self._module_ref is not None else None
+            if module is not None:
+                self._publish_saved(module.trainer)
+        if self._state is None:  # (the previous update's _close reset the values)
+            session = sdk._session
+            if session is None:
+                session = sdk.init()
+            if session.closed:
+                return
+            self._session = session
+            state = self._state = session.begin(perf_counter())
+            state.opt_manual = True  # optimizer timed here, never by torch's hooks around the closure
+        count = examples_in(batch)
+        if count is not None:
+            self._examples = count if self._examples is None else self._examples + count
 
-        Wrapping the module's own methods costs one call each per micro-batch; Lightning's
-        ``on_before_backward``/``on_after_backward`` callback hooks would cost a dispatch each (see
-        ``_SKIPPED_HOOKS``). Lightning calls ``pl_module.backward`` between those two hooks.
-        """
+    def _close(self, ok: bool) -> None:
+        """The update ends (``ok``: its optimizer stepped): its values, then its record."""
+        state, self._state = self._state, None
+        if state is None:
+            return
+        values = state.values  # what sdk.log(loss=, lr=, batch_size=) stores, without the call
+        if self._loss is not None:
+            values["loss"] = self._loss
+        if self._lr is not None:
+            values["lr"] = self._lr
+        if self._examples is not None:
+            values["batch_size"] = self._examples
+        self._reset()
+        self._session.end(state, perf_counter(), ok)
+
+    def _read_lr(self, optimizer: Any) -> None:
+        if self._lr is None:
+            groups = getattr(optimizer, "param_groups", None)
+            if groups:
+                self._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
+
+    # -- wrappers on the module's methods -------------------------------------------------------
+    def _wrap(self, pl_module: Any) -> None:
+        """Time every update through the module's own methods (instance wrappers; see :data:`_WRAPPERS`)."""
         tracer = weakref.ref(self)
-        for name, phase in (("training_step", "forward"), ("backward", "backward")):
+        for name, make in _WRAPPERS.items():
             if getattr(pl_module.__dict__.get(name), "_traceml_of", None) is not None:
                 continue
             original = getattr(pl_module, name, None)
             if original is None:
                 continue
-            pl_module.__dict__[name] = _timed_method(original, phase, tracer)
+            wrapper = make(original, tracer)
+            wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+            wrapper._traceml_of = original  # type: ignore[attr-defined]
+            pl_module.__dict__[name] = wrapper
         self._module_ref = weakref.ref(pl_module)
+        self._by_module = True
+        if _dispatcher_skips_none(self._traceml_namespace):
+            for hook in _BATCH_HOOKS:  # the update needs none of them now: Lightning skips a hook set to None
+                setattr(self, hook, None)
 
     def _unwrap(self) -> None:
         module = self._module_ref() if self._module_ref is not None else None
         if module is not None:
-            for name in ("training_step", "backward"):
+            for name in _WRAPPERS:
                 if getattr(module.__dict__.get(name), "_traceml_of", None) is not None:
                     del module.__dict__[name]
         self._module_ref = None
+        self._by_module = False
+        for hook in _BATCH_HOOKS:
+            self.__dict__.pop(hook, None)
+
+    def _fail(self, where: str, exc: Exception) -> None:
+        fail_open(self, NAME, where, exc)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _publish_saved(self, trainer: Any) -> None:
@@ -138,9 +199,11 @@ class _Tracer:
                                 f"`traceml run --nproc-per-node {trainer.world_size}` to record every rank")
             return
         sdk.init()
+        if not _loader.dataloader_done:
+            _loader.install_dataloader()  # the training DataLoader's fetches are the data wait
         self._fitting = True
+        self._accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
         reason = _unmeasurable_phases(trainer, pl_module)
-        self._phases = reason is None
         if reason is not None:
             unmeasured("forward backward optimizer", reason)
         else:
@@ -149,49 +212,32 @@ class _Tracer:
         if param is not None and param.is_cuda:
             sdk.current_run().enable_cuda()
 
+    # The batch hooks below time the update only where the phases cannot be split (no wrappers: manual
+    # optimization, torch.compile, DeepSpeed, FSDP); with the wrappers they are set to None or return at once.
     @guarded(NAME)
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self._saved:
-            self._publish_saved(trainer)
-        if self._step is None:
-            self._reset()
-            step = sdk.trace_step(None)
-            step.__enter__()
-            self._step = step
-            _current().opt_manual = True  # optimizer timed below, never by torch's hooks around the closure
-        count = examples_in(batch)
-        if count is not None:
-            self._examples = count if self._examples is None else self._examples + count
+        if not self._by_module:
+            self._module_ref = self._module_ref or weakref.ref(pl_module)
+            self._open(batch)
 
     @guarded(NAME)
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self._step is None:
+        if self._by_module or self._state is None:
             return
         self._boundary = True  # Lightning calls this only when the accumulated update is applied
-        if self._lr is None:
-            groups = getattr(optimizer, "param_groups", None)
-            if groups:
-                self._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
-        if self._phases:
-            begin_phase(_current(), "optimizer")
+        self._read_lr(optimizer)
 
     @guarded(NAME)
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._step is None:
+        if self._by_module or self._state is None:
             return
         loss = outputs.get("loss") if type(outputs) is dict else outputs
         if loss is not None and hasattr(loss, "detach"):
             if loss.requires_grad:  # Lightning hands a detached copy; a custom output may not be
                 loss = loss.detach()
             self._loss = loss if self._loss is None else self._loss + loss
-        if not self._boundary:
-            return  # a micro-batch of an update still accumulating
-        if self._phases:
-            end_phase(_current(), "optimizer")
-        sdk.log(loss=self._loss, lr=self._lr, batch_size=self._examples)
-        step, self._step = self._step, None
-        self._reset()
-        step.__exit__(None, None, None)
+        if self._boundary:  # else a micro-batch of an update still accumulating
+            self._close(True)
 
     @guarded(NAME)
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
@@ -238,29 +284,127 @@ class _Tracer:
             self._unwrap()
 
 
-def _timed_method(original: Any, phase: str, tracer: Any) -> Any:
-    """``original`` (a bound method of the LightningModule) timed as ``phase`` of the open update, if any."""
+# -- the wrappers: one factory per method of the LightningModule -------------------------------------
+# Each returns the original's result unchanged and lets its exceptions through; an exception of traceml's own
+# work switches the callback off (fail-open). The phase fields and CUDA events are those of sdk/phases.py
+# begin_phase/end_phase, written inline: these run several times per update.
 
-    @functools.wraps(original)
-    def timed(*args: Any, **kwargs: Any) -> Any:
+def _on_train_batch_start(original: Callable, tracer: Callable) -> Callable:
+    def on_train_batch_start(batch: Any, *args: Any, **kwargs: Any) -> Any:
         me = tracer()
-        state = _current() if me is not None and me._step is not None and me._phases else None
+        if me is not None and me._by_module and not me._traceml_off:
+            try:
+                me._open(batch)
+            except Exception as exc:  # noqa: BLE001 - fail-open
+                me._fail("on_train_batch_start", exc)
+        result = original(batch, *args, **kwargs)
+        if result == -1 and me is not None and me._state is not None and me._loss is None:
+            me._close(False)  # the module skips the rest of the epoch: no update ran
+        return result
+
+    return on_train_batch_start
+
+
+def _training_step(original: Callable, tracer: Callable) -> Callable:
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        me = tracer()
+        state = me._state if me is not None else None
         if state is None:
             return original(*args, **kwargs)
-        begin_phase(state, phase)
+        gpu = state.gpu
+        if gpu is not None:
+            gpu.open("forward")
+        start = perf_counter()
+        out = original(*args, **kwargs)
+        state.fwd_ms = (state.fwd_ms or 0.0) + (perf_counter() - start) * 1000.0
+        if gpu is not None:
+            gpu.close_phase("forward")
         try:
+            loss = out if hasattr(out, "detach") else out.get("loss") if isinstance(out, Mapping) else None
+            if loss is not None and hasattr(loss, "detach"):
+                if me._accumulate != 1 or me._loss is not None:
+                    loss = loss.detach() / me._accumulate  # what Lightning hands the batch end
+                me._loss = loss if me._loss is None else me._loss + loss
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            me._fail("training_step", exc)
+        return out
+
+    return training_step
+
+
+def _backward(original: Callable, tracer: Callable) -> Callable:
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        me = tracer()
+        state = me._state if me is not None else None
+        if state is None:
             return original(*args, **kwargs)
-        finally:
-            end_phase(state, phase)
+        gpu = state.gpu
+        if gpu is not None:
+            gpu.open("backward")
+        start = perf_counter()
+        out = original(*args, **kwargs)
+        state.bwd_ms = (state.bwd_ms or 0.0) + (perf_counter() - start) * 1000.0
+        if gpu is not None:
+            gpu.close_phase("backward")
+        return out
 
-    timed._traceml_of = original  # type: ignore[attr-defined]
-    return timed
+    return backward
 
+
+def _on_before_optimizer_step(original: Callable, tracer: Callable) -> Callable:
+    def on_before_optimizer_step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        me = tracer()
+        state = me._state if me is not None else None
+        if state is not None:
+            try:
+                me._read_lr(optimizer)
+            except Exception as exc:  # noqa: BLE001 - fail-open
+                me._fail("on_before_optimizer_step", exc)
+            else:
+                if state.gpu is not None:
+                    state.gpu.open("optimizer")
+                state.opt_start = perf_counter()
+        return original(optimizer, *args, **kwargs)
+
+    return on_before_optimizer_step
+
+
+def _optimizer_step(original: Callable, tracer: Callable) -> Callable:
+    def optimizer_step(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        me = tracer()
+        state = me._state if me is not None else None
+        if state is not None:
+            try:
+                start = state.opt_start
+                if start is not None:
+                    state.opt_ms = (state.opt_ms or 0.0) + (perf_counter() - start) * 1000.0
+                    state.opt_start = None
+                    if state.gpu is not None:
+                        state.gpu.close_phase("optimizer")
+                me._close(True)
+            except Exception as exc:  # noqa: BLE001 - fail-open
+                me._fail("optimizer_step", exc)
+        return out
+
+    return optimizer_step
+
+
+#: The LightningModule methods wrapped per fit, in the order Lightning calls them in an update.
+_WRAPPERS: dict[str, Callable[[Callable, Callable], Callable]] = {
+    "on_train_batch_start": _on_train_batch_start,
+    "training_step": _training_step,
+    "backward": _backward,
+    "on_before_optimizer_step": _on_before_optimizer_step,
+    "optimizer_step": _optimizer_step,
+}
 
 #: Callback hooks Lightning calls on every batch that this callback has no use for. Each dispatch costs
 #: Lightning several µs per callback (a profiler context and a formatted name), a large share of a small
 #: step; Lightning's dispatcher skips a hook attribute that is not callable, so they are set to None.
 _SKIPPED_HOOKS = ("on_before_backward", "on_after_backward", "on_before_zero_grad")
+#: The callback's own batch hooks, set to None on the instance while the module's wrappers time the update.
+_BATCH_HOOKS = ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end")
 
 
 def _unmeasurable_phases(trainer: Any, pl_module: Any) -> Optional[str]:
@@ -276,6 +420,7 @@ def _unmeasurable_phases(trainer: Any, pl_module: Any) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _dispatcher_skips_none(namespace: str) -> bool:
     """Whether this Lightning's callback dispatcher skips a hook attribute that is not callable.
 
@@ -303,6 +448,7 @@ def callback_class(namespace: str = "lightning.pytorch") -> type:
             "__module__": __name__,
             "__qualname__": "TraceMLCallback",
             "__doc__": "Records every optimizer update of a Lightning fit with traceml (docs/trainers.md).",
+            "_traceml_namespace": namespace,
             # Unused per-batch hooks are set to None only where the dispatcher skips them (fail open: a
             # Lightning that would call None keeps the inherited no-op hooks and their dispatch cost).
             **(dict.fromkeys(_SKIPPED_HOOKS) if _dispatcher_skips_none(namespace) else {}),

@@ -73,18 +73,23 @@ def guarded(integration: str) -> Callable[[F], F]:
             try:
                 return method(self, *args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - fail-open: training goes on without traceml
-                self._traceml_off = True
-                try:
-                    self._traceml_abandon()
-                except Exception:  # noqa: BLE001
-                    pass
-                unmeasured("all", f"{integration} callback failed in {method.__name__} "
-                                    f"({type(exc).__name__}: {str(exc)[:200]}); training continues untraced")
+                fail_open(self, integration, method.__name__, exc)
                 return None
 
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def fail_open(callback: Any, integration: str, where: str, exc: Exception) -> None:
+    """Switch ``callback`` off after ``exc`` escaped traceml's work in ``where``, and report it (never raises)."""
+    callback._traceml_off = True
+    try:
+        callback._traceml_abandon()
+    except Exception:  # noqa: BLE001
+        pass
+    unmeasured("all", f"{integration} callback failed in {where} "
+                        f"({type(exc).__name__}: {str(exc)[:200]}); training continues untraced")
 
 
 def attach_on_init(trainer_cls: type, attach: Callable[[Any], bool], name: str, key: str) -> None:
