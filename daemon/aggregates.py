@@ -148,13 +148,13 @@ class Aggregates:
     def write_rank_live_many(self, keys, now: float) -> None:
         """Write the ``rank_live`` row of every key (one statement for all of them, two at most).
 
-        With ``figures_every`` > 0 (the live daemon) a rank's rolling figures (medians, rates, step parts)
+        With ``figures_every`` > 0 (the live daemon) a rank's rolling figures (medians, step parts)
         are recomputed at most that often, and after that only once half of the window is new records or
         ``figures_max_s`` passed (:meth:`_figures_due`; docs/daemon.md, "Live path"): the median of a 64-step window
         barely moves before half of it is new, and a thousand ranks at one step per second would otherwise
-        recompute theirs every 2 s. Records, steps, times and loss are always current. A rank whose figures
-        were left stale is listed in ``stale`` until :meth:`due_stale` hands it back, and its row (written in
-        full when its figures were computed) gets only the current columns, in place.
+        recompute theirs every 2 s. Records, steps, times, loss and the rates (daemon/rates.py) are always
+        current. A rank whose figures were left stale is listed in ``stale`` until :meth:`due_stale` hands it
+        back, and its row (written in full when its figures were computed) gets only the current columns, in place.
         """
         full, current = [], []
         every = self.figures_every
@@ -175,8 +175,10 @@ class Aggregates:
                 due = self._figures_due(cached, w.records)
                 if tick < due:
                     self._mark_stale(key, due)
+                    # the rates are not a median of the window: cheap, and a pause must leave them at once
+                    steps_per_s, examples_per_s = w.rates()
                     current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, now, w.loss, ratios,
-                                    *key))
+                                    steps_per_s, examples_per_s, *key))
                     continue
             fig = w.figures()
             parts = _parts_json(fig["step_parts"])
@@ -195,7 +197,8 @@ class Aggregates:
         if current:  # the row was written in full with these figures (in this process, since the last reset)
             self.conn.executemany(
                 "UPDATE rank_live SET node = ?, records = ?, first_step = ?, last_step = ?, last_ts = ?,"
-                " last_seen = ?, loss = ?, ratios = ? WHERE run_id = ? AND rank = ? AND attempt = ?", current)
+                " last_seen = ?, loss = ?, ratios = ?, steps_per_s = ?, examples_per_s = ?"
+                " WHERE run_id = ? AND rank = ? AND attempt = ?", current)
 
     def _figures_due(self, cached: tuple[float, int, int], records: int) -> float:
         """When figures computed at ``cached`` (tick, record count, window length) fall due, the rank having

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from traceml_tui.core import hang as hangs_mod
 from traceml_tui.core import records, straggler
 from traceml_tui.core.state import (
+    LIVE_RUN_STATES,
     STOPPED_RANK_STATES,
     LeaseFacts,
     RankFacts,
@@ -28,7 +29,7 @@ from traceml_tui.core.state import (
     with_exit_codes,
 )
 
-from . import views
+from . import rates, views
 from .leases import lease_facts
 from .read_query import Rows, loads
 
@@ -79,6 +80,9 @@ class RunSummary:
     step_ms: Optional[float] = None
     straggler_pct: Optional[float] = None
     straggler: bool = False
+    # (rank, steps/s, examples/s) of each rank's newest attempt by the rate rule (daemon/rates.py) as of the
+    # decision time: steps_per_s / examples_per_s above are the run's by the same rule
+    rank_rates: tuple[tuple[int, Optional[float], Optional[float]], ...] = ()
 
     @property
     def status_text(self) -> str:
@@ -178,6 +182,19 @@ def _exit_codes_of(text: str) -> dict[int, int]:
     return {int(k): v for k, v in data.items() if k.lstrip("-").isdigit() and type(v) is int}
 
 
+def _rates_now(latest: list[dict], status: RunStatus, now: float
+               ) -> tuple[tuple[int, Optional[float], Optional[float]], ...]:
+    """Each rank's (rank, steps/s, examples/s) as of ``now`` by the rate rule (daemon/rates.py): in a live run a
+    rank that has not ended falls while the ingester has seen nothing of it past its grace (its silence on the
+    ingester's clock, ``last_seen``: a slow ingester is not a pause); other ranks keep their last records' rates."""
+    live = status in LIVE_RUN_STATES
+    out = []
+    for r in latest:
+        silent = max(0.0, now - r["last_seen"]) if live and r["ended"] is None and r["last_seen"] is not None else None
+        out.append((r["rank"], *rates.rank_rates(r["steps_per_s"], r["examples_per_s"], silent)))
+    return tuple(out)
+
+
 class RunsReader:
     """The runs of the index with their states decided (the reader's ``list_runs``, ``run``, ``rank_rows``).
 
@@ -240,18 +257,20 @@ class RunsReader:
         # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score.
         step_ms, slowest, score, skew, verdict = views.step_figures(
             straggler.spread((r["rank"], r["median_step_ms"]) for r in latest))
+        rank_rates = _rates_now(latest, status, now)
+        steps_per_s, examples_per_s = rates.run_rates((s, e) for _, s, e in rank_rates)
         return RunSummary(
             run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"], status=status,
             missing=bool(d["missing"]), ranks=d["ranks_total"], ranks_ended=d["ranks_ended"],
-            last_step=d["last_step"], last_ts=d["last_ts"], last_seen=d["last_seen"], steps_per_s=d["steps_per_s"],
-            examples_per_s=d["examples_per_s"], slowest_rank=slowest,
+            last_step=d["last_step"], last_ts=d["last_ts"], last_seen=d["last_seen"], steps_per_s=steps_per_s,
+            examples_per_s=examples_per_s, slowest_rank=slowest,
             straggler_score=score, records=d["records"], errors=d["errors"],
             manifest_status=d["manifest_status"], training_status=d["training_status"],
             outcomes_total=d["outcomes_total"], outcomes_failed=d["outcomes_failed"], nnodes=d["nnodes"],
             nproc_per_node=d["nproc_per_node"], world_size=d["world_size"], started_at=d["started_at"],
             ended_at=d["ended_at"], version=d["updated_version"], median_interval_s=d["median_interval_s"],
             rank_states=rank_states, lost_nodes=lost_nodes(leases), hang=hang,
-            step_ms=step_ms, straggler_pct=skew, straggler=verdict,
+            step_ms=step_ms, straggler_pct=skew, straggler=verdict, rank_rates=rank_rates,
         )
 
     def all(self, roots: Optional[list[str]], now: float) -> tuple[RunSummary, ...]:
@@ -276,6 +295,7 @@ class RunsReader:
     def attempts(self, run_id: int, run: Optional[RunSummary]) -> tuple[RankRow, ...]:
         """Per (rank, attempt) rows, ordered by rank then attempt; the newest attempt carries ``run``'s state."""
         states = dict(run.rank_states) if run is not None else {}
+        now_rates = {rank: (sps, eps) for rank, sps, eps in run.rank_rates} if run is not None else {}
         rows = self._rank_dicts("run_id = ?", (run_id,)).get(run_id, [])
         latest: dict[int, int] = {}
         for d in rows:
@@ -283,6 +303,8 @@ class RunsReader:
         out = []
         for d in rows:
             is_latest = latest[d["rank"]] == d["attempt"]
+            if is_latest and d["rank"] in now_rates:  # the rate rule as of the run's decision time
+                d = {**d, "steps_per_s": now_rates[d["rank"]][0], "examples_per_s": now_rates[d["rank"]][1]}
             ratios = loads(d["ratios"]) or {}
             parts = loads(d["step_parts"])
             out.append(RankRow(latest=is_latest, state=states.get(d["rank"]) if is_latest else None,

@@ -12,8 +12,10 @@ never derives one (docs/contracts.md, "One set of figures"):
   statistic by the one straggler rule, :mod:`traceml_tui.core.straggler` (the
   final summary's ``STRAGGLER`` verdict applies the same rule to its own
   statistic, each rank's mean over the analysis window);
-* steps/s is the run's pace (its slowest rank's rolling rate: synchronous data
-  parallelism runs at it), eval lag the training step minus the newest
+* steps/s is the run's pace (its slowest rank's rate: synchronous data
+  parallelism runs at it), each rank's measured by the rate rule over its last
+  seconds of records, falling while it is silent (:mod:`daemon.rates`,
+  :data:`RATE_RULE`); eval lag the training step minus the newest
   evaluated step, and the early-stopping best the policy's own record when the
   run recorded one, else the best completed receipt on the declared metric;
 * statuses are :mod:`traceml_tui.core.state` enums, never strings.
@@ -34,6 +36,7 @@ from traceml_tui.core.state import BacklogState, RankState, RunStatus
 from traceml_tui.core.straggler import Spread
 
 from .live import WINDOW
+from .rates import RATE_RULE
 
 #: The step-time statistic of the index's surfaces (named in `traceml status --json` and the Run screen's Help).
 STEP_STATISTIC = f"median step time over each rank's last {WINDOW} steps"
@@ -133,6 +136,7 @@ class RunFigures:
     eta_s: Optional[float] = None  # seconds to declared_steps at steps_per_s (a running run only)
     ratio_name: Optional[str] = None  # the loss component with the highest scale-free ratio (the one to watch)
     loss_ratio: Optional[float] = None  # its ratio (1.0 = what predicting zero scores)
+    rate_rule: str = RATE_RULE  # how steps_per_s / examples_per_s are measured (daemon/rates.py)
 
     @property
     def best(self) -> Optional[tuple[Optional[str], Optional[int], float]]:
@@ -152,7 +156,8 @@ class RunFigures:
         return {"step_time_statistic": self.statistic, "step_ms": self.step_ms, "slowest_rank": self.slowest_rank,
                 "straggler_score": self.straggler_score, "straggler_pct": self.straggler_pct,
                 "straggler": self.straggler, "steps_per_s": self.steps_per_s, "examples_per_s": self.examples_per_s,
-                "eval_step": self.eval_step, "eval_lag": self.eval_lag, "early_stopping_best": best}
+                "eval_step": self.eval_step, "eval_lag": self.eval_lag, "early_stopping_best": best,
+                "rate_rule": self.rate_rule}
 
 
 def step_figures(spread: Optional[Spread]) -> tuple[Optional[float], Optional[int], Optional[float],
