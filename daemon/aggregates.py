@@ -116,11 +116,11 @@ class Aggregates:
             return w
         w = live.RankWindow()
         row = self.conn.execute(
-            "SELECT records, first_step, last_step, last_ts, loss, ratios, ended, exit_code, end_ts, node"
+            "SELECT records, first_step, last_step, last_ts, loss, ratios, ended, exit_code, end_ts, node, last_seen"
             " FROM rank_live WHERE run_id = ? AND rank = ? AND attempt = ?", key).fetchone()
         if row is not None:
             (w.records, w.first_step, w.last_step, w.last_ts, w.loss, ratios, w.ended, w.exit_code, w.end_ts,
-             w.node) = row
+             w.node, w.seen) = row
             w.ratios = json.loads(ratios) if ratios else None
             self._load_tail(w, key)
         if w.node is None:
@@ -177,15 +177,16 @@ class Aggregates:
                     self._mark_stale(key, due)
                     # the rates are not a median of the window: cheap, and a pause must leave them at once
                     steps_per_s, examples_per_s = w.rates()
-                    current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, now, w.loss, ratios,
-                                    steps_per_s, examples_per_s, *key))
+                    current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now), w.loss,
+                                    ratios, steps_per_s, examples_per_s, *key))
                     continue
             fig = w.figures()
             parts = _parts_json(fig["step_parts"])
             if every:
                 self._figures[key] = (tick, w.records, len(w.steps))
                 self.stale.pop(key, None)
-            full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
+            full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now),
+                         fig["median_step_ms"],
                          fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"],
                          fig["examples_per_s"], w.loss, ratios, w.ended, w.exit_code, w.end_ts, parts))
         if full:

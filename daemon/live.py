@@ -146,7 +146,7 @@ class RankWindow:
     """
 
     __slots__ = ("records", "first_step", "last_step", "last_ts", "loss", "ratios", "steps", "ts", "_cpu", "_gpu",
-                 "_unsplit", "examples", "ended", "exit_code", "end_ts", "node")
+                 "_unsplit", "examples", "ended", "exit_code", "end_ts", "node", "seen", "fresh")
 
     def __init__(self) -> None:
         self.records = 0
@@ -165,6 +165,23 @@ class RankWindow:
         self.exit_code: Optional[int] = None
         self.end_ts: Optional[float] = None  # the rank_end record's ts
         self.node: Optional[int] = None  # node_rank of the rank's stream header
+        # When the ingester last took in a record of this rank (``rank_live.last_seen``), and whether one came
+        # since the row was last written: a row rewritten only for its figures keeps the time records last came
+        # (the stall rule and the rate rule measure the rank's silence by it).
+        self.seen: Optional[float] = None
+        self.fresh = False
+
+    def took_records(self) -> None:
+        """A record of this rank came in (a step, or its end): its row's ``last_seen`` is the write's time."""
+        self.fresh = True
+
+    def seen_at(self, now: float) -> float:
+        """The row's ``last_seen`` for a write at ``now``: ``now`` when records came since the last write (or it
+        was never written), else the time they last came."""
+        if self.fresh or self.seen is None:
+            self.seen = now
+        self.fresh = False
+        return self.seen
 
     def _append(self, step: int, ts: Optional[float], examples: Optional[int], timings: tuple) -> None:
         self.steps.append(step)
@@ -209,6 +226,7 @@ class RankWindow:
         if cols and len(cols[COL_STEP]) == 1:  # the live case: one row per rank per pass
             self.add_row(tuple(c[0] for c in cols), inserted)
             return
+        self.fresh = True
         self.records += inserted
         if not cols or not cols[COL_STEP]:
             return
@@ -230,6 +248,7 @@ class RankWindow:
 
     def add_row(self, r: Sequence, inserted: int) -> None:
         """Fold one row tuple into the window (what :meth:`add_columns` does with a one-row batch)."""
+        self.fresh = True
         self.records += inserted
         step = r[COL_STEP]
         if not self.steps or step > self.steps[-1]:  # a duplicate or an older step must not disturb the window

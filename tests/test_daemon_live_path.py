@@ -577,8 +577,11 @@ def test_a_live_rank_recomputes_its_figures_when_half_its_window_is_new_or_ten_s
     # 5 new records at 2 steps/s: the current columns (the rate over the last 5 s of records among them) only
     assert after(3, range(71, 76), 2000, pace=2.0) == (75, 110.0, 2.0)
     assert after(6) == (75, 110.0, 2.0)  # 9 s: within FIGURES_MAX_S, nothing new
+    seen = _rank(index, "r")[1].last_seen
     due = after(1.5)  # 10.5 s: due, written without a new record
     assert due == (75, round((59 * 110 + 5 * 220) / 64, 4), 2.0)
+    # ... which keeps saying when the rank's records last came in (the stall and rate rules' silence)
+    assert _rank(index, "r")[1].last_seen == seen
     half = after(2.5, range(76, 108), 3000)  # half the window is new
     assert half[0] == 107 and half[1] != due[1] and half[2] == 1.0
     assert after(1, range(108, 148), 4000)[:2] == (147, half[1])  # 1 s: not yet

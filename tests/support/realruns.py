@@ -671,6 +671,20 @@ def build_case(
     return _with_build_time(run, time.monotonic() - started)
 
 
+def start_ddp(work_dir: Path, name: str, *script_args: object, nproc: int = 2,
+              env: Optional[dict[str, str]] = None) -> tuple["_Launch", Path]:
+    """Start ``tests/scripts/ddp_train.py`` under `traceml run` without waiting (a live run for a test to watch
+    or signal): the launch — a context manager that kills everything it started on exit — and the run folder.
+    The ranks write ``work_dir/pids/rank_<r>.pid``."""
+    work_dir = Path(work_dir).resolve()
+    logs_dir = work_dir / "logs"
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    ctx = _Ctx(case=name, work_dir=work_dir, logs_dir=logs_dir, name=name,
+               env=env if env is not None else subprocess_env(work_dir / "state"))
+    args = ctx.run_args(DDP_SCRIPT, nproc=nproc, script_args=(*script_args, "--pid-dir", ctx.pid_dir))
+    return ctx.launch(args), ctx.run_dir
+
+
 def _with_build_time(run: RealRun, seconds: float) -> RealRun:
     from dataclasses import replace
 
