@@ -26,8 +26,8 @@ of figures"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+import bisect
+from typing import Iterable, NamedTuple, Optional, Sequence
 
 #: Seconds of a rank's newest records its rate is measured over.
 RATE_WINDOW_S = 5.0
@@ -42,8 +42,7 @@ RATE_RULE = (f"steps completed over each rank's last {RATE_WINDOW_S:g} s of reco
              "intervals) falls towards 0")
 
 
-@dataclass(frozen=True)
-class Rate:
+class Rate(NamedTuple):
     """A rank's rates over its window of records, and how many seconds of records they were measured over."""
 
     steps_per_s: float
@@ -62,10 +61,16 @@ def window_rate(steps: Sequence[int], ts: Sequence[Optional[float]], examples: S
     if n < 2 or ts[-1] is None:
         return None
     end = ts[-1]
-    first = n - 2
-    while first > 0 and ts[first - 1] is not None and end - ts[first - 1] <= seconds:
-        first -= 1
-    start = ts[first]
+    # A binary search over the records in step order, which are in time order: the live daemon asks this of every
+    # rank it writes, every pass. (A wall clock stepped back makes the window a little longer or shorter, never
+    # empty: at least the two newest records, over a positive span.)
+    times = list(ts)
+    try:
+        first = bisect.bisect_left(times, end - seconds, 0, n - 2)
+    except TypeError:  # an untimed record among them: the records after it
+        first = max(i for i in range(n - 1) if times[i] is None) + 1
+        first = min(first, n - 2)
+    start = times[first]
     if start is None or end <= start:
         return None
     span = end - start

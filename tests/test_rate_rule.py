@@ -30,7 +30,7 @@ def test_the_window_is_the_records_within_its_seconds_of_the_newest_and_at_least
     second newest when none other is), steps and examples over the time between them."""
     steps, ts, examples = _records(gaps)
     found = rates.window_rate(steps, ts, examples)
-    within = [i for i in range(len(ts) - 1) if ts[-1] - ts[i] <= rates.RATE_WINDOW_S]
+    within = [i for i in range(len(ts) - 1) if ts[i] >= ts[-1] - rates.RATE_WINDOW_S]
     first = within[0] if within else len(ts) - 2
     span = ts[-1] - ts[first]
     assert found.span_s == pytest.approx(span)
@@ -53,10 +53,24 @@ def test_a_stall_leaves_the_rate_once_its_window_of_records_came_after_it(pace, 
         assert (steps[-1] - steps[-live.WINDOW]) / (ts[-1] - ts[-live.WINDOW]) < pace * 0.99
 
 
+@given(st.lists(st.floats(min_value=-5.0, max_value=30.0, allow_nan=False), min_size=1, max_size=80))
+def test_a_clock_that_goes_back_still_gives_a_rate_over_a_positive_span_of_the_newest_records(gaps):
+    """Out of time order (a wall clock stepped back), the window still ends at the newest record and spans
+    at least one step over a positive time, or there is no rate."""
+    steps, ts, examples = _records(gaps)
+    found = rates.window_rate(steps, ts, examples)
+    if found is not None:
+        assert found.span_s > 0 and found.steps_per_s > 0
+        assert any(ts[-1] - ts[i] == pytest.approx(found.span_s) for i in range(len(ts) - 1))
+    else:
+        assert len(ts) < 2 or any(ts[i] >= ts[-1] for i in range(len(ts) - 1))
+
+
 def test_too_few_records_give_no_rate():
     assert rates.window_rate([1], [1000.0], [16]) is None
     assert rates.window_rate([1, 2], [1000.0, 1000.0], [16, 32]) is None
     assert rates.window_rate([1, 2], [1000.0, None], [16, 32]) is None
+    assert rates.window_rate([1, 2, 3], [None, 1000.0, 1001.0], [16, 32, 48]).steps_per_s == 1.0
     assert rates.window_rate([1, 2], [1000.0, 1001.0], [None, 32]).examples_per_s is None
 
 
