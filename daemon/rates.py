@@ -20,6 +20,8 @@ of figures"):
   look like a pause), its rate falls: the same steps over the window stretched
   by the silence past the grace, so a paused rank shows a falling rate, not
   its old pace;
+* once the core calls such a rank stopped (stalled, waiting or lost: docs/contracts.md "stall limit"), its
+  rates are 0 — the pace of a run that does not move, and a figure that no longer changes with the clock;
 * a run's steps/s is its slowest rank's rate (synchronous data parallelism
   runs at it), its examples/s the sum over its ranks.
 """
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import bisect
 from typing import Iterable, NamedTuple, Optional, Sequence
+
+from traceml_tui.core.state import RankState
 
 #: Seconds of a rank's newest records its rate is measured over.
 RATE_WINDOW_S = 5.0
@@ -39,7 +43,7 @@ RATE_GRACE_INTERVALS = 3.0
 #: The rule in words (`traceml status --json` ``figures.rate_rule`` and the Help screen of `traceml watch`).
 RATE_RULE = (f"steps completed over each rank's last {RATE_WINDOW_S:g} s of records; the run's is its slowest "
              f"rank's; a rank silent for over {RATE_GRACE_S:g} s (and {RATE_GRACE_INTERVALS:g} of its step "
-             "intervals) falls towards 0")
+             "intervals) falls, and is 0 once it is stalled")
 
 
 class Rate(NamedTuple):
@@ -96,6 +100,16 @@ def rank_rates(steps_per_s: Optional[float], examples_per_s: Optional[float], si
         return steps_per_s, examples_per_s
     k = _stretch(steps_per_s, silent_s)
     return steps_per_s * k, None if examples_per_s is None else examples_per_s * k
+
+
+#: Rank states (core/state.py) whose rates are 0 in a live run: they stopped writing without an end.
+STOPPED = frozenset({RankState.STALLED, RankState.WAITING, RankState.LOST})
+
+
+def stopped(steps_per_s: Optional[float], examples_per_s: Optional[float]
+            ) -> tuple[Optional[float], Optional[float]]:
+    """The rates of a rank in :data:`STOPPED` in a live run: 0 (None stays None: it never had a rate)."""
+    return (None if steps_per_s is None else 0.0), (None if examples_per_s is None else 0.0)
 
 
 def run_rates(ranks: Iterable[tuple[Optional[float], Optional[float]]]) -> tuple[Optional[float], Optional[float]]:

@@ -182,14 +182,19 @@ def _exit_codes_of(text: str) -> dict[int, int]:
     return {int(k): v for k, v in data.items() if k.lstrip("-").isdigit() and type(v) is int}
 
 
-def _rates_now(latest: list[dict], status: RunStatus, now: float
+def _rates_now(latest: list[dict], status: RunStatus, states: dict[int, RankState], now: float
                ) -> tuple[tuple[int, Optional[float], Optional[float]], ...]:
     """Each rank's (rank, steps/s, examples/s) as of ``now`` by the rate rule (daemon/rates.py): in a live run a
-    rank that has not ended falls while the ingester has seen nothing of it past its grace (its silence on the
-    ingester's clock, ``last_seen``: a slow ingester is not a pause); other ranks keep their last records' rates."""
+    running rank falls while the ingester has seen nothing of it past its grace (its silence on the ingester's
+    clock, ``last_seen``: a slow ingester is not a pause) and a rank the core calls stopped (stalled, waiting,
+    lost) is at 0; other ranks keep their last records' rates."""
     live = status in LIVE_RUN_STATES
     out = []
     for r in latest:
+        state = states.get(r["rank"])
+        if live and r["ended"] is None and state in rates.STOPPED:
+            out.append((r["rank"], *rates.stopped(r["steps_per_s"], r["examples_per_s"])))
+            continue
         silent = max(0.0, now - r["last_seen"]) if live and r["ended"] is None and r["last_seen"] is not None else None
         out.append((r["rank"], *rates.rank_rates(r["steps_per_s"], r["examples_per_s"], silent)))
     return tuple(out)
@@ -257,7 +262,7 @@ class RunsReader:
         # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score.
         step_ms, slowest, score, skew, verdict = views.step_figures(
             straggler.spread((r["rank"], r["median_step_ms"]) for r in latest))
-        rank_rates = _rates_now(latest, status, now)
+        rank_rates = _rates_now(latest, status, dict(rank_states), now)
         steps_per_s, examples_per_s = rates.run_rates((s, e) for _, s, e in rank_rates)
         return RunSummary(
             run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"], status=status,

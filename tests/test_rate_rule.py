@@ -97,6 +97,13 @@ def test_a_paused_rank_at_five_steps_per_second_falls_well_below_its_pace():
     assert rates.rank_rates(5.0, None, 47.0)[0] < 0.6
 
 
+def test_a_stopped_rank_is_at_zero():
+    from traceml_tui.core.state import RankState
+
+    assert rates.stopped(5.0, 80.0) == (0.0, 0.0) and rates.stopped(None, None) == (None, None)
+    assert rates.STOPPED == {RankState.STALLED, RankState.WAITING, RankState.LOST}
+
+
 def test_a_runs_rate_is_its_slowest_ranks_and_its_examples_every_ranks():
     assert rates.run_rates([(5.0, 80.0), (4.0, 64.0), (None, None)]) == (4.0, 144.0)
     assert rates.run_rates([]) == (None, None)
