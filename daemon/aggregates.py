@@ -117,11 +117,11 @@ class Aggregates:
             return w
         w = live.RankWindow()
         row = self.conn.execute(
-            "SELECT records, first_step, last_step, last_ts, loss, ratios, ended, exit_code, end_ts, node"
+            "SELECT records, first_step, last_step, last_ts, loss, ratios, ended, exit_code, end_ts, node, last_seen"
             " FROM rank_live WHERE run_id = ? AND rank = ? AND attempt = ?", key).fetchone()
         if row is not None:
             (w.records, w.first_step, w.last_step, w.last_ts, w.loss, ratios, w.ended, w.exit_code, w.end_ts,
-             w.node) = row
+             w.node, w.seen) = row
             w.ratios = json.loads(ratios) if ratios else None
             self._load_tail(w, key)
         if w.node is None:
@@ -147,13 +147,13 @@ class Aggregates:
     def write_rank_live_many(self, keys, now: float) -> None:
         """Write the ``rank_live`` row of every key (one statement for all of them, two at most).
 
-        With ``figures_every`` > 0 (the live daemon) a rank's rolling figures (medians, rates, step parts)
+        With ``figures_every`` > 0 (the live daemon) a rank's rolling figures (medians, step parts)
         are recomputed at most that often, and after that only once half of the window is new records or
         ``figures_max_s`` passed (:meth:`_figures_due`; docs/daemon.md, "Live path"): the median of a 64-step window
         barely moves before half of it is new, and a thousand ranks at one step per second would otherwise
-        recompute theirs every 2 s. Records, steps, times and loss are always current. A rank whose figures
-        were left stale is listed in ``stale`` until :meth:`due_stale` hands it back, and its row (written in
-        full when its figures were computed) gets only the current columns, in place.
+        recompute theirs every 2 s. Records, steps, times, loss and the rates (daemon/rates.py) are always
+        current. A rank whose figures were left stale is listed in ``stale`` until :meth:`due_stale` hands it
+        back, and its row (written in full when its figures were computed) gets only the current columns, in place.
         """
         full, current = [], []
         every = self.figures_every
@@ -174,15 +174,18 @@ class Aggregates:
                 due = self._figures_due(cached, w.records)
                 if tick < due:
                     self._mark_stale(key, due)
-                    current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, now, w.loss, ratios,
-                                    *key))
+                    # the rates are not a median of the window: cheap, and a pause must leave them at once
+                    steps_per_s, examples_per_s = w.rates()
+                    current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now), w.loss,
+                                    ratios, steps_per_s, examples_per_s, *key))
                     continue
             fig = w.figures()
             parts = _parts_json(fig["step_parts"])
             if every:
                 self._figures[key] = (tick, w.records, len(w.steps))
                 self.stale.pop(key, None)
-            full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, now, fig["median_step_ms"],
+            full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now),
+                         fig["median_step_ms"],
                          fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"],
                          fig["examples_per_s"], w.loss, ratios, w.ended, w.exit_code, w.end_ts, parts))
         if full:
@@ -194,7 +197,8 @@ class Aggregates:
         if current:  # the row was written in full with these figures (in this process, since the last reset)
             self.conn.executemany(
                 "UPDATE rank_live SET node = ?, records = ?, first_step = ?, last_step = ?, last_ts = ?,"
-                " last_seen = ?, loss = ?, ratios = ? WHERE run_id = ? AND rank = ? AND attempt = ?", current)
+                " last_seen = ?, loss = ?, ratios = ?, steps_per_s = ?, examples_per_s = ?"
+                " WHERE run_id = ? AND rank = ? AND attempt = ?", current)
 
     def _figures_due(self, cached: tuple[float, int, int], records: int) -> float:
         """When figures computed at ``cached`` (tick, record count, window length) fall due, the rank having

@@ -4,7 +4,8 @@
 * :class:`RankWindow` keeps the last few steps of one (run, rank, attempt) and
   yields the rolling figures written to ``rank_live``: the step time and its
   parts, split and averaged by :mod:`traceml_tui.core.steptime` (the one
-  definition), medians and rates.
+  definition), medians, and the rates by the rate rule (:mod:`daemon.rates`:
+  over the last seconds of records, not over the window's 64 steps).
 * :func:`whole_step_ms` is the step time of many rows at once (numpy), equal to
   ``steptime.split_step(...).whole`` row by row; the ``step_ms`` /
   ``gpu_step_ms`` series hold it.
@@ -26,6 +27,8 @@ import msgspec
 import numpy as np
 
 from traceml_tui.core import records, steptime
+
+from . import rates
 
 WINDOW = 64  # steps in the rolling window
 SERIES_POINTS = 512  # buckets per (run, rank, metric): more than a terminal chart has columns, within the ≤ 2,000 asked
@@ -143,7 +146,7 @@ class RankWindow:
     """
 
     __slots__ = ("records", "first_step", "last_step", "last_ts", "loss", "ratios", "steps", "ts", "_cpu", "_gpu",
-                 "_unsplit", "examples", "ended", "exit_code", "end_ts", "node")
+                 "_unsplit", "examples", "ended", "exit_code", "end_ts", "node", "seen", "fresh")
 
     def __init__(self) -> None:
         self.records = 0
@@ -162,6 +165,23 @@ class RankWindow:
         self.exit_code: Optional[int] = None
         self.end_ts: Optional[float] = None  # the rank_end record's ts
         self.node: Optional[int] = None  # node_rank of the rank's stream header
+        # When the ingester last took in a record of this rank (``rank_live.last_seen``), and whether one came
+        # since the row was last written: a row rewritten only for its figures keeps the time records last came
+        # (the stall rule and the rate rule measure the rank's silence by it).
+        self.seen: Optional[float] = None
+        self.fresh = False
+
+    def took_records(self) -> None:
+        """A record of this rank came in (a step, or its end): its row's ``last_seen`` is the write's time."""
+        self.fresh = True
+
+    def seen_at(self, now: float) -> float:
+        """The row's ``last_seen`` for a write at ``now``: ``now`` when records came since the last write (or it
+        was never written), else the time they last came."""
+        if self.fresh or self.seen is None:
+            self.seen = now
+        self.fresh = False
+        return self.seen
 
     def _append(self, step: int, ts: Optional[float], examples: Optional[int], timings: tuple) -> None:
         self.steps.append(step)
@@ -206,6 +226,7 @@ class RankWindow:
         if cols and len(cols[COL_STEP]) == 1:  # the live case: one row per rank per pass
             self.add_row(tuple(c[0] for c in cols), inserted)
             return
+        self.fresh = True
         self.records += inserted
         if not cols or not cols[COL_STEP]:
             return
@@ -227,6 +248,7 @@ class RankWindow:
 
     def add_row(self, r: Sequence, inserted: int) -> None:
         """Fold one row tuple into the window (what :meth:`add_columns` does with a one-row batch)."""
+        self.fresh = True
         self.records += inserted
         step = r[COL_STEP]
         if not self.steps or step > self.steps[-1]:  # a duplicate or an older step must not disturb the window
@@ -256,6 +278,15 @@ class RankWindow:
         return {"whole": avg.whole, **avg.parts, "traced": avg.traced, "steps": avg.steps,
                 "steps_without_gap": avg.steps_without_gap, "clock": clock}
 
+    def rates(self) -> tuple[Optional[float], Optional[float]]:
+        """(steps/s, examples/s) over the window's last seconds of records: the rate rule (:mod:`daemon.rates`).
+
+        Cheap (a walk back over the last few seconds of steps), so the live daemon writes it on every write,
+        not only when the medians are recomputed.
+        """
+        found = rates.window_rate(self.steps, self.ts, self.examples)
+        return (None, None) if found is None else (found.steps_per_s, found.examples_per_s)
+
     def figures(self) -> dict[str, Any]:
         """Rolling figures over the window.
 
@@ -264,15 +295,11 @@ class RankWindow:
         attempt's first step counts its unknown gap as 0, as the averages do;
         None when no step's gap is known), both on the clock of ``step_parts``.
         """
-        interval = steps_per_s = examples_per_s = None
+        interval = None
         if len(self.steps) >= 2:
             gaps = [b - a for a, b in zip(self.ts, list(self.ts)[1:]) if a is not None and b is not None]
             interval = statistics.median(gaps) if gaps else None
-            span = (self.ts[-1] or 0.0) - (self.ts[0] or 0.0)
-            if span > 0:
-                steps_per_s = (self.steps[-1] - self.steps[0]) / span
-                if self.examples[-1] is not None and self.examples[0] is not None:
-                    examples_per_s = (self.examples[-1] - self.examples[0]) / span
+        steps_per_s, examples_per_s = self.rates()
         parts = [p for p in (self.gpu if self.clock() == "gpu" else self.cpu) if p is not None]
         return {
             "median_step_ms": statistics.median(p.whole for p in parts) if parts else None,
@@ -390,14 +417,14 @@ def run_rollup(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
         worst_ms, slowest = max(timed)
         typical = statistics.median(ms for ms, _ in timed)
         score = worst_ms / typical if typical and typical > 0 else None
-    rates = [r["steps_per_s"] for r in ranks if r.get("steps_per_s") is not None]
+    paces = [r["steps_per_s"] for r in ranks if r.get("steps_per_s") is not None]
     examples = [r["examples_per_s"] for r in ranks if r.get("examples_per_s") is not None]
     intervals = [r["median_interval_s"] for r in ranks if r.get("median_interval_s") is not None]
     return {
         "slowest_rank": slowest,
         "straggler_score": score,
         # Synchronous data parallelism runs at the pace of its slowest rank.
-        "steps_per_s": min(rates) if rates else None,
+        "steps_per_s": min(paces) if paces else None,
         "examples_per_s": sum(examples) if examples else None,
         "median_interval_s": statistics.median(intervals) if intervals else None,
     }

@@ -105,9 +105,9 @@ class IndexCollector(Collector):
     def _run_families(self, runs: list[RunSummary], now: float) -> Iterator:
         status = GaugeMetricFamily("traceml_run_status", "1 for the run's state, 0 for the others",
                                    labels=["run", "run_id", "status"])
-        sps = GaugeMetricFamily("traceml_run_steps_per_second", "Steps per second (rolling window)",
+        sps = GaugeMetricFamily("traceml_run_steps_per_second", "Steps per second (the slowest rank's, over its last seconds of records; daemon/rates.py)",
                                 labels=["run", "run_id"])
-        eps = GaugeMetricFamily("traceml_run_examples_per_second", "Examples per second (rolling window)",
+        eps = GaugeMetricFamily("traceml_run_examples_per_second", "Examples per second (every rank's, over its last seconds of records; daemon/rates.py)",
                                 labels=["run", "run_id"])
         strag = GaugeMetricFamily("traceml_run_straggler_score",
                                   "Slowest rank's median step time over the median rank's (1 = even;"

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from traceml_tui.core import artifacts, records, straggler
 from traceml_tui.core import hang as hangs_mod
 from traceml_tui.core.state import (
+    LIVE_RUN_STATES,
     STOPPED_RANK_STATES,
     LeaseFacts,
     RankFacts,
@@ -34,7 +35,7 @@ from traceml_tui.core.state import (
     with_exit_codes,
 )
 
-from . import views
+from . import rates, views
 from .leases import lease_facts
 from .read_query import Rows, loads
 
@@ -99,6 +100,9 @@ class RunSummary:
     first_ts: Optional[float] = None
     age_s: Optional[float] = None
     duration_s: Optional[float] = None
+    # (rank, steps/s, examples/s) of each rank's newest attempt by the rate rule (daemon/rates.py) as of the
+    # decision time: steps_per_s / examples_per_s above are the run's by the same rule
+    rank_rates: tuple[tuple[int, Optional[float], Optional[float]], ...] = ()
 
     @property
     def marks(self) -> str:
@@ -219,6 +223,24 @@ class _Marks:
 
     blocked: dict[int, int] = field(default_factory=dict)
     missing: set[int] = field(default_factory=set)
+
+
+def _rates_now(latest: list[dict], status: RunStatus, states: dict[int, RankState], now: float
+               ) -> tuple[tuple[int, Optional[float], Optional[float]], ...]:
+    """Each rank's (rank, steps/s, examples/s) as of ``now`` by the rate rule (daemon/rates.py): in a live run a
+    running rank falls while the ingester has seen nothing of it past its grace (its silence on the ingester's
+    clock, ``last_seen``: a slow ingester is not a pause) and a rank the core calls stopped (stalled, waiting,
+    lost) is at 0; other ranks keep their last records' rates."""
+    live = status in LIVE_RUN_STATES
+    out = []
+    for r in latest:
+        state = states.get(r["rank"])
+        if live and r["ended"] is None and state in rates.STOPPED:
+            out.append((r["rank"], *rates.stopped(r["steps_per_s"], r["examples_per_s"])))
+            continue
+        silent = max(0.0, now - r["last_seen"]) if live and r["ended"] is None and r["last_seen"] is not None else None
+        out.append((r["rank"], *rates.rank_rates(r["steps_per_s"], r["examples_per_s"], silent)))
+    return tuple(out)
 
 
 class RunsReader:
@@ -351,11 +373,13 @@ class RunsReader:
         # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score.
         step_ms, slowest, score, skew, verdict = views.step_figures(
             straggler.spread((r["rank"], r["median_step_ms"]) for r in latest))
+        rank_rates = _rates_now(latest, status, dict(rank_states), now)
+        steps_per_s, examples_per_s = rates.run_rates((s, e) for _, s, e in rank_rates)
         return RunSummary(
             run_id=d["run_id"], name=d["name"], dir=d["dir"], root=d["root"], status=status,
             missing=bool(d["missing"]), ranks=d["ranks_total"], ranks_ended=d["ranks_ended"],
-            last_step=d["last_step"], last_ts=d["last_ts"], last_seen=d["last_seen"], steps_per_s=d["steps_per_s"],
-            examples_per_s=d["examples_per_s"], slowest_rank=slowest,
+            last_step=d["last_step"], last_ts=d["last_ts"], last_seen=d["last_seen"], steps_per_s=steps_per_s,
+            examples_per_s=examples_per_s, slowest_rank=slowest,
             straggler_score=score, records=d["records"], errors=d["errors"],
             manifest_status=d["manifest_status"], training_status=d["training_status"],
             outcomes_total=d["outcomes_total"], outcomes_failed=d["outcomes_failed"], nnodes=d["nnodes"],
@@ -366,6 +390,7 @@ class RunsReader:
             validation_mark=validation_mark(blocked=marks.blocked.get(d["run_id"], 0), summary_missing=missing),
             interrupted_by=interrupted_by, interrupted_at=interrupted_at, first_ts=first_ts, age_s=age,
             duration_s=took,
+            rank_rates=rank_rates,
         )
 
     def _marks(self, now: float) -> "_Marks":
@@ -397,6 +422,7 @@ class RunsReader:
     def attempts(self, run_id: int, run: Optional[RunSummary]) -> tuple[RankRow, ...]:
         """Per (rank, attempt) rows, ordered by rank then attempt; the newest attempt carries ``run``'s state."""
         states = dict(run.rank_states) if run is not None else {}
+        now_rates = {rank: (sps, eps) for rank, sps, eps in run.rank_rates} if run is not None else {}
         rows = self._rank_dicts("run_id = ?", (run_id,)).get(run_id, [])
         latest: dict[int, int] = {}
         for d in rows:
@@ -404,6 +430,8 @@ class RunsReader:
         out = []
         for d in rows:
             is_latest = latest[d["rank"]] == d["attempt"]
+            if is_latest and d["rank"] in now_rates:  # the rate rule as of the run's decision time
+                d = {**d, "steps_per_s": now_rates[d["rank"]][0], "examples_per_s": now_rates[d["rank"]][1]}
             ratios = loads(d["ratios"]) or {}
             parts = loads(d["step_parts"])
             out.append(RankRow(latest=is_latest, state=states.get(d["rank"]) if is_latest else None,

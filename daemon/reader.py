@@ -313,7 +313,8 @@ class Reader:
             run=detail.run, figures=figures, ranks=ranks, attempts=detail.ranks, outcomes=detail.outcomes,
             manifest=detail.manifest, summary_status=detail.summary_status, nodes=detail.nodes,
             metrics=detail.metrics, backlog=backlog, failure=failure or views.inferred_failure(detail.run, ranks),
-            diagnosis=views.diagnosis_line(summary), evals=evals, eval_metric=eval_metric)
+            diagnosis=views.diagnosis_line(summary), evals=evals, eval_metric=eval_metric,
+            verdict=views.diagnosis(summary))
 
     def backlog_view(self, run_id: Optional[int] = None, now: Optional[float] = None) -> views.BacklogView:
         """The validation backlog of one run (or of every run), with the newest completed checkpoint and its lag, and

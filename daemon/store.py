@@ -305,6 +305,7 @@ class Store:
                 w.ended = rec.status
                 w.exit_code = rec.exit_code
                 w.end_ts = rec.ts
+                w.took_records()
                 batch.ranks.add(key)
         if events and cur["generation"]:
             # Unique per (run, file identity, offset) across generations when the content is the same: a file

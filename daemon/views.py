@@ -12,8 +12,10 @@ never derives one (docs/contracts.md, "One set of figures"):
   statistic by the one straggler rule, :mod:`traceml_tui.core.straggler` (the
   final summary's ``STRAGGLER`` verdict applies the same rule to its own
   statistic, each rank's mean over the analysis window);
-* steps/s is the run's pace (its slowest rank's rolling rate: synchronous data
-  parallelism runs at it), eval lag the training step minus the newest
+* steps/s is the run's pace (its slowest rank's rate: synchronous data
+  parallelism runs at it), each rank's measured by the rate rule over its last
+  seconds of records, falling while it is silent (:mod:`daemon.rates`,
+  :data:`RATE_RULE`); eval lag the training step minus the newest
   evaluated step, and the early-stopping best the policy's own record when the
   run recorded one, else the best completed receipt on the declared metric;
 * statuses are :mod:`traceml_tui.core.state` enums, never strings.
@@ -34,9 +36,12 @@ from traceml_tui.core.state import LIVE_RUN_STATES, BacklogState, RankState, Run
 from traceml_tui.core.straggler import Spread
 
 from .live import WINDOW
+from .rates import RATE_RULE
 
 #: The step-time statistic of the index's surfaces (named in `traceml status --json` and the Run screen's Help).
 STEP_STATISTIC = f"median step time over each rank's last {WINDOW} steps"
+#: The same statistic as a column header names it (the Run screen's rank table): the median (p50) in ms.
+STEP_STATISTIC_LABEL = "p50 step ms"
 
 
 def _num(value: Any) -> Optional[float]:
@@ -133,6 +138,7 @@ class RunFigures:
     eta_s: Optional[float] = None  # seconds to declared_steps at steps_per_s (a running run only)
     ratio_name: Optional[str] = None  # the loss component with the highest scale-free ratio (the one to watch)
     loss_ratio: Optional[float] = None  # its ratio (1.0 = what predicting zero scores)
+    rate_rule: str = RATE_RULE  # how steps_per_s / examples_per_s are measured (daemon/rates.py)
 
     @property
     def best(self) -> Optional[tuple[Optional[str], Optional[int], float]]:
@@ -152,7 +158,8 @@ class RunFigures:
         return {"step_time_statistic": self.statistic, "step_ms": self.step_ms, "slowest_rank": self.slowest_rank,
                 "straggler_score": self.straggler_score, "straggler_pct": self.straggler_pct,
                 "straggler": self.straggler, "steps_per_s": self.steps_per_s, "examples_per_s": self.examples_per_s,
-                "eval_step": self.eval_step, "eval_lag": self.eval_lag, "early_stopping_best": best}
+                "eval_step": self.eval_step, "eval_lag": self.eval_lag, "early_stopping_best": best,
+                "rate_rule": self.rate_rule}
 
 
 def run_times(status: RunStatus, first_ts: Optional[float], last_ts: Optional[float], now: float
@@ -231,13 +238,57 @@ def early_stopping(validation: Optional[artifacts.ValidationSection], manifest: 
 
 def diagnosis_line(summary: Optional[artifacts.Summary]) -> Optional[str]:
     """The final summary's primary diagnosis in one line: ``STRAGGLER — Rank 1 is 18% slower … Next: …``."""
+    found = diagnosis(summary)
+    return found.line if found is not None else None
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One diagnosis of the final summary's step time (``step_time.issues``): ``STRAGGLER``, ``INPUT-BOUND``…"""
+
+    status: str  # the verdict word: STRAGGLER, INPUT-BOUND, BETWEEN-STEPS, COMPUTE-BOUND, BALANCED, NO DATA
+    summary: str  # what it found, in one sentence
+    action: Optional[str] = None  # what to do next
+    severity: Optional[str] = None  # warn | info
+    ranks: tuple[int, ...] = ()  # the ranks it names (a straggler)
+    skew_pct: Optional[float] = None  # a straggler's size (%)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The final summary's verdict and every issue behind it, as the summary card says them (``Verdict:`` /
+    ``Next:``): the Run screen's verdict line and its diagnosis panel. Only a run's current summary has one."""
+
+    verdict: Issue  # the primary diagnosis (``primary_diagnosis``: the first issue)
+    issues: tuple[Issue, ...]  # every step-time issue, the verdict first
+
+    @property
+    def line(self) -> str:
+        """``STRAGGLER — Rank 1 is 18% slower than the median rank. Next: …`` (:func:`diagnosis_line`)."""
+        v = self.verdict
+        return f"{v.status} — {v.summary}" + (f" Next: {v.action}" if v.action else "")
+
+
+def _issue(d: Any) -> Optional[Issue]:
+    if not isinstance(d, dict) or not isinstance(d.get("status"), str) or not isinstance(d.get("summary"), str):
+        return None
+    action, severity = d.get("action"), d.get("severity")
+    ranks = d.get("ranks") if isinstance(d.get("ranks"), list) else []
+    return Issue(status=d["status"], summary=d["summary"], action=action if isinstance(action, str) and action else None,
+                 severity=severity if isinstance(severity, str) else None,
+                 ranks=tuple(r for r in ranks if _int(r) is not None), skew_pct=_num(d.get("skew_pct")))
+
+
+def diagnosis(summary: Optional[artifacts.Summary]) -> Optional[Diagnosis]:
+    """The summary's verdict (``primary_diagnosis``) and its step-time issues (None: no summary, or no verdict)."""
     if summary is None:
         return None
-    d = summary.primary_diagnosis or {}
-    status, text, action = d.get("status"), d.get("summary"), d.get("action")
-    if not isinstance(status, str) or not isinstance(text, str):
+    verdict = _issue(summary.primary_diagnosis)
+    if verdict is None:
         return None
-    return f"{status} — {text}" + (f" Next: {action}" if isinstance(action, str) and action else "")
+    raw = summary.step_time.get("issues") if isinstance(summary.step_time, dict) else None
+    issues = tuple(i for i in (_issue(d) for d in (raw if isinstance(raw, list) else [])) if i is not None)
+    return Diagnosis(verdict=verdict, issues=issues or (verdict,))
 
 
 @dataclass(frozen=True)
@@ -272,6 +323,7 @@ class RunView:
     diagnosis: Optional[str] = None  # diagnosis_line of the run's current final summary
     evals: tuple["EvalPoint", ...] = ()  # eval records and the backlog's requests (eval_points)
     eval_metric: Optional[str] = None  # the metric the evaluations are charted by
+    verdict: Optional["Diagnosis"] = None  # the current final summary's verdict and issues (diagnosis)
 
 
 @dataclass(frozen=True)

@@ -229,7 +229,9 @@ def test_live_aggregates_series_and_status(env):
         # records stamped long before the ingester read them to the end: found silent, so stalled (core rule)
         assert run.status == "stalled" and run.ranks == 3 and run.last_step == 5000
         assert run.slowest_rank == 2 and run.straggler_score == pytest.approx(2.0)
-        assert run.steps_per_s == pytest.approx(1.0)  # ts advances 1 s per step
+        assert run.steps_per_s == 0.0  # stalled: a run that does not move (daemon/rates.py)
+        at_end = r.run(run.run_id, now=run.last_ts)  # as of its newest record it was running ...
+        assert at_end.status == "running" and at_end.steps_per_s == pytest.approx(1.0)  # ... 1 step per s of ts
         rows = r.rank_rows(run.run_id)
         # step time = gap (step_ms / 10 in these records) + traced step (core.steptime)
         assert rows[2].median_step_ms == pytest.approx(220.0) and rows[0].median_input_wait_ms == pytest.approx(10.0)

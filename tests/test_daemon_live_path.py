@@ -47,6 +47,17 @@ def _rank(index: Path, name: str):
         return r.series.step_count(run.run_id), r.rank_rows(run.run_id)[0]
 
 
+def _stored_rate(index: Path, name: str) -> float:
+    """The steps/s the ingester wrote for the run's rank (``rank_live``; the reader applies the silence to it as of
+    its decision time: these runs' records are from 1970, so as of now they are stalled, at 0)."""
+    conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT l.steps_per_s FROM rank_live l JOIN runs r USING (run_id) WHERE r.name = ?",
+                            (name,)).fetchone()[0]
+    finally:
+        conn.close()
+
+
 def _generation(index: Path, rel_end: str) -> int:
     conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
     try:
@@ -550,7 +561,8 @@ def test_a_live_rank_recomputes_its_figures_when_half_its_window_is_new_or_ten_s
     """The live daemon's rolling figures (docs/daemon.md, "Live path"): not more often than every
     FIGURES_EVERY_S, and then once half of the window they were computed over is new records (a young
     window: as soon as it doubles), or FIGURES_MAX_S after the last time; the rank's current columns (last
-    step, records) are always written. Observed through steps/s, which follows the window's time span."""
+    step, records, and the rates of daemon/rates.py) are always written. Observed through the window's mean
+    step time (its parts' whole), which every new step moves: new steps take 200 ms against the first 100."""
     from daemon import live as live_mod
     from daemon import service
 
@@ -562,36 +574,46 @@ def test_a_live_rank_recomputes_its_figures_when_half_its_window_is_new_or_ten_s
     ing.store.agg.tick = lambda: clock[0]
     assert service.FIGURES_NEW_STEPS == live_mod.WINDOW // 2
 
-    def after(seconds: float, steps=(), ts_base: float = 0.0, run: str = "r", stream=None):
+    def after(seconds: float, steps=(), ts_base: float = 0.0, run: str = "r", stream=None, pace: float = 1.0):
         clock[0] += seconds
         for s in steps:
-            append_raw(stream or path, step_line(run, 0, s, ts=ts_base + s))
+            append_raw(stream or path, step_line(run, 0, s, step_ms=200.0, ts=ts_base + s / pace))
         ing.run_once()
         ing.commit_pass()  # as the serve loop ends each pass: quiet ranks whose figures fell due get them
         row = _rank(index, run)[1]
-        return row.last_step, round(row.steps_per_s, 4)
+        return row.last_step, round(row.step_parts["whole"], 4), round(_stored_rate(index, run), 4)
 
-    assert after(0) == (70, 1.0)  # first figures at once
-    assert after(3, range(71, 76), 2000) == (75, 1.0)  # 5 new records: current columns only
-    assert after(6) == (75, 1.0)  # 9 s: within FIGURES_MAX_S, nothing new
-    assert after(1.5) == (75, round(63 / (2075 - 1012), 4))  # 10.5 s: due, written without a new record
-    assert after(2.5, range(76, 108), 3000) == (107, round(63 / (3107 - 1044), 4))  # half the window is new
-    assert after(1, range(108, 148), 4000) == (147, round(63 / (3107 - 1044), 4))  # 1 s: not yet
-    assert after(1) == (147, round(63 / (4147 - 3084), 4))  # 2 s after the last time, quiet since: due
+    first = after(0)  # first figures at once
+    assert first == (70, 110.0, 1.0)
+    # 5 new records at 2 steps/s: the current columns (the rate over the last 5 s of records among them) only
+    assert after(3, range(71, 76), 2000, pace=2.0) == (75, 110.0, 2.0)
+    assert after(6) == (75, 110.0, 2.0)  # 9 s: within FIGURES_MAX_S, nothing new
+    seen = _rank(index, "r")[1].last_seen
+    due = after(1.5)  # 10.5 s: due, written without a new record
+    assert due == (75, round((59 * 110 + 5 * 220) / 64, 4), 2.0)
+    # ... which keeps saying when the rank's records last came in (the stall and rate rules' silence)
+    assert _rank(index, "r")[1].last_seen == seen
+    half = after(2.5, range(76, 108), 3000)  # half the window is new
+    assert half[0] == 107 and half[1] != due[1] and half[2] == 1.0
+    assert after(1, range(108, 148), 4000)[:2] == (147, half[1])  # 1 s: not yet
+    assert after(1) == (147, 220.0, 1.0)  # 2 s after the last time, quiet since: due (the window all new)
     # A young window (3 warm-up steps) is refreshed as soon as it doubles, 2 s after its first figures.
     young = write_steps(root / "y", 0, range(1, 4))
-    assert after(0, run="y", stream=young) == (3, 1.0)
-    assert after(2.5, (4, 5, 6), 1500, run="y", stream=young) == (6, round(5 / (1506 - 1001), 4))
+    assert after(0, run="y", stream=young) == (3, 110.0, 1.0)
+    assert after(2.5, (4, 5, 6), 1500, run="y", stream=young)[:2] == (6, 165.0)
 
 
 def test_figures_left_stale_are_written_after_a_rollback_and_when_the_daemon_stops(tmp_path):
     """A rank whose figures were left for later and that then goes quiet (a rank killed without a rank_end)
     still gets them: after a rolled-back transaction (its window reloaded from the index) and when the
-    live daemon stops."""
+    live daemon stops. Observed through the window's mean step time (new steps take 200 ms, the first 100)."""
     root = tmp_path / "logs"
     path = write_steps(root / "r", 0, range(1, 71))  # ts = 1000 + step: 1 step/s
     index = tmp_path / "index.sqlite"
-    fresh = round(63 / (2075 - 1012), 4)  # steps/s over the window once steps 71-75 (ts 2000 + step) are in
+    fresh = round((59 * 110 + 5 * 220) / 64, 4)  # the window's mean once steps 71-75 are in
+
+    def whole() -> float:
+        return round(_rank(index, "r")[1].step_parts["whole"], 4)
 
     # After a rollback, with the ingester's clock held still (nothing else would make them due).
     ing = Ingester(index, [str(root)], use_inotify=False)
@@ -600,31 +622,31 @@ def test_figures_left_stale_are_written_after_a_rollback_and_when_the_daemon_sto
     ing.store.agg.tick = lambda: 0.0
     ing.run_once()
     for s in range(71, 76):
-        append_raw(path, step_line("r", 0, s, ts=2000.0 + s))
+        append_raw(path, step_line("r", 0, s, step_ms=200.0, ts=2000.0 + s))
     ing.run_once()
-    row = _rank(index, "r")[1]
-    assert (row.last_step, round(row.steps_per_s, 4)) == (75, 1.0)  # stale: current columns only
+    assert (_rank(index, "r")[1].last_step, whole()) == (75, 110.0)  # stale: current columns only
     ing.begin()
     ing.rollback()
     assert ing.store.agg.stale and ing.store.agg.due_stale()
     ing.commit_pass()  # the serve loop's next pass
-    assert round(_rank(index, "r")[1].steps_per_s, 4) == fresh
+    assert whole() == fresh
     ing.close()
 
     # When the live daemon stops (serve in a thread, as `traceml watch` embeds it).
     for s in range(76, 81):
-        append_raw(path, step_line("r", 0, s, ts=3000.0 + s))
+        append_raw(path, step_line("r", 0, s, step_ms=200.0, ts=3000.0 + s))
     live = Ingester(index, [str(root)], poll_interval=0.05, use_inotify=False)
     live.start()
+    last = round((51 * 110 + 13 * 220) / 64, 4)  # steps 20-83 in the window
     try:
         assert _wait_for(lambda: _rank(index, "r")[1].last_step == 80)
         for s in range(81, 84):
-            append_raw(path, step_line("r", 0, s, ts=4000.0 + s))
+            append_raw(path, step_line("r", 0, s, step_ms=200.0, ts=4000.0 + s))
         assert _wait_for(lambda: _rank(index, "r")[1].last_step == 83)
-        assert round(_rank(index, "r")[1].steps_per_s, 4) != round(63 / (4083 - 1020), 4)  # left for later
+        assert whole() != last  # left for later
     finally:
         live.stop()
-    assert round(_rank(index, "r")[1].steps_per_s, 4) == round(63 / (4083 - 1020), 4)
+    assert whole() == last
 
 
 @pytest.mark.parametrize("between", [1, 7, 64, 129, 300])

@@ -24,14 +24,14 @@ from typing import Any, Optional
 import pytest
 
 from daemon.metrics import IndexCollector
-from traceml_tui.core import steptime, straggler
+from traceml_tui.core import straggler
 from traceml_tui.tui import textplot
 from traceml_tui.tui.app import create_app
 from traceml_tui.tui.screens.run_detail import RunScreen
 from traceml_tui.tui.source import IndexSource
 from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel, early_stopping_lines
 from traceml_tui.tui.widgets.info_panel import InfoPanel
-from traceml_tui.tui.widgets.rank_table import RankTable
+from traceml_tui.tui.widgets.rank_table import STEP_COLUMN, RankTable
 
 from support import realruns
 from support import tui_data as d
@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 DECLARED_ES = "hygiene_declared_es"
 CASES = (*realruns.CASES, DECLARED_ES)
 #: Cases whose figures must not be missing (a table of Nones would agree vacuously).
-TWO_RANKS = {"completed", "rank_raises", "rank_sigkilled", "rank_exits", "all_exit", "hung", "hang"}
+TWO_RANKS = {"completed", "rank_raises", "rank_sigkilled", "rank_exits", "all_exit", "hung", "hang", "straggler"}
 WITH_EVAL = {"hygiene", DECLARED_ES}
 
 #: (metric name, scale to the reader's unit) of the exposition's figures.
@@ -79,14 +79,14 @@ def _declared_copy(run: realruns.RealRun, tmp_path: Path) -> Path:
     return logs
 
 
-def _exposition(index: Path) -> dict[tuple[str, frozenset], float]:
-    """The metrics a scrape of the index shows: {(name, labels): value}."""
+def _exposition(index: Path, at: float) -> dict[tuple[str, frozenset], float]:
+    """The metrics a scrape of the index at ``at`` shows: {(name, labels): value}."""
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
     from prometheus_client.registry import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(IndexCollector(str(index), retention_s=1e12))
+    registry.register(IndexCollector(str(index), retention_s=1e12, clock=lambda: at))
     out = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         for sample in family.samples:
@@ -94,9 +94,10 @@ def _exposition(index: Path) -> dict[tuple[str, frozenset], float]:
     return out
 
 
-async def _run_screen(index: Path, name: str) -> tuple[Any, str, dict[int, tuple[str, str]], list[str]]:
-    """(the Run screen's snapshot, its headline facts line, {rank: (step cell, Δ cell)}, early-stopping lines)."""
-    source = IndexSource(index)
+async def _run_screen(index: Path, name: str, at: float) -> tuple[Any, str, dict[int, tuple[str, str]], list[str]]:
+    """(the Run screen's snapshot, its headline facts line, {rank: (step cell, Δ cell)}, early-stopping lines), the
+    app's clock at ``at``."""
+    source = IndexSource(index, clock=lambda: at)
     app = create_app(source, poll_interval=0.02)
     try:
         async with app.run_test(size=(200, 50)) as pilot:
@@ -111,7 +112,7 @@ async def _run_screen(index: Path, name: str) -> tuple[Any, str, dict[int, tuple
             cells = {}
             for i in range(table.row_count):
                 row = table.get_row_at(i)
-                cells[int(str(row[at["Rank"]]))] = (str(row[at[steptime.STEP_LABEL]]), str(row[at["Δ median"]]))
+                cells[int(str(row[at["Rank"]]))] = (str(row[at[STEP_COLUMN]]), str(row[at["Δ median"]]))
             panel = screen.query_one(EarlyStoppingPanel)
             lines = [ln[0] if isinstance(ln, tuple) else ln for ln in early_stopping_lines(panel.data)] \
                 if panel.data is not None else []
@@ -141,12 +142,15 @@ def test_status_json_metrics_and_run_screen_show_the_same_figures(case, real_run
     fig = as_json["figures"]
     ranks = {r["rank"]: r for r in as_json["ranks"] if r["latest"]}
     labels = {("run", as_json["name"]), ("run_id", str(as_json["run_id"]))}
-    scrape = _exposition(index)
+    # One moment for every surface: a live run's rates fall with its silence (daemon/rates.py), so the surfaces
+    # are asked at the time `traceml status` decided at (with no writer left: the index's last commit).
+    at = json.loads(status.stdout)["writer"]["decided_at"]
+    scrape = _exposition(index, at)
 
     def gauge(name: str, **extra: str) -> Optional[float]:
         return scrape.get((name, frozenset(labels | set(extra.items()))))
 
-    detail, facts, cells, es_lines = asyncio.run(_run_screen(index, as_json["name"]))
+    detail, facts, cells, es_lines = asyncio.run(_run_screen(index, as_json["name"], at))
     row = detail.run
 
     # not vacuous: the figures each kind of run has are there

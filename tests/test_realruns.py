@@ -40,7 +40,7 @@ def _manifest(run_dir: Path) -> dict:
 
 def test_the_mapping_is_lazy_and_lists_every_case(tmp_path: Path) -> None:
     runs = realruns.RealRuns(tmp_path)
-    assert list(runs) == list(realruns.CASES) and len(runs) == len(realruns.BUILDERS) == 11
+    assert list(runs) == list(realruns.CASES) and len(runs) == len(realruns.BUILDERS) == 12
     assert runs.built() == {} and list(tmp_path.iterdir()) == []
     with pytest.raises(KeyError):
         runs["no-such-case"]

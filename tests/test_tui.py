@@ -556,7 +556,8 @@ async def test_scrolled_right_a_table_never_shows_part_of_a_column(tmp_path):
             pinned = ranks._get_fixed_offset().left
             scrolling = ranks.ordered_columns[ranks.fixed_columns:]
             assert ranks.scroll_x == scrolling[0].get_render_width(ranks)
-            assert ranks.render_line(0).text[pinned:].split()[:2] == scrolling[1].label.plain.split()
+            label = scrolling[1].label.plain.split()
+            assert ranks.render_line(0).text[pinned:].split()[:len(label)] == label
     finally:
         source.close()
 

@@ -14,6 +14,10 @@ rank misbehave the way real jobs do (each counts completed steps from 1):
     --hang-at K         every rank all-reduces its loss at the end of each step; inside step K the --bad-rank
                         first sleeps --hang-s seconds (default 120): its peers wait in that all_reduce
     --timeout S         the process group's collective timeout in seconds (default 30)
+    --work-ms W         every rank sleeps W ms inside each step (a step of a known length)
+    --slow-pct P        ... and the --bad-rank P % longer: a straggler (with --no-ddp, its step time shows it)
+    --no-ddp            no DDP: each rank trains its own replica, with no collective per step (ranks that do not
+                        wait for each other, so a slow rank's step time is its own, not its peers' too)
     --bad-rank R        which rank misbehaves (default 1; `all`: every rank)
     --pid-dir DIR       write rank_<r>.pid there at start (so a harness can find and reap the ranks)
 """
@@ -52,6 +56,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--bad-rank", default="1")
     parser.add_argument("--pid-dir")
+    parser.add_argument("--work-ms", type=float, default=0.0)
+    parser.add_argument("--slow-pct", type=float, default=0.0)
+    parser.add_argument("--no-ddp", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -67,8 +74,9 @@ def main() -> None:
     torch.manual_seed(1234 + rank)
 
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
-    if distributed:
+    if distributed and not args.no_ddp:
         model = DDP(model)
+    work_s = args.work_ms / 1000.0 * (1.0 + args.slow_pct / 100.0 if bad else 1.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     true_w = torch.randn(16, 1, generator=torch.Generator().manual_seed(7))
 
@@ -83,6 +91,8 @@ def main() -> None:
                 raise RuntimeError("CUDA out of memory (simulated)")
             loss.backward()
             optimizer.step()
+            if work_s:
+                time.sleep(work_s)
             traceml.log(loss=loss, lr=0.05, batch_size=args.batch_size, components={"mse": (loss, y)})
             if args.hang_at and distributed:
                 if bad and step == args.hang_at:

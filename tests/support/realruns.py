@@ -24,6 +24,8 @@ through ``torch.distributed.run``, or one process) with the scripts in
                       before it (it never arrives); both watchdogs write a ``hang`` record after
                       :data:`HANG_FLOOR_S`; the run directory is copied then (``live_copy``: it hangs), and
                       the launch runs on until rank 0's gloo timeout (:data:`HANG_TIMEOUT_S`) fails it
+``straggler``         2 ranks under ``traceml run`` that train without a per-step collective (``--no-ddp``); every
+                      step sleeps 40 ms, rank 1's 30 % longer: a real straggler the summary calls ``STRAGGLER``
 ``hygiene``           one process with a ``hygiene:`` block publishing 6 checkpoints, then real
                       ``traceml validate drain`` processes leave a backlog in every state
 ====================  ==========================================================================
@@ -73,6 +75,7 @@ CASES: tuple[str, ...] = (
     "hung",
     "hang",
     "hygiene",
+    "straggler",
 )
 
 #: Seconds one launch may take before the case is abandoned (its processes killed).
@@ -357,6 +360,21 @@ def _completed(ctx: _Ctx) -> RealRun:
     return run
 
 
+#: The straggler case: each step's sleep (ms) and how much longer rank 1's is (%).
+STRAGGLER_WORK_MS = 40
+STRAGGLER_SLOW_PCT = 30
+
+
+def _straggler(ctx: _Ctx) -> RealRun:
+    run = _finished_launch(ctx, "--steps", 80, "--no-ddp", "--work-ms", STRAGGLER_WORK_MS,
+                           "--slow-pct", STRAGGLER_SLOW_PCT, "--bad-rank", 1)
+    _expect(run.returncode == 0, ctx, f"launcher exit code {run.returncode}, expected 0")
+    verdict = json.loads((run.run_dir / "final_summary.json").read_text())["primary_diagnosis"]
+    _expect(verdict.get("status") == "STRAGGLER" and verdict.get("ranks") == [1], ctx,
+            f"the summary's verdict is {verdict.get('status')} {verdict.get('ranks')}, expected STRAGGLER [1]")
+    return run
+
+
 def _completed_finish(ctx: _Ctx) -> RealRun:
     run = _finished_launch(ctx, "--steps", 8, "--finish", nproc=1)
     _expect(run.returncode == 0, ctx, f"launcher exit code {run.returncode}, expected 0")
@@ -621,6 +639,7 @@ BUILDERS: dict[str, Callable[[_Ctx], RealRun]] = {
     "hung": _hung,
     "hang": _hang,
     "hygiene": _hygiene,
+    "straggler": _straggler,
 }
 assert tuple(BUILDERS) == CASES
 
@@ -650,6 +669,20 @@ def build_case(
     started = time.monotonic()
     run = BUILDERS[case](ctx)
     return _with_build_time(run, time.monotonic() - started)
+
+
+def start_ddp(work_dir: Path, name: str, *script_args: object, nproc: int = 2,
+              env: Optional[dict[str, str]] = None) -> tuple["_Launch", Path]:
+    """Start ``tests/scripts/ddp_train.py`` under `traceml run` without waiting (a live run for a test to watch
+    or signal): the launch — a context manager that kills everything it started on exit — and the run folder.
+    The ranks write ``work_dir/pids/rank_<r>.pid``."""
+    work_dir = Path(work_dir).resolve()
+    logs_dir = work_dir / "logs"
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    ctx = _Ctx(case=name, work_dir=work_dir, logs_dir=logs_dir, name=name,
+               env=env if env is not None else subprocess_env(work_dir / "state"))
+    args = ctx.run_args(DDP_SCRIPT, nproc=nproc, script_args=(*script_args, "--pid-dir", ctx.pid_dir))
+    return ctx.launch(args), ctx.run_dir
 
 
 def _with_build_time(run: RealRun, seconds: float) -> RealRun:

@@ -67,7 +67,9 @@ def run_row(run: Any, figures: Any, *, workload: Optional[str], trend: tuple[flo
         explaining_ranks=run.explaining_ranks, lost_nodes=run.lost_nodes, first_failed=run.first_failed,
         workload=workload, nodes=run.nnodes, procs_per_node=run.nproc_per_node or (run.ranks or None),
         step=run.last_step, declared_steps=figures.declared_steps, median_step_ms=figures.step_ms, trend=trend,
-        steps_per_s=figures.steps_per_s, examples_per_s=figures.examples_per_s, loss_ratio=figures.loss_ratio,
+        # the rates as of this refresh (the run's, by daemon/rates.py; ``figures`` are cached per run version and a
+        # paused run's rate falls without a new version)
+        steps_per_s=run.steps_per_s, examples_per_s=run.examples_per_s, loss_ratio=figures.loss_ratio,
         eval_step=figures.eval_step, eval_lag=figures.eval_lag, backlog=backlog, errors=run.errors or 0,
         last_ts=run.last_ts, folder=run_folder(run.dir, run.root, run.name), dir=run.dir,
         slowest_rank=figures.slowest_rank, straggler_score=figures.straggler_score,

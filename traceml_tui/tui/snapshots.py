@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from daemon.reader import IngestError  # one ingest-error type: the reader's, shown as it is
-from daemon.views import EvalPoint, FailureView  # the reader's views, shown as they are
+from daemon.views import Diagnosis, EvalPoint, FailureView  # the reader's views, shown as they are
 from daemon.writer_health import WRITER_DAEMON, WRITER_EMBEDDED, WRITER_NONE, WRITER_WATCH  # noqa: F401 - the words
 from traceml_tui.core.state import ALERT_STATES, BACKLOG_ORDER, RUN_ATTENTION, BacklogState, RankState, RunStatus
 from traceml_tui.tui.textplot import duration
@@ -269,6 +269,7 @@ class RunDetail:
     eta_s: Optional[float] = None  # seconds to the declared last step at the current steps/s (running only)
     early_stopping: Optional[EarlyStoppingInfo] = None  # runs that declared or recorded early stopping
     diagnosis: Optional[str] = None  # the final summary's primary diagnosis and what to do next, in one line
+    verdict: Optional[Diagnosis] = None  # the final summary's verdict and its issues (None: no current summary)
 
 
 @dataclass(frozen=True)

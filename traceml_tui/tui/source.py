@@ -253,7 +253,8 @@ class IndexSource:
             now=now, failure=view.failure, metrics=view.metrics, chart_metric=chart_metric, chart_rank=chart_rank,
             chart=chosen, started_at=manifest.started_at if manifest else None,
             ended_at=manifest.ended_at if manifest else None, eta_s=fig.eta_s,
-            early_stopping=present.early_stopping_info(fig.early_stopping), diagnosis=view.diagnosis)
+            early_stopping=present.early_stopping_info(fig.early_stopping), diagnosis=view.diagnosis,
+            verdict=view.verdict)
 
     # -- backlog
     @_serialized

@@ -18,11 +18,13 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from daemon.rates import RATE_RULE
+from daemon.views import STEP_STATISTIC
 from traceml_tui.core import steptime
 from traceml_tui.core.state import BACKLOG_ORDER, RUN_ATTENTION, BacklogState, RunStatus
 from traceml_tui.tui.glyphs import BACKLOG_GLYPHS, RUN_GLYPHS
 from traceml_tui.tui.keys import LIST_KEYS_HELP, list_bindings
-from traceml_tui.tui.widgets.rank_table import RankTable
+from traceml_tui.tui.widgets.rank_table import STEP_COLUMN, RankTable
 from traceml_tui.tui.widgets.runs_table import COLUMNS as RUNS_COLUMNS
 from traceml_tui.tui.widgets.screen_header import ScreenHeader
 
@@ -38,11 +40,13 @@ RUNS_COLUMN_HELP: dict[str, str] = {
     "Workload": "the guard contract's workload name",
     "Topo": "nodes × processes per node",
     "Step": "newest step / declared steps",
-    "Step ms": "median step time (ms) over the recent steps",
+    "Step ms": f"the run's step time (ms): the median rank's {STEP_STATISTIC}",
     "Trend": "step time over the recent steps (sparkline; rising = getting slower)",
-    "Steps/s": "training steps per second",
-    "Straggler": "rN S×: the rank with the slowest median step time and that time over the median rank's "
-                 "(1.00× = even; bold red from 1.20×; – for a single rank)",
+    "Steps/s": "training steps per second over the last seconds of records (the slowest rank's; falls while "
+               "the ranks are silent: see steps/s below)",
+    "Straggler": "rN +P%: the rank with the slowest median step time and how much slower it is than the median "
+                 "rank's (the lower median: of two ranks, the faster) — the summary's STRAGGLER rule, the Run "
+                 "screen's Δ median; bold red from +20%; – for a single rank",
     "Ex/s": "examples per second",
     "Loss/0": "latest scale-free loss ratio of the worst loss component: its loss over what predicting zero "
               "scores; 1.0 = no better than predicting zero (red at ≥ 1.0)",
@@ -204,8 +208,11 @@ def help_renderable(app_bindings=(), origin: str | None = None) -> Group:
     doc.section("Run screen: rank table")
     doc.rows([("State", "the rank's state (above) and the time since its newest record"),
               ("Step", "the rank's newest step"),
-              (steptime.STEP_LABEL, "mean step time over the last 64 steps; the parts below sum to it")])
+              (STEP_COLUMN, f"the rank's step time: {STEP_STATISTIC} (the header's step time is the median "
+                            "rank's); Δ median and the straggler come from it")])
     doc.rows((label, PART_HELP[name]) for name, label in steptime.PARTS)
+    doc.note("The parts are means over the same 64 steps and sum to their mean step time, which one slow step "
+             "lifts above the median shown.")
     doc.rows((col, "this rank's step time vs the median rank") for col in RankTable.COLUMNS if col == "Δ median")
     doc.section("Run screen: straggler heatmap")
     doc.rows([("rows", "one per rank; columns are stretches of steps, oldest left"),
@@ -225,7 +232,12 @@ def help_renderable(app_bindings=(), origin: str | None = None) -> Group:
                                  "the final summary; while a run is live, the declared policy and the best receipt "
                                  "so far"),
               ("header", "start time (UTC), duration, and for a running run with a declared last step the ETA "
-                         "at the current steps/s")])
+                         "at the current steps/s"),
+              ("steps/s, ex/s", f"the rate rule, over seconds, not steps: {RATE_RULE}; the ETA, the Runs table "
+                                "and traceml status show the same figure"),
+              ("Verdict", "the final summary's verdict and what to do next (its step-time diagnosis), under the "
+                          "header; every issue it found in the Diagnosis panel. A live run's verdict comes when "
+                          "it ends")])
     doc.section("Backlog states (validation requests), first shown first")
     doc.rows((f"{BACKLOG_GLYPHS[s]} {s}", BACKLOG_STATE_HELP[s]) for s in BACKLOG_ORDER)
     doc.note("After State, one column per metric a receipt reports (– until it completes). Enter on a request "

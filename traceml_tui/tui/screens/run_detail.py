@@ -1,5 +1,5 @@
-"""Run screen: failure panel, per-rank table, a chart of any recorded metric, straggler heatmap, early stopping,
-train vs eval, nodes, outcomes, ingest errors."""
+"""Run screen: the summary's verdict, failure panel, per-rank table, a chart of any recorded metric, straggler
+heatmap, the summary's diagnosis, early stopping, train vs eval, nodes, outcomes, ingest errors."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import run_label
 from traceml_tui.tui.messages import OpenBacklog, OpenDescribe, OpenLogs, ViewChanged
 from traceml_tui.tui.snapshots import RunDetail
+from traceml_tui.tui.widgets.diagnosis_panel import DiagnosisPanel
 from traceml_tui.tui.widgets.early_stopping_panel import EarlyStoppingPanel
 from traceml_tui.tui.widgets.failure_panel import FailurePanel
 from traceml_tui.tui.widgets.heatmap import Heatmap
@@ -25,6 +26,7 @@ from traceml_tui.tui.widgets.line_chart import ChartData, Line, LineChart, Marks
 from traceml_tui.tui.widgets.rank_table import RankTable, rank_cells
 from traceml_tui.tui.widgets.runs_table import STATUS_STYLE
 from traceml_tui.tui.widgets.screen_header import ScreenHeader
+from traceml_tui.tui.widgets.verdict_line import VerdictLine
 
 
 def headline(detail: RunDetail) -> list:
@@ -199,10 +201,12 @@ class RunScreen(Screen):
         yield ScreenHeader(show_clock=False)
         with VerticalScroll(id="run-body"):
             yield InfoPanel(id="headline")
+            yield VerdictLine(id="run-verdict")
             yield FailurePanel(id="failure")
             yield RankTable(id="ranks")
             yield LineChart(id="chart-step")
             yield Heatmap(id="heatmap")
+            yield DiagnosisPanel(id="diagnosis")
             yield LineChart(id="chart-ratio")
             with Horizontal(id="train-eval"):
                 yield LineChart(id="chart-train")
@@ -226,6 +230,9 @@ class RunScreen(Screen):
             return
         self.sub_title = detail.run.name
         found.first(InfoPanel).data = ("", headline(detail))
+        # the final summary's words (the reader's Diagnosis); a live run's verdict comes when it ends
+        self.query_one(VerdictLine).data = (detail.verdict, detail.run.status in LIVE_RUN_STATES)
+        self.query_one(DiagnosisPanel).data = detail.verdict
         self.query_one(FailurePanel).data = detail.failure
         table = self.query_one(RankTable)
         table.table_rows = tuple((r.rank, rank_cells(r)) for r in detail.ranks)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from daemon.views import STEP_STATISTIC_LABEL
 from traceml_tui.core import steptime
 from traceml_tui.core.state import RankState
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import rank_label
 from traceml_tui.tui.snapshots import RankRow
 from traceml_tui.tui.widgets.table_base import FedTable
+
+#: The rank table's step-time column: named by its statistic.
+STEP_COLUMN = STEP_STATISTIC_LABEL
 
 STATE_STYLE = {RankState.COMPLETED: "cyan", RankState.FAILED: "bold red", RankState.INTERRUPTED: "yellow",
                RankState.ABORTED: "red"}
@@ -45,7 +49,9 @@ class RankTable(FedTable):
     # The core's parts with the core's labels, as in the summary card and compare's phase table (ms, window mean).
     # The state comes first: it must stay visible however narrow the terminal; Δ median (the straggler's number)
     # follows the step time so that the parts, not it, are what a narrow terminal scrolls to.
-    COLUMNS = ("Rank", "Node", "State", "Step", steptime.STEP_LABEL, "Δ median",
+    # The step-time column names its statistic (daemon/views.py STEP_STATISTIC: each rank's median over its
+    # last 64 steps; Help says it in full); the parts that follow are the window's means.
+    COLUMNS = ("Rank", "Node", "State", "Step", STEP_COLUMN, "Δ median",
                *(label for _, label in steptime.PARTS))
     WIDTHS = {"State": 13}  # "▶ running 59m", "⚠ STALLED 40s", "■ interrupted"
 

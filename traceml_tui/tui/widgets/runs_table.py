@@ -87,11 +87,13 @@ STRAGGLER_ALERT = 1.2
 
 
 def straggler_text(row: RunRow) -> Text:
-    """``r3 1.6×``: the slowest rank and its median step time over the median rank's (– for one rank)."""
-    if row.straggler_score is None or row.slowest_rank is None or (row.procs_per_node or 0) * (row.nodes or 1) < 2:
+    """``r3 +16%``: the slowest rank and how much slower its median step time is than the median rank's — the
+    Run screen's header and Δ median, and the summary's ``STRAGGLER — Rank 3 is 16% slower``, say the same
+    size the same way (– for one rank)."""
+    if row.straggler_pct is None or row.slowest_rank is None or (row.procs_per_node or 0) * (row.nodes or 1) < 2:
         return Text("–", style="dim")
-    return Text(f"r{row.slowest_rank} {row.straggler_score:.2f}×",
-                style="bold red" if row.straggler_score >= STRAGGLER_ALERT else "")
+    return Text(f"r{row.slowest_rank} {row.straggler_pct:+.0f}%",
+                style="bold red" if row.straggler_score is not None and row.straggler_score >= STRAGGLER_ALERT else "")
 
 
 def run_cells(row: RunRow, marked: bool = False) -> tuple:

@@ -1,0 +1,120 @@
+"""The rate rule: steps/s and examples/s over the last seconds of records, decided once for every surface.
+
+Pure (no SQL, no clock of its own). The ingester applies :func:`window_rate`
+to each rank's rolling window on every write (``rank_live.steps_per_s`` /
+``examples_per_s``, :mod:`daemon.live`); the reader applies :func:`rank_rates` and :func:`run_rates`
+at read time, so that ``traceml status`` (table, ``--json``), the metrics and
+``traceml watch`` (Runs, Run, ETA) show one figure (docs/contracts.md, "One set
+of figures"):
+
+* a rank's rate is the steps (examples) it completed over the last
+  :data:`RATE_WINDOW_S` seconds of its records — the records whose ``ts`` lies
+  within that long of its newest one, and at least its two newest — over the
+  time they span. Seconds, not a count of steps: a 47 s stall leaves the
+  window once :data:`RATE_WINDOW_S` seconds of records came after it, so the
+  rate is back to the run's pace a few seconds after it resumes, whatever the
+  pace;
+* while a rank that has not ended is silent past its grace (the longer of
+  :data:`RATE_GRACE_S` and :data:`RATE_GRACE_INTERVALS` of its own step
+  intervals, measured on the ingester's clock so that a slow ingester does not
+  look like a pause), its rate falls: the same steps over the window stretched
+  by the silence past the grace, so a paused rank shows a falling rate, not
+  its old pace;
+* once the core calls such a rank stopped (stalled, waiting or lost: docs/contracts.md "stall limit"), its
+  rates are 0 — the pace of a run that does not move, and a figure that no longer changes with the clock;
+* a run's steps/s is its slowest rank's rate (synchronous data parallelism
+  runs at it), its examples/s the sum over its ranks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Iterable, NamedTuple, Optional, Sequence
+
+from traceml_tui.core.state import RankState
+
+#: Seconds of a rank's newest records its rate is measured over.
+RATE_WINDOW_S = 5.0
+#: Silence (seconds) after which a rank's rate starts to fall, at least ...
+RATE_GRACE_S = 2.0
+#: ... and at least this many of its own step intervals (a rank at 0.1 steps/s is not late after 2 s).
+RATE_GRACE_INTERVALS = 3.0
+
+#: The rule in words (`traceml status --json` ``figures.rate_rule`` and the Help screen of `traceml watch`).
+RATE_RULE = (f"steps completed over each rank's last {RATE_WINDOW_S:g} s of records; the run's is its slowest "
+             f"rank's; a rank silent for over {RATE_GRACE_S:g} s (and {RATE_GRACE_INTERVALS:g} of its step "
+             "intervals) falls, and is 0 once it is stalled")
+
+
+class Rate(NamedTuple):
+    """A rank's rates over its window of records, and how many seconds of records they were measured over."""
+
+    steps_per_s: float
+    examples_per_s: Optional[float]
+    span_s: float
+
+
+def window_rate(steps: Sequence[int], ts: Sequence[Optional[float]], examples: Sequence[Optional[int]],
+                seconds: float = RATE_WINDOW_S) -> Optional[Rate]:
+    """The rates over the records within ``seconds`` of the newest one (at least the two newest).
+
+    ``steps``, ``ts`` and ``examples`` are the rank's newest records, oldest first (``examples`` cumulative, as
+    the SDK writes them). None with fewer than two timed records or when they span no time.
+    """
+    n = len(steps)
+    if n < 2 or ts[-1] is None:
+        return None
+    end = ts[-1]
+    # A binary search over the records in step order, which are in time order: the live daemon asks this of every
+    # rank it writes, every pass. (A wall clock stepped back makes the window a little longer or shorter, never
+    # empty: at least the two newest records, over a positive span.)
+    times = list(ts)
+    try:
+        first = bisect.bisect_left(times, end - seconds, 0, n - 2)
+    except TypeError:  # an untimed record among them: the records after it
+        first = max(i for i in range(n - 1) if times[i] is None) + 1
+        first = min(first, n - 2)
+    start = times[first]
+    if start is None or end <= start:
+        return None
+    span = end - start
+    done = examples[-1], examples[first]
+    per_example = (done[0] - done[1]) / span if done[0] is not None and done[1] is not None else None
+    return Rate((steps[-1] - steps[first]) / span, per_example, span)
+
+
+def _stretch(steps_per_s: float, silent_s: float) -> float:
+    interval = 1.0 / steps_per_s
+    late = silent_s - max(RATE_GRACE_S, RATE_GRACE_INTERVALS * interval)
+    if late <= 0:
+        return 1.0
+    span = max(RATE_WINDOW_S, interval)
+    return span / (span + late)
+
+
+def rank_rates(steps_per_s: Optional[float], examples_per_s: Optional[float], silent_s: Optional[float]
+               ) -> tuple[Optional[float], Optional[float]]:
+    """A rank's (steps/s, examples/s) as of now: both fall by the same stretch while it is silent past its grace
+    (``silent_s`` None: it ended, or the run is not live — its rates stay those of its last records)."""
+    if steps_per_s is None or silent_s is None or steps_per_s <= 0:
+        return steps_per_s, examples_per_s
+    k = _stretch(steps_per_s, silent_s)
+    return steps_per_s * k, None if examples_per_s is None else examples_per_s * k
+
+
+#: Rank states (core/state.py) whose rates are 0 in a live run: they stopped writing without an end.
+STOPPED = frozenset({RankState.STALLED, RankState.WAITING, RankState.LOST})
+
+
+def stopped(steps_per_s: Optional[float], examples_per_s: Optional[float]
+            ) -> tuple[Optional[float], Optional[float]]:
+    """The rates of a rank in :data:`STOPPED` in a live run: 0 (None stays None: it never had a rate)."""
+    return (None if steps_per_s is None else 0.0), (None if examples_per_s is None else 0.0)
+
+
+def run_rates(ranks: Iterable[tuple[Optional[float], Optional[float]]]) -> tuple[Optional[float], Optional[float]]:
+    """A run's (steps/s, examples/s) from its ranks' rates: the slowest rank's pace, the examples of every rank."""
+    ranks = list(ranks)
+    steps = [s for s, _ in ranks if s is not None]
+    examples = [e for _, e in ranks if e is not None]
+    return (min(steps) if steps else None), (sum(examples) if examples else None)
