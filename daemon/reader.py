@@ -230,10 +230,10 @@ class Reader:
         """One run's summary, or None."""
         return self._runs.one(run_id, time.time() if now is None else now)
 
-    def find_run(self, name_or_dir: str) -> Optional[RunSummary]:
-        """A run by directory or by name (the newest with that name)."""
+    def find_run(self, name_or_dir: str, now: Optional[float] = None) -> Optional[RunSummary]:
+        """A run by directory or by name (the newest with that name), its states decided at ``now``."""
         real = os.path.realpath(name_or_dir)
-        runs = self.list_runs()
+        runs = self.list_runs(now=now)
         for run in runs:
             if run.dir == real:
                 return run

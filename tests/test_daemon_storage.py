@@ -115,7 +115,7 @@ def _answers(r: Reader) -> dict:
         rid = run.run_id
         ranks = r.rank_rows(rid, now=NOW)
         out[rid] = {
-            "run": r.run(rid, now=NOW), "find": r.find_run(run.name), "detail": r.run_detail(rid, now=NOW),
+            "run": r.run(rid, now=NOW), "find": r.find_run(run.name, now=NOW), "detail": r.run_detail(rid, now=NOW),
             "ranks": ranks, "metrics": r.series.metrics(rid), "events": r.events.recent(rid),
             "errors": r.events.errors(rid), "nodes": r.series.node_samples(rid),
             "backlog": r.backlog.entries(rid, now=NOW), "steps": r.series.step_count(rid),
