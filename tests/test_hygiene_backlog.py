@@ -132,9 +132,11 @@ def _stubborn_worker(log: Path, *, ignore_term: bool) -> list[str]:
     """A worker that logs `start <pid>`; its first run then hangs (ignoring SIGTERM if asked), later runs finish."""
     first = log.with_name("first-run")
     trap = 'trap "" TERM; ' if ignore_term else ""
+    # the trap is set before `start` is logged: the test kills the drainer as soon as it reads `start`, and a
+    # SIGTERM landing before the trap would end the "stubborn" worker (a race seen under load)
     script = (
-        'echo "start $$" >> "$1"; '
-        f'if [ ! -f "{first}" ]; then touch "{first}"; {trap}while true; do sleep 0.1; done; fi; '
+        f'if [ ! -f "{first}" ]; then {trap}: ; fi; echo "start $$" >> "$1"; '
+        f'if [ ! -f "{first}" ]; then touch "{first}"; while true; do sleep 0.1; done; fi; '
         'echo "done $$" >> "$1"; printf \'{"loss": 1}\\n\''
     )
     return ["sh", "-c", script, "sh", str(log), "{checkpoint}"]

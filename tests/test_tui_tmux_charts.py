@@ -92,12 +92,16 @@ def test_run_screen_at_100x30_draws_braille_charts_and_an_aligned_heatmap(tmp_pa
                         watch], check=True, timeout=30)
         _wait_pane(sock, r"✓ completed\s+completed\s", 90)
         _tmux(sock, "send-keys", "-t", "w", "Enter")
-        screen = _wait_pane(sock, r"Straggler heatmap[\s\S]*step 8", 60)
+        charts = _wait_pane(sock, r"Step time per rank \(ms\)[\s\S]*step", 60)
         # braille line charts, one colour per rank
-        assert "Step time per rank (ms)" in screen and "rank 0" in screen and "rank 1" in screen
-        assert len(BRAILLE.findall(screen)) > 40
-        coloured = _wait_pane(sock, r"Straggler heatmap", 10, escapes=True)
+        assert "rank 0" in charts and "rank 1" in charts
+        assert len(BRAILLE.findall(charts)) > 40
+        coloured = _wait_pane(sock, r"Step time per rank", 10, escapes=True)
         assert len(braille_colours(coloured) - {"default"}) >= 2
+        # The verdict line and the chart, grown with the pane, put the heatmap below the fold at 30 rows, and a
+        # page scroll jumps past it: the pane grows taller (the width, which places the buckets, stays 100)
+        _tmux(sock, "resize-window", "-t", "w", "-y", "48")
+        screen = _wait_pane(sock, r"Straggler heatmap[\s\S]*step 8", 60)
         # the heatmap: both rank rows reach the column where the last step label ends
         lines = screen.splitlines()
         rows = [line.rstrip() for line in lines if re.match(r"\s*r[01] │", line)]
