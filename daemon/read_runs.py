@@ -243,6 +243,10 @@ def _rates_now(latest: list[dict], status: RunStatus, states: dict[int, RankStat
     return tuple(out)
 
 
+#: One step row's time by its key: every arm of the ``steps`` view is searched by its primary key.
+FIRST_STEP_TS_SQL = "SELECT ts FROM steps WHERE run_id = ? AND rank = ? AND attempt = ? AND step = ?"
+
+
 class RunsReader:
     """The runs of the index with their states decided (the reader's ``list_runs``, ``run``, ``rank_rows``).
 
@@ -291,11 +295,13 @@ class RunsReader:
         the run's data version moves."""
         cached = self._firsts.get(run_id)
         if cached is None or cached[0] != version:
-            rows = self._rows(
-                "SELECT min((SELECT s.ts FROM steps s WHERE s.run_id = r.run_id AND s.rank = r.rank"
-                " AND s.attempt = r.attempt AND s.step = r.first_step)) FROM rank_live r WHERE r.run_id = ?",
+            # One keyed lookup per rank with bound values: SQLite pushes constants into both arms of the ``steps``
+            # view, but a correlated subquery over the view scans the whole step table (docs/daemon.md "Live path").
+            firsts = [row[0] for rank, attempt, first in self._rows(
+                "SELECT rank, attempt, first_step FROM rank_live WHERE run_id = ? AND first_step IS NOT NULL",
                 (run_id,))
-            cached = self._firsts[run_id] = (version, rows[0][0] if rows else None)
+                for row in self._rows(FIRST_STEP_TS_SQL, (run_id, rank, attempt, first)) if row[0] is not None]
+            cached = self._firsts[run_id] = (version, min(firsts) if firsts else None)
         return cached[1]
 
     def _interruption(self, d: dict, latest: list[dict]) -> tuple[Optional[str], Optional[float]]:
