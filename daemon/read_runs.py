@@ -24,6 +24,7 @@ from traceml_tui.core.state import (
     RunStatus,
     decide_run,
     describe,
+    final_word,
     interruption,
     lost_nodes,
     marks_text,
@@ -193,6 +194,10 @@ _RUN_COLS = ("run_id", "name", "dir", "root", "missing", "ranks_total", "ranks_e
 _RANK_COLS = ("rank", "attempt", "records", "first_step", "last_step", "last_ts", "last_seen", "median_step_ms",
               "median_input_wait_ms", "median_interval_s", "steps_per_s", "examples_per_s", "loss", "ratios", "ended",
               "exit_code", "end_ts", "node", "step_parts")
+_VERSION, _MISSING = _RUN_COLS.index("updated_version"), _RUN_COLS.index("missing")
+_MANIFEST_STATUS, _SUMMARY_STATUS = _RUN_COLS.index("manifest_status"), _RUN_COLS.index("summary_status")
+#: Up to this many runs to (re)decide, their rank rows are read by run id; more, and every rank row is read.
+_FEW_RUNS = 200
 _LATEST = ("attempt = (SELECT max(attempt) FROM rank_live WHERE run_id = r.run_id AND rank = r.rank)")
 
 #: Each rank's newest hang records that still explain its silence, given (run_id, {rank: (attempt, last step)})
@@ -266,6 +271,9 @@ class RunsReader:
         self._manifest = manifest
         self._missing: dict[int, tuple[int, bool]] = {}  # run_id -> (data version, summary says missing)
         self._firsts: dict[int, tuple[int, Optional[float]]] = {}  # run_id -> (data version, first step time)
+        # run_id -> (what it was decided from, summary) for runs with a final word: their decision no longer reads
+        # the clock (core.state.final_word), so a refresh recomputes only their age until their data changes.
+        self._settled: dict[int, tuple[tuple, RunSummary]] = {}
 
     def _validation_missing(self) -> set[int]:
         """Runs whose final summary's ``validation`` section says ``missing`` (``Validation: MISSING``).
@@ -411,10 +419,30 @@ class RunsReader:
         if roots:
             real = [os.path.realpath(r).rstrip("/") for r in roots]
             rows = [r for r in rows if any(r[2] == p or r[2].startswith(p + "/") for p in real)]
-        latest = self._rank_dicts(_LATEST, ())
         leases = self._leases()
         marks = self._marks(now)
-        return tuple(self._summary(r, latest.get(r[0], []), now, leases.get(r[0], ()), marks) for r in rows)
+        keys = {r[0]: (r[_VERSION], r[_MISSING], marks.blocked.get(r[0], 0), r[0] in marks.missing, leases.get(r[0], ()))
+                for r in rows}
+        stale = [r[0] for r in rows if self._settled.get(r[0], (None,))[0] != keys[r[0]]]
+        if len(stale) > _FEW_RUNS:
+            latest = self._rank_dicts(_LATEST, ())
+        else:
+            latest = self._rank_dicts(f"run_id IN ({', '.join('?' * len(stale))}) AND {_LATEST}", tuple(stale))
+        out = []
+        for r in rows:
+            settled = self._settled.get(r[0])
+            if settled is not None and settled[0] == keys[r[0]]:
+                run = settled[1]
+                age, took = views.run_times(run.status, run.first_ts, run.last_ts, now)
+                out.append(replace(run, age_s=age, duration_s=took))
+                continue
+            run = self._summary(r, latest.get(r[0], []), now, leases.get(r[0], ()), marks)
+            if final_word(r[_MANIFEST_STATUS], r[_SUMMARY_STATUS]) is not None:
+                self._settled[r[0]] = (keys[r[0]], run)
+            else:
+                self._settled.pop(r[0], None)
+            out.append(run)
+        return tuple(out)
 
     def one(self, run_id: int, now: float) -> Optional[RunSummary]:
         """One run's summary, or None."""

@@ -224,10 +224,18 @@ def summary_is_current(manifest_status: Optional[str]) -> bool:
     return manifest_status != "running"
 
 
+def final_word(manifest_status: Optional[str], summary_status: Optional[str]) -> Optional[RunStatus]:
+    """The launcher's final word on a run: the manifest's, else a current summary's; None while it runs.
+
+    Once a run has one, :func:`decide_run` no longer reads ``now``: its status and its ranks' states are
+    settled (a rank without an end record is ``lost``), so a reader may keep them until the run's data changes.
+    """
+    summary = final_run_word(summary_status) if summary_is_current(manifest_status) else None
+    return final_run_word(manifest_status) or summary
+
+
 def _final_word(facts: RunFacts) -> Optional[RunStatus]:
-    """The launcher's final word on a run: the manifest's, else a current summary's; None while it runs."""
-    summary = final_run_word(facts.summary_status) if summary_is_current(facts.manifest_status) else None
-    return final_run_word(facts.manifest_status) or summary
+    return final_word(facts.manifest_status, facts.summary_status)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ words of a note.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Optional
@@ -36,6 +37,7 @@ def _num(value: Any) -> Optional[float]:
     return float(value) if math.isfinite(value) else None
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked for every run on every refresh
 def run_folder(run_dir: str, root: str, name: str) -> str:
     """Where a run lives, from its root's own name: ``logs/exp1``.
 
