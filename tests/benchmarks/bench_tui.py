@@ -5,7 +5,7 @@ written with traceml_tui.core.records and ingested by the real daemon Ingester;
 its rows are then cloned inside SQLite into 200 runs (8M step rows), so the
 index has the real schema, real aggregates and a realistic size.
 
-Prints: time to first paint (target < 1.5 s), CPU time per refresh (target
+Prints: time to first paint (target < 1.5 s; also its CPU time, which a loaded machine barely changes), CPU time per refresh (target
 < 50 ms: worker build + UI apply), RSS (target < 250 MB), each with its ratio
 to a baseline measured in the same run on an empty index; and the Run screen's
 UI apply with its chosen chart redrawn (``run_ui_chart_ms``) and with
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import sqlite3
 import statistics
 import sys
@@ -77,7 +78,7 @@ def build_index(tmp: Path, runs: int, ranks: int, steps: int) -> Path:
 async def measure(index: Path, refreshes: int = 20) -> dict[str, float]:
     proc = psutil.Process()
     source = IndexSource(index, clock=lambda: d.FIXED_NOW)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     app = create_app(source, poll_interval=0.05)
     out: dict[str, float] = {}
     async with app.run_test(size=(160, 48)) as pilot:
@@ -85,6 +86,7 @@ async def measure(index: Path, refreshes: int = 20) -> dict[str, float]:
             await pilot.pause(0.005)
         await pilot.pause()  # the first frame with the rows
         out["first_paint_s"] = time.perf_counter() - t0
+        out["first_paint_cpu_s"] = time.process_time() - c0  # every thread's CPU: what the wall time is on a quiet machine
         out["rows"] = app.screen.query_one("#runs").row_count
         # Worker side: the runs list, warm (nothing changed) and cold (every run changed).
         warm, cold = [], []
@@ -165,8 +167,9 @@ def main(argv: list[str]) -> int:
         index = build_index(tmp / "big", args.runs, args.ranks, args.steps)
         big = asyncio.run(measure(index))
     print(f"\n{'metric':<28}{'empty index':>14}{'large index':>14}{'ratio':>8}   target")
-    targets = {"first_paint_s": "< 1.5 s", "refresh_cpu_ms": "< 50 ms", "rss_mb": "< 250 MB"}
-    for key in ("first_paint_s", "refresh_cpu_ms", "runs_warm_ms", "ui_apply_ms", "runs_cold_ms", "run_detail_refresh_ms",
+    targets = {"first_paint_s": "< 1.5 s", "first_paint_cpu_s": "(< 1.5 s quiet)", "refresh_cpu_ms": "< 50 ms", "rss_mb": "< 250 MB"}
+    print(f"load average while measured: {os.getloadavg()[0]:.2f} (wall times grow with it; CPU times barely)")
+    for key in ("first_paint_s", "first_paint_cpu_s", "refresh_cpu_ms", "runs_warm_ms", "ui_apply_ms", "runs_cold_ms", "run_detail_refresh_ms",
                 "run_ui_chart_ms", "run_ui_same_ms", "rss_mb"):
         ratio = big[key] / base[key] if base[key] else float("nan")
         print(f"{key:<28}{base[key]:>14.3f}{big[key]:>14.3f}{ratio:>8.2f}   {targets.get(key, '')}")
