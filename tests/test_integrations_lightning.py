@@ -23,6 +23,7 @@ from support.integrations import SCRIPTS, evals, finite, measured_fields, prepar
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group(integrations_support.GROUP),  # one worker launches the pool's runs once
     pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="the lightning extra is not installed"),
 ]
 
@@ -34,27 +35,32 @@ UPDATES, EVERY, BATCH = 20, 10, 32
 def _plan(tmp_path_factory):
     """The runs by name: ``auto`` (2 ranks), ``direct`` (the script adds the callback; started without
     `traceml run` but through the bootstrap, whose hook must not add a second one), ``flag_off`` (the kill switch; 4 updates), ``manual``
-    (manual optimization, 6 updates), ``selfspawn`` (Lightning starts its second process itself)."""
+    (manual optimization, 6 updates), ``selfspawn`` (Lightning starts its second process itself).
+
+    ``auto`` and ``direct`` run in a copy of the example (its `traceml.yaml`: guard and hygiene); the other
+    three in a folder with no `traceml.yaml`, since what they test needs neither (no curve refreshes)."""
     work = prepare(tmp_path_factory.mktemp("lightning"), "lightning", "lightning_explicit.py")
+    plain = tmp_path_factory.mktemp("lightning-plain")
     for script in ("lightning_manual.py", "lightning_selfspawn.py"):
-        shutil.copy(SCRIPTS / script, work / script)
+        shutil.copy(SCRIPTS / script, plain / script)
+    shutil.copy(work / "train.py", plain / "train.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
     env.pop("TRACEML_RUN_DIR", None)
     env.pop("TRACEML_AUTO_ATTACH", None)
-    short = ["--args", "--max-steps", "4"]
-    plan = {  # the longest first: the pool packs them better
-        "auto": ([*TRACEML, "run", "train.py", "--nproc-per-node", "2", "--args", "--checkpoint-dir", "ckpt-auto"], env),
-        "selfspawn": ([*TRACEML, "run", "lightning_selfspawn.py"], env),
-        "manual": ([*TRACEML, "run", "lightning_manual.py", "--args", "6"], env),
-        "flag_off": ([*TRACEML, "run", "train.py", "--no-auto-attach", *short], env),
+    runs = {  # the longest first: the pool packs them better
+        "auto": (["train.py", "--nproc-per-node", "2", "--args", "--checkpoint-dir", "ckpt-auto"], work),
+        "selfspawn": (["lightning_selfspawn.py"], plain),
+        "manual": (["lightning_manual.py", "--args", "6"], plain),
+        "flag_off": (["train.py", "--no-auto-attach", "--args", "--max-steps", "4"], plain),
     }
+    launches = {name: ([*TRACEML, "run", "--run-name", name, *args], cwd, env) for name, (args, cwd) in runs.items()}
+    run_dirs = {name: cwd / "logs" / name for name, (_, cwd) in runs.items()}
+    # No launcher, but the bootstrap's import hook in place: the script's own callback is the only one.
     direct = work / "direct"
     direct.mkdir()
-    launches = {name: (cmd[:4] + ["--run-name", name] + cmd[4:], work, run_env) for name, (cmd, run_env) in plan.items()}
-    # No launcher, but the bootstrap's import hook in place: the script's own callback is the only one.
     launches["direct"] = ([sys.executable, "-m", "traceml_tui.integrations.bootstrap", str(work / "lightning_explicit.py")],
                           direct, env)
-    return launches, work
+    return launches, (direct, run_dirs)
 
 
 if importlib.util.find_spec("lightning") is not None:
@@ -63,12 +69,11 @@ if importlib.util.find_spec("lightning") is not None:
 
 @pytest.fixture(scope="module")
 def pl(request):
-    procs, work = integrations_support.runs(__name__.rpartition(".")[2], request)
-    direct = work / "direct"
-    runs = {name: (proc, work / "logs" / name) for name, proc in procs.items() if name != "direct"}
+    procs, (direct, run_dirs) = integrations_support.runs(__name__.rpartition(".")[2], request)
+    runs = {name: (procs[name], run_dir) for name, run_dir in run_dirs.items()}
     found = sorted((direct / "logs").iterdir()) if (direct / "logs").is_dir() else []
     runs["direct"] = (procs["direct"], found[0] if len(found) == 1 else None)
-    return work, runs
+    return direct.parent, runs
 
 
 def test_every_rank_records_every_update(pl):
