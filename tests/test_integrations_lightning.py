@@ -1,7 +1,7 @@
 """Lightning ``Trainer.fit`` under `traceml run` with no traceml code (docs/trainers.md), real 2-rank gloo runs.
 
 One set of runs (started in the pool the Hugging Face module's runs share,
-tests/integrations_support.py), many assertions: a 2-rank run of examples/lightning (validation and
+tests/support/integrations.py), many assertions: a 2-rank run of examples/lightning (validation and
 checkpoint every 10 updates, a `hygiene:` validation block); the same fit with traceml's explicit callback
 started without `traceml run` but through the bootstrap (records under ./logs; never instrumented twice);
 the kill switch flag (the environment variable reaching the ranks: tests/test_integrations_bootstrap.py); and two limits (manual optimization, a fit
