@@ -11,6 +11,7 @@ that starts its own processes).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import statistics
@@ -146,6 +147,10 @@ def test_manual_optimization_is_named_unmeasured_never_split_wrongly(pl):
     assert [r["step"] for r in rows] == list(range(1, 7))  # one per optimizer update, as ever
     assert all(r["cpu_ms"][p] is None for r in rows for p in ("forward", "backward", "optimizer"))
     assert all(finite(r["cpu_ms"]["step"]) and finite(r["lr"]) and finite(r["loss"]) for r in rows)
+    # the summary says which streams are missing and why (the words of the records)
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary["integration"] == {"steps_traced": True, "unmeasured": [
+        {"rank": 0, "stream": stream, "reason": unmeasured[stream]} for stream in ("backward", "forward", "optimizer")]}  # by stream
 
 
 def test_a_fit_that_starts_its_own_processes_says_nothing_is_measured(pl):
@@ -158,3 +163,6 @@ def test_a_fit_that_starts_its_own_processes_says_nothing_is_measured(pl):
     assert [r["stream"] for r in rows if r["kind"] == "unmeasured"] == ["all"]
     assert not [r for r in rows if r["kind"] == "step"]  # no half-recorded run: rank 1 was never traced
     assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank_0"]
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    (why,) = [r["reason"] for r in rows if r["kind"] == "unmeasured"]
+    assert summary["integration"] == {"steps_traced": False, "unmeasured": [{"rank": 0, "stream": "all", "reason": why}]}
