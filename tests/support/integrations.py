@@ -6,7 +6,9 @@ while the Hugging Face tests read theirs, and the two cores stay busy between la
 
 The pool lives in one process. Under ``pytest -n 2`` every test that reads it is in the xdist group
 :data:`GROUP`, so one worker runs them all and each run is launched once a session (without the group each
-worker that asked started the whole pool again: every real run twice).
+worker that asked started the whole pool again: every real run twice). Under ``--dist loadgroup`` (the
+suite's mode, README "test lanes") a second launch fails loudly; other modes ignore groups, and every
+module-scoped fixture is then made once per worker anyway.
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ def runs(group: str, request: Any) -> tuple[dict[str, subprocess.CompletedProces
         for name in [group, *sorted(_builders)]:
             if name in _started or (name != group and not any(m.endswith(name) for m in selected)):
                 continue
-            _claim(factory, name)
+            if request.config.getoption("dist", "no") == "loadgroup":  # where xdist honours the group
+                _claim(factory, name)
             plan, context = _builders[name](factory)
             _started[name] = ({run: _pool.submit(launch, cmd, cwd, env) for run, (cmd, cwd, env) in plan.items()},
                               context)
