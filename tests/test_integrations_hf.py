@@ -23,6 +23,7 @@ from support.integrations import evals, finite, launch, measured_fields, prepare
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group(integrations_support.GROUP),  # one worker launches the pool's runs once
     pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="the hf extra is not installed"),
 ]
 

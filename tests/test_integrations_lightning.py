@@ -1,7 +1,7 @@
 """Lightning ``Trainer.fit`` under `traceml run` with no traceml code (docs/trainers.md), real 2-rank gloo runs.
 
 One set of runs (started in the pool the Hugging Face module's runs share,
-tests/integrations_support.py), many assertions: a 2-rank run of examples/lightning (validation and
+tests/support/integrations.py), many assertions: a 2-rank run of examples/lightning (validation and
 checkpoint every 10 updates, a `hygiene:` validation block); the same fit with traceml's explicit callback
 started without `traceml run` but through the bootstrap (records under ./logs; never instrumented twice);
 the kill switch flag (the environment variable reaching the ranks: tests/test_integrations_bootstrap.py); and two limits (manual optimization, a fit
@@ -11,6 +11,7 @@ that starts its own processes).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import statistics
@@ -23,6 +24,7 @@ from support.integrations import SCRIPTS, evals, finite, measured_fields, prepar
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group(integrations_support.GROUP),  # one worker launches the pool's runs once
     pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="the lightning extra is not installed"),
 ]
 
@@ -34,27 +36,32 @@ UPDATES, EVERY, BATCH = 20, 10, 32
 def _plan(tmp_path_factory):
     """The runs by name: ``auto`` (2 ranks), ``direct`` (the script adds the callback; started without
     `traceml run` but through the bootstrap, whose hook must not add a second one), ``flag_off`` (the kill switch; 4 updates), ``manual``
-    (manual optimization, 6 updates), ``selfspawn`` (Lightning starts its second process itself)."""
+    (manual optimization, 6 updates), ``selfspawn`` (Lightning starts its second process itself).
+
+    ``auto`` and ``direct`` run in a copy of the example (its `traceml.yaml`: guard and hygiene); the other
+    three in a folder with no `traceml.yaml`, since what they test needs neither (no curve refreshes)."""
     work = prepare(tmp_path_factory.mktemp("lightning"), "lightning", "lightning_explicit.py")
+    plain = tmp_path_factory.mktemp("lightning-plain")
     for script in ("lightning_manual.py", "lightning_selfspawn.py"):
-        shutil.copy(SCRIPTS / script, work / script)
+        shutil.copy(SCRIPTS / script, plain / script)
+    shutil.copy(work / "train.py", plain / "train.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
     env.pop("TRACEML_RUN_DIR", None)
     env.pop("TRACEML_AUTO_ATTACH", None)
-    short = ["--args", "--max-steps", "4"]
-    plan = {  # the longest first: the pool packs them better
-        "auto": ([*TRACEML, "run", "train.py", "--nproc-per-node", "2", "--args", "--checkpoint-dir", "ckpt-auto"], env),
-        "selfspawn": ([*TRACEML, "run", "lightning_selfspawn.py"], env),
-        "manual": ([*TRACEML, "run", "lightning_manual.py", "--args", "6"], env),
-        "flag_off": ([*TRACEML, "run", "train.py", "--no-auto-attach", *short], env),
+    runs = {  # the longest first: the pool packs them better
+        "auto": (["train.py", "--nproc-per-node", "2", "--args", "--checkpoint-dir", "ckpt-auto"], work),
+        "selfspawn": (["lightning_selfspawn.py"], plain),
+        "manual": (["lightning_manual.py", "--args", "6"], plain),
+        "flag_off": (["train.py", "--no-auto-attach", "--args", "--max-steps", "4"], plain),
     }
+    launches = {name: ([*TRACEML, "run", "--run-name", name, *args], cwd, env) for name, (args, cwd) in runs.items()}
+    run_dirs = {name: cwd / "logs" / name for name, (_, cwd) in runs.items()}
+    # No launcher, but the bootstrap's import hook in place: the script's own callback is the only one.
     direct = work / "direct"
     direct.mkdir()
-    launches = {name: (cmd[:4] + ["--run-name", name] + cmd[4:], work, run_env) for name, (cmd, run_env) in plan.items()}
-    # No launcher, but the bootstrap's import hook in place: the script's own callback is the only one.
     launches["direct"] = ([sys.executable, "-m", "traceml_tui.integrations.bootstrap", str(work / "lightning_explicit.py")],
                           direct, env)
-    return launches, work
+    return launches, (direct, run_dirs)
 
 
 if importlib.util.find_spec("lightning") is not None:
@@ -63,12 +70,11 @@ if importlib.util.find_spec("lightning") is not None:
 
 @pytest.fixture(scope="module")
 def pl(request):
-    procs, work = integrations_support.runs(__name__.rpartition(".")[2], request)
-    direct = work / "direct"
-    runs = {name: (proc, work / "logs" / name) for name, proc in procs.items() if name != "direct"}
+    procs, (direct, run_dirs) = integrations_support.runs(__name__.rpartition(".")[2], request)
+    runs = {name: (procs[name], run_dir) for name, run_dir in run_dirs.items()}
     found = sorted((direct / "logs").iterdir()) if (direct / "logs").is_dir() else []
     runs["direct"] = (procs["direct"], found[0] if len(found) == 1 else None)
-    return work, runs
+    return direct.parent, runs
 
 
 def test_every_rank_records_every_update(pl):
@@ -141,6 +147,10 @@ def test_manual_optimization_is_named_unmeasured_never_split_wrongly(pl):
     assert [r["step"] for r in rows] == list(range(1, 7))  # one per optimizer update, as ever
     assert all(r["cpu_ms"][p] is None for r in rows for p in ("forward", "backward", "optimizer"))
     assert all(finite(r["cpu_ms"]["step"]) and finite(r["lr"]) and finite(r["loss"]) for r in rows)
+    # the summary says which streams are missing and why (the words of the records)
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary["integration"] == {"steps_traced": True, "unmeasured": [
+        {"rank": 0, "stream": stream, "reason": unmeasured[stream]} for stream in ("backward", "forward", "optimizer")]}  # by stream
 
 
 def test_a_fit_that_starts_its_own_processes_says_nothing_is_measured(pl):
@@ -153,3 +163,6 @@ def test_a_fit_that_starts_its_own_processes_says_nothing_is_measured(pl):
     assert [r["stream"] for r in rows if r["kind"] == "unmeasured"] == ["all"]
     assert not [r for r in rows if r["kind"] == "step"]  # no half-recorded run: rank 1 was never traced
     assert sorted(p.name for p in (run_dir / "ranks").iterdir()) == ["rank_0"]
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    (why,) = [r["reason"] for r in rows if r["kind"] == "unmeasured"]
+    assert summary["integration"] == {"steps_traced": False, "unmeasured": [{"rank": 0, "stream": "all", "reason": why}]}

@@ -77,3 +77,16 @@ def test_examples_in_reads_the_leading_size_of_the_first_tensor():
     assert examples_in((x, torch.zeros(6))) == 6
     assert examples_in({"mask": None, "input_ids": torch.zeros(4, 16), "x": x}) == 4
     assert examples_in(torch.tensor(1.0)) is None  # a scalar has no examples
+
+
+def test_the_trainer_runs_launch_once_a_session(tmp_path, monkeypatch):
+    """The pool of real trainer runs (tests/support/integrations.py) lives in one pytest process: a second process
+    of the session launching the same module's runs (a test outside the xdist group) fails instead of training
+    every run twice."""
+    from support import integrations
+
+    monkeypatch.setattr(integrations, "_claims", tmp_path)  # the session's shared folder
+    integrations._claim(None, "test_integrations_x")
+    integrations._claim(None, "test_integrations_y")  # another module's runs: launched once each
+    with pytest.raises(RuntimeError, match=f"xdist_group '{integrations.GROUP}'"):
+        integrations._claim(None, "test_integrations_x")

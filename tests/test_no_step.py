@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -44,13 +45,12 @@ def untraced(tmp_path_factory):
     work = tmp_path_factory.mktemp("nostep")
     (work / "traceml.yaml").write_text(yaml.safe_dump({"guard": GUARD}))
     env = subprocess_env(work / "state")
-    out = {}
-    for name, extra in (("ddp", ["--nproc-per-node", "2"]), ("exits3", [])):
-        args = ["run", str(SCRIPT), "--run-name", name, "--logs-dir", str(work / "logs"), *extra]
-        if name == "exits3":
-            args += ["--args", "--exit-code", "3"]
-        out[name] = (work / "logs" / name, _cli(args, env, work))
-    return out
+    launches = {name: ["run", str(SCRIPT), "--run-name", name, "--logs-dir", str(work / "logs"), *extra]
+                for name, extra in (("ddp", ["--nproc-per-node", "2"]), ("exits3", ["--args", "--exit-code", "3"]))}
+    # Both at once: each spends much of its wall time in single-threaded startup (launcher, torchrun, imports).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = {name: pool.submit(_cli, args, env, work) for name, args in launches.items()}
+    return {name: (work / "logs" / name, future.result()) for name, future in done.items()}
 
 
 @pytest.mark.parametrize("name, code", [("ddp", 0), ("exits3", 3)])

@@ -67,8 +67,9 @@ def build_trainer(argv: Optional[list[str]] = None, callbacks: Optional[list[Any
                    eval_dataset=Tokens(16, 2), callbacks=callbacks)
 
 
-def main() -> None:
-    trainer = build_trainer()
+def main(argv: Optional[list[str]] = None, callbacks: Optional[list[Any]] = None) -> None:
+    """Train, then take the process group down (``argv``, ``callbacks``: as :func:`build_trainer`)."""
+    trainer = build_trainer(argv, callbacks)
     trainer.train()
     if torch.distributed.is_initialized():
         # Free the DDP model before its process group goes: a DDP model still alive when the group is

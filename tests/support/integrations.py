@@ -3,6 +3,12 @@
 The real runs of all those modules share one pool (:func:`register`, :func:`runs`): the first module
 fixture that asks starts every selected module's runs, a few at a time, so Lightning's runs train
 while the Hugging Face tests read theirs, and the two cores stay busy between launches.
+
+The pool lives in one process. Under ``pytest -n 2`` every test that reads it is in the xdist group
+:data:`GROUP`, so one worker runs them all and each run is launched once a session (without the group each
+worker that asked started the whole pool again: every real run twice). Under ``--dist loadgroup`` (the
+suite's mode, README "test lanes") a second launch fails loudly; other modes ignore groups, and every
+module-scoped fixture is then made once per worker anyway.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from support.parallel import session_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -37,6 +45,8 @@ def launch(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
+#: The ``xdist_group`` of every test module reading the pool (``pytestmark``): one worker, one pool.
+GROUP = "trainer-runs"
 #: Runs at a time: a run spends much of its wall time in single-threaded startup (launcher, torchrun,
 #: imports), so three keep the suite's two cores busy.
 WORKERS = 3
@@ -45,6 +55,21 @@ _builders: dict[str, Callable[[Any], tuple[Plan, Any]]] = {}
 _started: dict[str, tuple[dict[str, Future], Any]] = {}
 _lock = threading.Lock()
 _pool: Optional[ThreadPoolExecutor] = None
+_claims: Optional[Path] = None
+
+
+def _claim(factory: Any, module: str) -> None:
+    """Mark ``module``'s runs launched for the whole session; fail if another worker of it launched them already
+    (a test reading the pool outside :data:`GROUP`: every run would train twice)."""
+    global _claims
+    if _claims is None:
+        _claims = session_dir(factory, "trainer-runs")
+    try:
+        (_claims / f"{module}.launched").touch(exist_ok=False)
+    except FileExistsError:
+        raise RuntimeError(f"{module}: its real runs were already launched by another pytest worker of this session; "
+                           f"every test reading them belongs in xdist_group {GROUP!r} (tests/support/integrations.py)"
+                           ) from None
 
 
 def register(group: str, build: Callable[[Any], tuple[Plan, Any]]) -> None:
@@ -64,6 +89,8 @@ def runs(group: str, request: Any) -> tuple[dict[str, subprocess.CompletedProces
         for name in [group, *sorted(_builders)]:
             if name in _started or (name != group and not any(m.endswith(name) for m in selected)):
                 continue
+            if request.config.getoption("dist", "no") == "loadgroup":  # where xdist honours the group
+                _claim(factory, name)
             plan, context = _builders[name](factory)
             _started[name] = ({run: _pool.submit(launch, cmd, cwd, env) for run, (cmd, cwd, env) in plan.items()},
                               context)
