@@ -191,6 +191,30 @@ def test_a_resumed_run_whose_summary_is_not_current_keeps_the_rolling_statistic(
     assert (run.slowest_rank, run.straggler_pct) == (found.worst_key, found.skew_pct)
 
 
+@pytest.mark.parametrize("damage", [
+    lambda st: st["groups"].update(rows="not rows"),
+    lambda st: [row["metrics"].update(step_time_ms="7 ms") for row in st["groups"]["rows"].values()],
+    lambda st: st.update(groups=None, **{"global": [1, 2]}),
+])
+def test_a_summary_whose_step_rows_do_not_read_leaves_the_rolling_statistic_and_the_other_runs(tmp_path, damage):
+    """Untrusted bytes: a final summary whose ``step_time`` rows are not the published layout is not read as
+    figures — that run keeps its rolling medians (named so), and every other run still shows its summary's."""
+    def spoil(root: Path) -> None:
+        path = root / fr.name_of("rank_raises") / "final_summary.json"
+        summary = json.loads(path.read_text())
+        damage(summary["step_time"])
+        path.write_text(json.dumps(summary))
+
+    _, index = fr.build_real_index(tmp_path, prepare=spoil)
+    with Reader(index) as reader:
+        runs = {r.name: r for r in reader.list_runs(now=fr.SHOWN_AT)}
+        spoiled = runs[fr.name_of("rank_raises")]
+        views = reader.rank_views(spoiled, reader.rank_rows(spoiled.run_id, fr.SHOWN_AT))
+    assert spoiled.step_statistic.kind == "rolling" and all(v.step_ms is not None for v in views)
+    assert runs[fr.name_of("rank_sigkilled")].step_statistic.kind == "summary"
+    assert runs[fr.name_of("completed")].step_statistic.kind == "summary"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.realruns(c)) for c in ("straggler", "rank_raises")])
