@@ -167,8 +167,8 @@ class IndexCollector(Collector):
         step = GaugeMetricFamily("traceml_run_step_time_median_seconds",
                                  "The median rank's step time: its median over its rolling window while the run is"
                                  " live, its mean over the final summary's analysis window once that summary is"
-                                 " current (traceml_run_step_time_from_summary)", labels=lab_names)
-        source = GaugeMetricFamily("traceml_run_step_time_from_summary",
+                                 " current (traceml_run_step_time_final)", labels=lab_names)
+        source = GaugeMetricFamily("traceml_run_step_time_final",
                                    "1 when the run's step time, straggler and Δ are its current final summary's"
                                    " per-rank means, 0 while they are the rolling medians", labels=lab_names)
         slowest = GaugeMetricFamily("traceml_run_slowest_rank", "The rank with the slowest step time",

@@ -147,7 +147,7 @@ def _one_size(summary: dict, shown: dict, as_json: dict, scrape: dict) -> str:
 
     assert gauge("traceml_run_slowest_rank") == slow
     assert gauge("traceml_run_straggler") == (1.0 if issue is not None else 0.0)
-    assert gauge("traceml_run_step_time_from_summary") == 1.0
+    assert gauge("traceml_run_step_time_final") == 1.0
     assert gauge("traceml_run_straggler_score") == pytest.approx(worst["value"] / median["value"], rel=1e-12)
     assert f"{gauge('traceml_rank_step_time_delta_ratio', rank=str(slow)) * 100:+.0f}%" == size
     for rank, ms in rows.items():
