@@ -8,7 +8,10 @@ declares early stopping, so that a best exists) is indexed by a real
 rank's step time and Δ, the straggler (slowest rank and score), steps/s, eval
 lag and the early-stopping best — must be the same number: the reader's views
 compute them once (``daemon/views.py``, ``core/straggler.py``). A surface with
-a statistic or a rule of its own fails its row here.
+a statistic or a rule of its own fails its row here. A run whose final summary
+is current shows the summary's own figures: each rank's step time is its
+summary row's to the last digit, and the straggler's size is the summary
+verdict's, rounded the same (docs/contracts.md "One set of figures").
 """
 
 from __future__ import annotations
