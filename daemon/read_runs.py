@@ -227,7 +227,8 @@ def _exit_codes_of(text: str) -> dict[int, int]:
 @dataclass(frozen=True)
 class _Marks:
     """Per run: blocked validation requests, whether its final summary says validation is missing, and its final
-    summary's step-time rows (``core.straggler.SummaryWindow``; whether the summary is current is the caller's check)."""
+    summary's step-time rows (``core.straggler.SummaryWindow``; whether the summary is current is the caller's
+    check)."""
 
     blocked: dict[int, int] = field(default_factory=dict)
     missing: set[int] = field(default_factory=set)
@@ -245,9 +246,9 @@ class _SummaryFacts:
 def _rates_now(latest: list[dict], status: RunStatus, states: dict[int, RankState], now: float
                ) -> tuple[tuple[int, Optional[float], Optional[float]], ...]:
     """Each rank's (rank, steps/s, examples/s) as of ``now`` by the rate rule (daemon/rates.py): in a live run a
-    running rank falls while the ingester has seen nothing of it past its grace (its silence on the ingester's
-    clock, ``last_seen``: a slow ingester is not a pause; its grace the core's quiet threshold for its own interval) and a rank the core calls stopped (stalled, waiting,
-    lost) is at 0; other ranks keep their last records' rates."""
+    running rank falls while the ingester has seen nothing of it past its grace (the core's quiet threshold for its
+    own step interval; its silence on the ingester's clock, ``last_seen``: a slow ingester is not a pause) and a rank
+    the core calls stopped (stalled, waiting, lost) is at 0; other ranks keep their last records' rates."""
     live = status in LIVE_RUN_STATES
     out = []
     for r in latest:

@@ -275,7 +275,8 @@ class Reader:
         declared = manifest.last_step_ahead(run.last_step) if manifest is not None else None
         ratio_name, loss_ratio = views.worst_ratio(self._runs.latest_ratios(run.run_id))
         return views.RunFigures(
-            statistic=run.step_statistic.text, step_statistic=run.step_statistic, step_ms=run.step_ms, slowest_rank=run.slowest_rank,
+            statistic=run.step_statistic.text, step_statistic=run.step_statistic, step_ms=run.step_ms,
+            slowest_rank=run.slowest_rank,
             straggler_score=run.straggler_score, straggler_pct=run.straggler_pct, straggler=run.straggler,
             steps_per_s=run.steps_per_s, examples_per_s=run.examples_per_s, eval_step=eval_step,
             eval_lag=freshness.eval_lag(run.last_step, eval_step), early_stopping=early, declared_steps=declared,

@@ -57,9 +57,11 @@ def test_two_ranks_measure_the_slow_one_against_its_healthy_peer():
 # -- an ended run's figures: the summary's rows, read back (core.straggler.summary_window, rows_spread)
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
-                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=4), inner, max_size=4),
                      max_leaves=20)
-_row_key = st.one_of(st.integers(min_value=0, max_value=99).map(str), st.text(max_size=3))
+_row_key = st.one_of(st.integers(min_value=0, max_value=99).map(str), st.text(max_size=3),
+                     st.text(alphabet="123456789", min_size=4400, max_size=5000))  # past int()'s digit limit
 
 
 @given(st.one_of(_json, st.fixed_dictionaries({"groups": st.fixed_dictionaries(

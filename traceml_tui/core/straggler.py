@@ -131,6 +131,12 @@ def _int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _rank_key(key: Any) -> bool:
+    """A global rank as the summary keys it: ``"0"``, ``"12"`` (ASCII digits, no sign, no leading zero; at most 9
+    digits, so that a hostile key is never a huge number to convert)."""
+    return isinstance(key, str) and 0 < len(key) <= 9 and key.isascii() and key.isdigit() and key == str(int(key))
+
+
 def summary_window(step_time: Any) -> Optional[SummaryWindow]:
     """The ``step_time`` section of a final summary (ours or traceml-ai's) as a :class:`SummaryWindow`.
 
@@ -144,7 +150,7 @@ def summary_window(step_time: Any) -> Optional[SummaryWindow]:
     if not isinstance(rows, Mapping):
         return None
     kept = {key: row for key, row in rows.items()
-            if isinstance(key, str) and key.isascii() and key.isdigit() and key == str(int(key)) and row_value(row) is not None}
+            if _rank_key(key) and row_value(row) is not None}
     if not kept:
         return None
     glob = step_time.get("global")

@@ -62,7 +62,8 @@ def backlog_summary(snap: BacklogSnapshot) -> list:
 def backlog_kind(snap: Optional[BacklogSnapshot]) -> str:
     """What the screen lists: ``validation backlog``, or ``validation and QC backlog`` once heavy QC requests (or a
     run that requires worker QC) are listed beside validation's (docs/qc.md)."""
-    return "validation and QC backlog" if snap is not None and (snap.qc_items or snap.worker_qc) else "validation backlog"
+    qc = snap is not None and bool(snap.qc_items or snap.worker_qc)
+    return "validation and QC backlog" if qc else "validation backlog"
 
 
 def backlog_title(snap: Optional[BacklogSnapshot]) -> str:
