@@ -88,6 +88,7 @@ class IndexCollector(Collector):
             # the figures every surface shows, computed once by the reader (daemon/views.py)
             figures = {r.run_id: reader.figures(r, now, backlogs[r.run_id]) for r in runs}
             yield from self._run_families(runs, now)
+            yield from self._mark_families(runs)
             yield from self._figure_families(runs, figures)
             yield from self._rank_families(reader, runs, now)
             yield from self._hang_families(runs)
@@ -110,8 +111,8 @@ class IndexCollector(Collector):
         eps = GaugeMetricFamily("traceml_run_examples_per_second", "Examples per second (every rank's, over its last seconds of records; daemon/rates.py)",
                                 labels=["run", "run_id"])
         strag = GaugeMetricFamily("traceml_run_straggler_score",
-                                  "Slowest rank's median step time over the median rank's (1 = even;"
-                                  " the lower median with two ranks, as the summary's straggler rule)",
+                                  "Slowest rank's step time over the median rank's (1 = even; the lower median"
+                                  " with two ranks, as the summary's straggler rule), by the run's statistic",
                                   labels=["run", "run_id"])
         age = GaugeMetricFamily("traceml_run_last_record_age_seconds", "Seconds since the run's newest record",
                                 labels=["run", "run_id"])
@@ -137,13 +138,40 @@ class IndexCollector(Collector):
                 lost.add_metric([*lab, str(node)], 1.0)
         yield from (status, sps, eps, strag, age, step, lost)
 
+    def _mark_families(self, runs: list[RunSummary]) -> Iterator:
+        """What the Runs screen marks (docs/watch.md "Nothing hides"), from the same reader view: whether a run needs
+        attention (core.state.needs_attention: an alert word or a validation mark, ``⚠ 1 blocked``), its
+        validation mark (``blocked``: the blocked requests; ``missing``: its summary says ``Validation: MISSING``)
+        and how many exported runs need attention (the Runs screen's ``3 need attention``)."""
+        attention = GaugeMetricFamily("traceml_run_needs_attention",
+                                      "1 when the run needs attention: failed, lost, stalled, or a validation mark",
+                                      labels=["run", "run_id"])
+        mark = GaugeMetricFamily("traceml_run_validation_mark",
+                                 "The run's validation mark: blocked requests (mark=blocked), or 1 when its summary"
+                                 " says validation is missing (mark=missing)", labels=["run", "run_id", "mark"])
+        count = GaugeMetricFamily("traceml_runs_need_attention", "Exported runs that need attention")
+        for run in runs:
+            lab = self._labels(run)
+            attention.add_metric(lab, 1.0 if run.attention else 0.0)
+            if run.validation_mark is not None:
+                blocked = run.validation_blocked > 0  # core.state.validation_mark: blocked before missing
+                mark.add_metric([*lab, "blocked" if blocked else "missing"],
+                                float(run.validation_blocked) if blocked else 1.0)
+        count.add_metric([], float(sum(1 for r in runs if r.attention)))
+        yield from (attention, mark, count)
+
     def _figure_families(self, runs: list[RunSummary], figures: dict[int, RunFigures]) -> Iterator:
         """The run's figures as every surface shows them: step time, straggler verdict, eval lag, early-stopping
         best (docs/cluster.md)."""
         lab_names = ["run", "run_id"]
         step = GaugeMetricFamily("traceml_run_step_time_median_seconds",
-                                 "The median rank's median step time over its rolling window", labels=lab_names)
-        slowest = GaugeMetricFamily("traceml_run_slowest_rank", "The rank with the slowest median step time",
+                                 "The median rank's step time: its median over its rolling window while the run is"
+                                 " live, its mean over the final summary's analysis window once that summary is"
+                                 " current (traceml_run_step_time_final)", labels=lab_names)
+        source = GaugeMetricFamily("traceml_run_step_time_final",
+                                   "1 when the run's step time, straggler and Δ are its current final summary's"
+                                   " per-rank means, 0 while they are the rolling medians", labels=lab_names)
+        slowest = GaugeMetricFamily("traceml_run_slowest_rank", "The rank with the slowest step time",
                                     labels=lab_names)
         verdict = GaugeMetricFamily("traceml_run_straggler",
                                     "1 when the slowest rank is at least 10% slower than the median rank",
@@ -159,6 +187,7 @@ class IndexCollector(Collector):
             fig, lab = figures[run.run_id], self._labels(run)
             if fig.step_ms is not None:
                 step.add_metric(lab, fig.step_ms / 1000.0)
+            source.add_metric(lab, 1.0 if fig.step_statistic.kind == "summary" else 0.0)
             if fig.slowest_rank is not None:
                 slowest.add_metric(lab, fig.slowest_rank)
                 verdict.add_metric(lab, 1.0 if fig.straggler else 0.0)
@@ -169,19 +198,21 @@ class IndexCollector(Collector):
                 best.add_metric([*lab, str(metric or "")], b[2])
                 if b[1] is not None:
                     best_step.add_metric([*lab, str(metric or "")], b[1])
-        yield from (step, slowest, verdict, lag, best, best_step)
+        yield from (step, source, slowest, verdict, lag, best, best_step)
 
     def _rank_families(self, reader: Reader, runs: list[RunSummary], now: float) -> Iterator:
         labels = ["run", "run_id", "rank"]
-        median = GaugeMetricFamily("traceml_rank_step_time_median_seconds", "Median step time of the rank's window",
-                                   labels=labels)
+        median = GaugeMetricFamily("traceml_rank_step_time_median_seconds",
+                                   "The rank's step time by the run's statistic: the median of its rolling window,"
+                                   " or its mean over the current final summary's window", labels=labels)
         wait = GaugeMetricFamily("traceml_rank_input_wait_median_seconds",
-                                 "Median input wait before the rank's steps", labels=labels)
+                                 "Input wait before the rank's steps over the same steps (median, or the summary's"
+                                 " mean)", labels=labels)
         silence = GaugeMetricFamily("traceml_rank_silence_seconds", "Seconds since the rank's newest record",
                                     labels=labels)
         # Only the current state (value 1): all seven per rank would be most of a 64-rank job's series.
         delta = GaugeMetricFamily("traceml_rank_step_time_delta_ratio",
-                                  "The rank's median step time over the median rank's, minus 1 (Δ)", labels=labels)
+                                  "The rank's step time over the median rank's, minus 1 (Δ)", labels=labels)
         state = GaugeMetricFamily("traceml_rank_state", "The rank's state (1; other states are absent)",
                                   labels=[*labels, "state"])
         for run in runs:

@@ -14,12 +14,14 @@ of figures"):
   window once :data:`RATE_WINDOW_S` seconds of records came after it, so the
   rate is back to the run's pace a few seconds after it resumes, whatever the
   pace;
-* while a rank that has not ended is silent past its grace (the longer of
-  :data:`RATE_GRACE_S` and :data:`RATE_GRACE_INTERVALS` of its own step
-  intervals, measured on the ingester's clock so that a slow ingester does not
-  look like a pause), its rate falls: the same steps over the window stretched
-  by the silence past the grace, so a paused rank shows a falling rate, not
-  its old pace;
+* while a rank that has not ended is silent past its grace, its rate falls:
+  the same steps over the window stretched by the silence past the grace, so a
+  paused rank shows a falling rate, not its old pace. The grace is the core's
+  one silence threshold, :func:`traceml_tui.core.state.quiet_limit_s` (the
+  longer of 5 s and 3 of its own median step intervals: the silence after which
+  every surface greys a running rank as quiet), so a rank's rate starts to fall
+  when it is greyed; the silence is measured on the ingester's clock
+  (``last_seen``), so that a slow ingester does not look like a pause;
 * once the core calls such a rank stopped (stalled, waiting or lost: docs/contracts.md "stall limit"), its
   rates are 0 — the pace of a run that does not move, and a figure that no longer changes with the clock;
 * a run's steps/s is its slowest rank's rate (synchronous data parallelism
@@ -29,21 +31,26 @@ of figures"):
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Iterable, NamedTuple, Optional, Sequence
 
-from traceml_tui.core.state import RankState
+from traceml_tui.core.state import QUIET_FLOOR_S, QUIET_INTERVALS, RankState, quiet_limit_s
 
 #: Seconds of a rank's newest records its rate is measured over.
 RATE_WINDOW_S = 5.0
-#: Silence (seconds) after which a rank's rate starts to fall, at least ...
-RATE_GRACE_S = 2.0
-#: ... and at least this many of its own step intervals (a rank at 0.1 steps/s is not late after 2 s).
-RATE_GRACE_INTERVALS = 3.0
 
 #: The rule in words (`traceml status --json` ``figures.rate_rule`` and the Help screen of `traceml watch`).
 RATE_RULE = (f"steps completed over each rank's last {RATE_WINDOW_S:g} s of records; the run's is its slowest "
-             f"rank's; a rank silent for over {RATE_GRACE_S:g} s (and {RATE_GRACE_INTERVALS:g} of its step "
-             "intervals) falls, and is 0 once it is stalled")
+             f"rank's; a rank silent for over {QUIET_FLOOR_S:g} s and {QUIET_INTERVALS:g} of its step intervals "
+             "(when it is greyed as silent) falls, and is 0 once it is stalled")
+
+
+def grace_s(interval_s: Optional[float], steps_per_s: float) -> float:
+    """Silence after which a rank's rate falls: the core's quiet threshold (core.state.quiet_limit_s) for its own
+    median step interval (``interval_s``; the interval its rate implies when unknown). No stall cap: a rank the
+    core calls stalled is at 0 already (:func:`stopped`)."""
+    own = interval_s if interval_s is not None and interval_s > 0 else 1.0 / steps_per_s
+    return quiet_limit_s(own, math.inf)
 
 
 class Rate(NamedTuple):
@@ -83,22 +90,22 @@ def window_rate(steps: Sequence[int], ts: Sequence[Optional[float]], examples: S
     return Rate((steps[-1] - steps[first]) / span, per_example, span)
 
 
-def _stretch(steps_per_s: float, silent_s: float) -> float:
-    interval = 1.0 / steps_per_s
-    late = silent_s - max(RATE_GRACE_S, RATE_GRACE_INTERVALS * interval)
+def _stretch(steps_per_s: float, silent_s: float, interval_s: Optional[float]) -> float:
+    late = silent_s - grace_s(interval_s, steps_per_s)
     if late <= 0:
         return 1.0
-    span = max(RATE_WINDOW_S, interval)
+    span = max(RATE_WINDOW_S, 1.0 / steps_per_s)
     return span / (span + late)
 
 
-def rank_rates(steps_per_s: Optional[float], examples_per_s: Optional[float], silent_s: Optional[float]
-               ) -> tuple[Optional[float], Optional[float]]:
+def rank_rates(steps_per_s: Optional[float], examples_per_s: Optional[float], silent_s: Optional[float],
+               interval_s: Optional[float] = None) -> tuple[Optional[float], Optional[float]]:
     """A rank's (steps/s, examples/s) as of now: both fall by the same stretch while it is silent past its grace
-    (``silent_s`` None: it ended, or the run is not live — its rates stay those of its last records)."""
+    (:func:`grace_s` of its median step interval ``interval_s``; ``silent_s`` None: it ended, or the run is not
+    live — its rates stay those of its last records)."""
     if steps_per_s is None or silent_s is None or steps_per_s <= 0:
         return steps_per_s, examples_per_s
-    k = _stretch(steps_per_s, silent_s)
+    k = _stretch(steps_per_s, silent_s, interval_s)
     return steps_per_s * k, None if examples_per_s is None else examples_per_s * k
 
 

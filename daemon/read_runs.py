@@ -2,7 +2,9 @@
 
 :class:`daemon.reader.Reader` lists runs through it (``list_runs``, ``run``, ``rank_rows``); each run's word,
 its ranks' states and the hang its watchdogs recorded are decided by :func:`traceml_tui.core.state.decide_run`,
-its step time and straggler verdict by the one straggler rule (docs/contracts.md, "One set of figures").
+its step time and straggler verdict by the one straggler rule (docs/contracts.md, "One set of figures") over the
+run's one statistic: each rank's rolling median while it is live, the final summary's own per-rank rows once that
+summary is current (``views.step_statistic``).
 """
 
 from __future__ import annotations
@@ -82,8 +84,10 @@ class RunSummary:
     lost_nodes: tuple[int, ...] = ()
     # The hang its ranks' watchdogs recorded, when core.state.hang_roles names a culprit (core/hang.py)
     hang: Optional[hangs_mod.HangReport] = None
-    # The run's step time (views.STEP_STATISTIC of its median rank) and the straggler rule's verdict on its ranks
-    # (core/straggler.py): slowest_rank and straggler_score above come from the same spread.
+    # The run's step time (its statistic's value of its median rank) and the straggler rule's verdict on its ranks
+    # (core/straggler.py): slowest_rank and straggler_score above come from the same spread. The statistic is the
+    # rolling median while the run is live, its current final summary's per-rank means once it has one
+    # (views.step_statistic); rank_step_ms is each rank's value of it.
     step_ms: Optional[float] = None
     straggler_pct: Optional[float] = None
     straggler: bool = False
@@ -94,6 +98,7 @@ class RunSummary:
     quiet_ranks: tuple[tuple[int, float], ...] = ()
     stopped_first: tuple[int, ...] = ()
     validation_mark: Optional[str] = None
+    validation_blocked: int = 0  # the blocked validation requests behind a `2 blocked` mark
     interrupted_by: Optional[str] = None
     interrupted_at: Optional[float] = None
     # The run's first step record (unix s), its age (now − its newest record) and duration (first record to its
@@ -104,6 +109,8 @@ class RunSummary:
     # (rank, steps/s, examples/s) of each rank's newest attempt by the rate rule (daemon/rates.py) as of the
     # decision time: steps_per_s / examples_per_s above are the run's by the same rule
     rank_rates: tuple[tuple[int, Optional[float], Optional[float]], ...] = ()
+    step_statistic: views.StepStatistic = views.ROLLING
+    rank_step_ms: tuple[tuple[int, Optional[float]], ...] = ()
 
     @property
     def marks(self) -> str:
@@ -224,18 +231,29 @@ def _exit_codes_of(text: str) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class _Marks:
-    """Per run: blocked validation requests, and whether its final summary says validation is missing."""
+    """Per run: blocked validation requests, whether its final summary says validation is missing, and its final
+    summary's step-time rows (``core.straggler.SummaryWindow``; whether the summary is current is the caller's
+    check)."""
 
     blocked: dict[int, int] = field(default_factory=dict)
     missing: set[int] = field(default_factory=set)
+    windows: dict[int, straggler.SummaryWindow] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _SummaryFacts:
+    """What the runs room reads of a run's final summary, decoded once per run data version."""
+
+    missing: bool = False  # its ``validation`` section says ``missing``
+    window: Optional[straggler.SummaryWindow] = None  # its step-time rows (views.step_statistic)
 
 
 def _rates_now(latest: list[dict], status: RunStatus, states: dict[int, RankState], now: float
                ) -> tuple[tuple[int, Optional[float], Optional[float]], ...]:
     """Each rank's (rank, steps/s, examples/s) as of ``now`` by the rate rule (daemon/rates.py): in a live run a
-    running rank falls while the ingester has seen nothing of it past its grace (its silence on the ingester's
-    clock, ``last_seen``: a slow ingester is not a pause) and a rank the core calls stopped (stalled, waiting,
-    lost) is at 0; other ranks keep their last records' rates."""
+    running rank falls while the ingester has seen nothing of it past its grace (the core's quiet threshold for its
+    own step interval; its silence on the ingester's clock, ``last_seen``: a slow ingester is not a pause) and a rank
+    the core calls stopped (stalled, waiting, lost) is at 0; other ranks keep their last records' rates."""
     live = status in LIVE_RUN_STATES
     out = []
     for r in latest:
@@ -244,7 +262,8 @@ def _rates_now(latest: list[dict], status: RunStatus, states: dict[int, RankStat
             out.append((r["rank"], *rates.stopped(r["steps_per_s"], r["examples_per_s"])))
             continue
         silent = max(0.0, now - r["last_seen"]) if live and r["ended"] is None and r["last_seen"] is not None else None
-        out.append((r["rank"], *rates.rank_rates(r["steps_per_s"], r["examples_per_s"], silent)))
+        out.append((r["rank"], *rates.rank_rates(r["steps_per_s"], r["examples_per_s"], silent,
+                                                 r["median_interval_s"])))
     return tuple(out)
 
 
@@ -269,34 +288,40 @@ class RunsReader:
         self._current_hangs = current_hangs
         self._blocked = blocked
         self._manifest = manifest
-        self._missing: dict[int, tuple[int, bool]] = {}  # run_id -> (data version, summary says missing)
+        self._summaries: dict[int, tuple[int, _SummaryFacts]] = {}  # run_id -> (data version, what its summary says)
         self._firsts: dict[int, tuple[int, Optional[float]]] = {}  # run_id -> (data version, first step time)
         # run_id -> (what it was decided from, summary) for runs with a final word: their decision no longer reads
         # the clock (core.state.final_word), so a refresh recomputes only their age until their data changes.
         self._settled: dict[int, tuple[tuple, RunSummary]] = {}
 
-    def _validation_missing(self) -> set[int]:
-        """Runs whose final summary's ``validation`` section says ``missing`` (``Validation: MISSING``).
+    def _summary_facts(self, run_id: int, version: int) -> _SummaryFacts:
+        """What the run's final summary says (validation missing, its step-time rows), decoded by the typed sections
+        (``artifacts.decode_validation`` as ``reader.files.validation``; ``artifacts.decode_step_time`` read by
+        ``core.straggler.summary_window``) once per run data version (a summary that changes bumps it)."""
+        cached = self._summaries.get(run_id)
+        if cached is None or cached[0] != version:
+            missing, window = False, None
+            for content, in self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'summary'"
+                                       " AND content IS NOT NULL", (run_id,)):
+                data = content.encode("utf-8")
+                section = artifacts.decode_validation(data)
+                missing = missing or (section is not None and section.status == "missing")
+                window = window or straggler.summary_window(artifacts.decode_step_time(data))
+            cached = self._summaries[run_id] = (version, _SummaryFacts(missing, window))
+        return cached[1]
 
-        Decoded by the typed section (``artifacts.decode_validation``, as ``reader.files.validation``), once per
-        run data version (a summary that changes bumps it); whether the summary is current is the caller's check
-        (core.state.summary_is_current).
-        """
-        out = set()
-        for run_id, version in self._rows(
-                "SELECT r.run_id, r.updated_version FROM runs r WHERE EXISTS (SELECT 1 FROM side_files f"
-                " WHERE f.run_id = r.run_id AND f.kind = 'summary' AND f.content IS NOT NULL)"):
-            cached = self._missing.get(run_id)
-            if cached is None or cached[0] != version:
-                missing = False
-                for content, in self._rows("SELECT content FROM side_files WHERE run_id = ? AND kind = 'summary'"
-                                           " AND content IS NOT NULL", (run_id,)):
-                    section = artifacts.decode_validation(content.encode("utf-8"))
-                    missing = missing or (section is not None and section.status == "missing")
-                cached = self._missing[run_id] = (version, missing)
-            if cached[1]:
-                out.add(run_id)
-        return out
+    def _with_summary(self) -> dict[int, _SummaryFacts]:
+        """Every run with a final summary, and what it says (whether it is current is the caller's check:
+        core.state.summary_is_current)."""
+        return {run_id: self._summary_facts(run_id, version) for run_id, version in self._rows(
+            "SELECT r.run_id, r.updated_version FROM runs r WHERE EXISTS (SELECT 1 FROM side_files f"
+            " WHERE f.run_id = r.run_id AND f.kind = 'summary' AND f.content IS NOT NULL)")}
+
+    def window(self, run: RunSummary) -> Optional[straggler.SummaryWindow]:
+        """The summary rows ``run``'s figures are by (None: its statistic is the rolling one)."""
+        if run.step_statistic.kind != "summary":
+            return None
+        return self._summary_facts(run.run_id, run.version).window
 
     def _first_ts(self, run_id: int, version: int) -> Optional[float]:
         """A run's first step record time: the first step of each rank's attempts (primary-key lookups), kept until
@@ -384,9 +409,11 @@ class RunsReader:
         missing = d["run_id"] in marks.missing and summary_is_current(d["manifest_status"])
         first_ts = self._first_ts(d["run_id"], d["updated_version"])
         age, took = views.run_times(status, first_ts, d["last_ts"], now)
-        # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score.
-        step_ms, slowest, score, skew, verdict = views.step_figures(
-            straggler.spread((r["rank"], r["median_step_ms"]) for r in latest))
+        # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score. Once
+        # the run's final summary is current, the summary's own rows, by the function its STRAGGLER verdict called.
+        window = marks.windows.get(d["run_id"]) if summary_is_current(d["manifest_status"]) else None
+        statistic, rank_step, found = views.step_statistic(((r["rank"], r["median_step_ms"]) for r in latest), window)
+        step_ms, slowest, score, skew, verdict = views.step_figures(found)
         rank_rates = _rates_now(latest, status, dict(rank_states), now)
         steps_per_s, examples_per_s = rates.run_rates((s, e) for _, s, e in rank_rates)
         return RunSummary(
@@ -402,15 +429,18 @@ class RunsReader:
             rank_states=rank_states, lost_nodes=lost_nodes(leases), hang=hang,
             step_ms=step_ms, straggler_pct=skew, straggler=verdict, quiet_ranks=quiet, stopped_first=first,
             validation_mark=validation_mark(blocked=marks.blocked.get(d["run_id"], 0), summary_missing=missing),
+            validation_blocked=marks.blocked.get(d["run_id"], 0),
             interrupted_by=interrupted_by, interrupted_at=interrupted_at, first_ts=first_ts, age_s=age,
             duration_s=took,
-            rank_rates=rank_rates,
+            rank_rates=rank_rates, step_statistic=statistic, rank_step_ms=rank_step,
         )
 
     def _marks(self, now: float) -> "_Marks":
         """The facts behind the runs' validation marks, for every run in one go (each kept per run version)."""
         blocked = self._blocked(now) if self._blocked is not None else {}
-        return _Marks(blocked=blocked, missing=self._validation_missing())
+        summaries = self._with_summary()
+        return _Marks(blocked=blocked, missing={run_id for run_id, f in summaries.items() if f.missing},
+                      windows={run_id: f.window for run_id, f in summaries.items() if f.window is not None})
 
     def all(self, roots: Optional[list[str]], now: float) -> tuple[RunSummary, ...]:
         """All runs (optionally only those under ``roots``), most recently active first, with states decided."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from traceml_tui.core import artifacts, freshness, straggler
+from traceml_tui.core import artifacts, freshness
 from traceml_tui.core.rundir import QC_BACKLOG
 from traceml_tui.core.state import BACKLOG_ORDER, STALL_FLOOR_S, BacklogState, summary_is_current
 
@@ -275,7 +275,8 @@ class Reader:
         declared = manifest.last_step_ahead(run.last_step) if manifest is not None else None
         ratio_name, loss_ratio = views.worst_ratio(self._runs.latest_ratios(run.run_id))
         return views.RunFigures(
-            statistic=views.STEP_STATISTIC, step_ms=run.step_ms, slowest_rank=run.slowest_rank,
+            statistic=run.step_statistic.text, step_statistic=run.step_statistic, step_ms=run.step_ms,
+            slowest_rank=run.slowest_rank,
             straggler_score=run.straggler_score, straggler_pct=run.straggler_pct, straggler=run.straggler,
             steps_per_s=run.steps_per_s, examples_per_s=run.examples_per_s, eval_step=eval_step,
             eval_lag=freshness.eval_lag(run.last_step, eval_step), early_stopping=early, declared_steps=declared,
@@ -283,14 +284,23 @@ class Reader:
             loss_ratio=loss_ratio)
 
     def rank_views(self, run: RunSummary, rows: tuple[RankRow, ...]) -> tuple[views.RankView, ...]:
-        """The newest attempt of each rank with its step time and Δ against the median rank (core/straggler.py)."""
-        spread = straggler.spread((r.rank, r.median_step_ms) for r in rows if r.latest)
+        """The newest attempt of each rank with its step time and Δ against the median rank (core/straggler.py), by
+        the run's statistic (``run.step_statistic``): the rolling median, or the current final summary's per-rank
+        means, input wait and parts over its analysis window."""
+        window = self._runs.window(run)
+        values = dict(run.rank_step_ms)
+        spread = views.step_statistic(run.rank_step_ms, window)[2]
+
+        def step_ms(r: RankRow) -> Optional[float]:
+            return values.get(r.rank) if r.rank in values else r.median_step_ms
+
         return tuple(views.RankView(
             rank=r.rank, attempt=r.attempt, node=r.node, state=r.state, records=r.records, last_step=r.last_step,
-            last_ts=r.last_ts, last_seen=r.last_seen, step_ms=r.median_step_ms,
-            delta_pct=spread.delta_pct(r.median_step_ms) if spread is not None else None,
-            input_wait_ms=r.median_input_wait_ms, steps_per_s=r.steps_per_s, examples_per_s=r.examples_per_s,
-            loss=r.loss, ratios=r.ratios, ended=r.ended, exit_code=r.exit_code, parts=r.step_parts)
+            last_ts=r.last_ts, last_seen=r.last_seen, step_ms=step_ms(r),
+            delta_pct=spread.delta_pct(step_ms(r)) if spread is not None else None,
+            input_wait_ms=r.median_input_wait_ms if window is None else window.value(r.rank, "input_wait_ms"),
+            steps_per_s=r.steps_per_s, examples_per_s=r.examples_per_s, loss=r.loss, ratios=r.ratios, ended=r.ended,
+            exit_code=r.exit_code, parts=r.step_parts if window is None else views.summary_parts(window, r.rank))
             for r in rows if r.latest)
 
     def run_view(self, run_id: int, now: Optional[float] = None) -> Optional[views.RunView]:

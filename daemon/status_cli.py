@@ -123,12 +123,15 @@ def main(argv: list[str]) -> int:
                    "runs": []}
             for r in runs:
                 rows = reader.rank_rows(r.run_id, now)
-                # Δ against the median rank, by the one straggler rule (daemon/views.py, core/straggler.py)
-                delta = {v.rank: v.delta_pct for v in reader.rank_views(r, rows)}
+                # the run's statistic and Δ against the median rank, by the one straggler rule (daemon/views.py,
+                # core/straggler.py); median_step_ms stays the rolling median of every attempt
+                shown = {v.rank: v for v in reader.rank_views(r, rows)}
                 ranks = [
                     {"rank": k.rank, "attempt": k.attempt, "state": None if k.state is None else str(k.state),
                      "latest": k.latest, "records": k.records, "last_step": k.last_step, "last_record_ts": k.last_ts,
-                     "median_step_ms": k.median_step_ms, "delta_pct": delta.get(k.rank) if k.latest else None,
+                     "median_step_ms": k.median_step_ms,
+                     "step_ms": shown[k.rank].step_ms if k.latest and k.rank in shown else None,
+                     "delta_pct": shown[k.rank].delta_pct if k.latest and k.rank in shown else None,
                      "steps_per_s": k.steps_per_s, "ended": k.ended, "exit_code": k.exit_code}
                     for k in rows
                 ]
@@ -140,6 +143,8 @@ def main(argv: list[str]) -> int:
                 d["attention"] = r.attention
                 d["rank_states"] = {str(rank): str(state) for rank, state in r.rank_states}
                 d["rank_count"] = d.pop("ranks")
+                for key in ("step_statistic", "rank_step_ms"):  # said by `figures` and each rank's step_ms
+                    d.pop(key, None)
                 d["ranks"] = ranks
                 d["error_count"] = r.errors
                 # the figures every surface shows (step time, straggler, steps/s, eval lag, early-stopping best)

@@ -6,12 +6,17 @@ frozen dataclasses, built by :class:`daemon.reader.Reader` (``runs_view``,
 ``run_view``, ``figures``, ``backlog_view``). A surface formats a figure; it
 never derives one (docs/contracts.md, "One set of figures"):
 
-* one step-time statistic per place, :data:`STEP_STATISTIC`: each rank's median
-  step time over its rolling window; the run's step time is the median rank's;
+* one step-time statistic per run, named where it is shown (:class:`StepStatistic`):
+  while a run is live, or has no current final summary, each rank's median step
+  time over its rolling window (:data:`STEP_STATISTIC`); once its final summary
+  is current, the summary's own: each rank's mean over its analysis window
+  (:data:`SUMMARY_STATISTIC`, read back from ``step_time.groups.rows``), so an
+  ended run shows the summary's numbers on every surface; the run's step time
+  is the median rank's;
 * each rank's Δ, the slowest rank and the straggler score come from that
-  statistic by the one straggler rule, :mod:`traceml_tui.core.straggler` (the
-  final summary's ``STRAGGLER`` verdict applies the same rule to its own
-  statistic, each rank's mean over the analysis window);
+  statistic by the one straggler rule, :mod:`traceml_tui.core.straggler` (for
+  an ended run the very function the summary's ``STRAGGLER`` verdict called,
+  on the same rows: one slow rank and one size everywhere);
 * steps/s is the run's pace (its slowest rank's rate: synchronous data
   parallelism runs at it), each rank's measured by the rate rule over its last
   seconds of records, falling while it is silent (:mod:`daemon.rates`,
@@ -28,20 +33,87 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Optional, Sequence
 
-from traceml_tui.core import artifacts, forensics, stopping
+from traceml_tui.core import artifacts, forensics, steptime, stopping, straggler
 from traceml_tui.core.state import LIVE_RUN_STATES, BacklogState, RankState, RunStatus
-from traceml_tui.core.straggler import Spread
+from traceml_tui.core.straggler import Spread, SummaryWindow
 
 from .live import WINDOW
 from .rates import RATE_RULE
 
-#: The step-time statistic of the index's surfaces (named in `traceml status --json` and the Run screen's Help).
+#: The rolling step-time statistic of a live run (named in `traceml status --json` and the Run screen's Help).
 STEP_STATISTIC = f"median step time over each rank's last {WINDOW} steps"
 #: The same statistic as a column header names it (the Run screen's rank table): the median (p50) in ms.
 STEP_STATISTIC_LABEL = "p50 step ms"
+#: The statistic of a run whose final summary is current: the summary's own (``step_time.groups.rows``).
+SUMMARY_STATISTIC = "mean step time over the final summary's analysis window"
+#: ... as the rank table's column header names it.
+SUMMARY_STATISTIC_LABEL = "mean step ms"
+
+
+@dataclass(frozen=True)
+class StepStatistic:
+    """Which step-time statistic a run's figures are by: ``rolling`` (:data:`STEP_STATISTIC`) or ``summary``
+    (:data:`SUMMARY_STATISTIC`, over the summary's steps ``start_step``–``end_step``)."""
+
+    kind: str = "rolling"
+    start_step: Optional[int] = None
+    end_step: Optional[int] = None
+
+    @property
+    def text(self) -> str:
+        """The statistic in words (`traceml status --json` ``step_time_statistic``, the Run screen's Help)."""
+        if self.kind != "summary":
+            return STEP_STATISTIC
+        steps = f" (steps {self.start_step}–{self.end_step})" if self.start_step is not None else ""
+        return SUMMARY_STATISTIC + steps
+
+    @property
+    def label(self) -> str:
+        """The rank table's step-time column header."""
+        return SUMMARY_STATISTIC_LABEL if self.kind == "summary" else STEP_STATISTIC_LABEL
+
+    @property
+    def word(self) -> str:
+        """How the Run screen's header names the run's step time: ``median 42.8 ms`` / ``mean 7.88 ms``."""
+        return "mean" if self.kind == "summary" else "median"
+
+
+ROLLING = StepStatistic()
+
+
+def step_statistic(rolling: Iterable[tuple[int, Optional[float]]], window: Optional[SummaryWindow]
+                   ) -> tuple[StepStatistic, tuple[tuple[int, Optional[float]], ...], Optional[Spread]]:
+    """A run's statistic, each rank's value of it and their spread (core/straggler.py).
+
+    ``rolling``: (rank, median step ms over its rolling window) of each rank's newest attempt; ``window``: the
+    run's current final summary's rows (None: live, or no current summary with step times). With a window, the
+    spread is :func:`~traceml_tui.core.straggler.rows_spread` of the summary's rows — the call its ``STRAGGLER``
+    verdict made — keyed by rank, and each rank's value is its row's (None without one).
+    """
+    rolling = tuple(rolling)
+    if window is None:
+        return ROLLING, rolling, straggler.spread(rolling)
+    found = window.spread()
+    if found is not None:
+        found = replace(found, median_key=int(found.median_key), worst_key=int(found.worst_key))
+    stat = StepStatistic("summary", window.start_step, window.end_step)
+    return stat, tuple((rank, window.value(rank)) for rank, _ in rolling), found
+
+
+def summary_parts(window: SummaryWindow, rank: int) -> Optional[dict[str, Any]]:
+    """A rank's step-time parts over the summary's window, as the rank table reads parts (``daemon/live.py``
+    ``step_parts``: the whole, each part of ``core.steptime.PART_NAMES``, traced, clock); None without a row."""
+    whole = window.value(rank)
+    if whole is None:
+        return None
+    parts: dict[str, Any] = {name: window.value(rank, steptime.metric_name(name)) for name in steptime.PART_NAMES}
+    parts.update(whole=whole, traced=window.value(rank, "traced_step_time_ms"), clock=window.clock,
+                 steps=None if window.start_step is None or window.end_step is None
+                 else window.end_step - window.start_step + 1)
+    return parts
 
 
 def _num(value: Any) -> Optional[float]:
@@ -66,7 +138,7 @@ class RankView:
     last_step: Optional[int]
     last_ts: Optional[float]
     last_seen: Optional[float]
-    step_ms: Optional[float]  # STEP_STATISTIC
+    step_ms: Optional[float]  # the run's statistic (RunFigures.step_statistic)
     delta_pct: Optional[float]  # step_ms against the median rank's (core.straggler.Spread.delta_pct)
     input_wait_ms: Optional[float]  # the median input wait over the same steps
     steps_per_s: Optional[float]
@@ -123,7 +195,7 @@ class RunFigures:
     """The figures every surface shows for one run (the Run screen's header, `status --json` ``figures``,
     the metrics' run gauges)."""
 
-    statistic: str  # STEP_STATISTIC
+    statistic: str  # the run's StepStatistic.text: STEP_STATISTIC, or SUMMARY_STATISTIC once its summary is current
     step_ms: Optional[float]  # the median rank's step time
     slowest_rank: Optional[int]
     straggler_score: Optional[float]  # the slowest rank's step time over the median rank's (1.0 = even)
@@ -139,6 +211,7 @@ class RunFigures:
     ratio_name: Optional[str] = None  # the loss component with the highest scale-free ratio (the one to watch)
     loss_ratio: Optional[float] = None  # its ratio (1.0 = what predicting zero scores)
     rate_rule: str = RATE_RULE  # how steps_per_s / examples_per_s are measured (daemon/rates.py)
+    step_statistic: StepStatistic = ROLLING  # which statistic step_ms, Δ and the straggler are by
 
     @property
     def best(self) -> Optional[tuple[Optional[str], Optional[int], float]]:
@@ -155,7 +228,8 @@ class RunFigures:
         if es is not None and es.best_value is not None:
             best = {"metric": es.metric, "direction": es.direction, "checkpoint": es.best_checkpoint,
                     "step": es.best_step, "value": es.best_value, "source": es.source}
-        return {"step_time_statistic": self.statistic, "step_ms": self.step_ms, "slowest_rank": self.slowest_rank,
+        return {"step_time_statistic": self.statistic, "step_time_source": self.step_statistic.kind,
+                "step_ms": self.step_ms, "slowest_rank": self.slowest_rank,
                 "straggler_score": self.straggler_score, "straggler_pct": self.straggler_pct,
                 "straggler": self.straggler, "steps_per_s": self.steps_per_s, "examples_per_s": self.examples_per_s,
                 "eval_step": self.eval_step, "eval_lag": self.eval_lag, "early_stopping_best": best,

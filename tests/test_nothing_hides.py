@@ -215,7 +215,7 @@ def test_a_summary_saying_validation_missing_is_a_mark(tmp_path):
     run's section, written by the real ``validation_report``: requests left without a receipt)."""
     _, index = fr.build_real_index(tmp_path, prepare=fr.stop_hygiene_early)  # the real section, `missing`
     with Reader(index) as reader:
-        fast = reader._runs._validation_missing()
+        fast = {run_id for run_id, f in reader._runs._with_summary().items() if f.missing}
         slow = set()
         for run in reader.list_runs(now=fr.SHOWN_AT):
             section = reader.files.validation(run.run_id)
@@ -350,6 +350,52 @@ async def test_severity_stays_legible_under_no_color(committed, monkeypatch):
     assert failed > stalled > interrupted, (failed, stalled, interrupted)  # the attention order, without colour
     assert failed[0] and failed[1] and failed[2] >= 0.5  # bold, a block of its own, readable (not grey on black)
     assert not interrupted[0] and not interrupted[1]  # never louder than failed
+
+
+def _cell_segments(app, table, texts: dict[str, str]) -> dict[str, object]:
+    """The style of the cell showing each text (``{name: text}``) of the Runs table, after the app's filters."""
+    out = {}
+    for y in range(1, table.row_count + 1):
+        segments = list(table.render_line(y))
+        for line_filter in app._filters:
+            if line_filter.enabled:
+                segments = line_filter.apply(segments, app.screen.styles.background)
+        line = "".join(seg.text for seg in segments)
+        for name, text in texts.items():
+            if name in line:
+                out[name] = next(seg.style for seg in segments if text in seg.text)
+    return out
+
+
+@d.aio
+async def test_the_straggler_cell_keeps_its_severity_under_no_color(committed, monkeypatch):
+    """A straggler from +20 % stands out, and stays readable without colour (it read as dark grey on near-black:
+    the least readable cell of the row); a rank a little slower reads as plain text; one rank shows a quiet –."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    _, index = committed
+    source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    app = create_app(source, poll_interval=0.02)
+    try:
+        async with app.run_test(size=(200, 30)) as pilot:
+            await d.settle(pilot)
+            assert app.no_color
+            table = app.screen.query_one(RunsTable)
+            rows = {r.name: r for r in app.runs_snapshot.rows}
+            cases = (fr.name_of("rank_sigkilled"), fr.name_of("rank_raises"))
+            # the cursor on another run: its highlight is not what is measured
+            table.move_cursor(row=next(i for i in range(table.row_count) if table.get_row_at(i)[1] not in cases))
+            await pilot.pause(0.1)
+            styles = _cell_segments(app, table, {n: f"r{rows[n].slowest_rank} {rows[n].straggler_pct:+.0f}%"
+                                                 for n in cases})
+    finally:
+        source.close()
+    loud = rows[fr.name_of("rank_sigkilled")]
+    plain = rows[fr.name_of("rank_raises")]
+    assert loud.straggler_score >= 1.2 > plain.straggler_score  # the cases, as committed
+    alert, quiet = _prominence(styles[fr.name_of("rank_sigkilled")]), _prominence(styles[fr.name_of("rank_raises")])
+    assert alert > quiet, (alert, quiet)
+    assert alert[1] and alert[2] >= 0.5, alert  # bold and readable: never grey on black
+    assert quiet[2] >= 0.5, quiet  # plain text reads too
 
 
 @d.aio

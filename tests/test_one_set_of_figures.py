@@ -8,7 +8,10 @@ declares early stopping, so that a best exists) is indexed by a real
 rank's step time and Δ, the straggler (slowest rank and score), steps/s, eval
 lag and the early-stopping best — must be the same number: the reader's views
 compute them once (``daemon/views.py``, ``core/straggler.py``). A surface with
-a statistic or a rule of its own fails its row here.
+a statistic or a rule of its own fails its row here. A run whose final summary
+is current shows the summary's own figures: each rank's step time is its
+summary row's to the last digit, and the straggler's size is the summary
+verdict's, rounded the same (docs/contracts.md "One set of figures").
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ async def _run_screen(index: Path, name: str, at: float) -> tuple[Any, str, dict
             assert isinstance(screen, RunScreen) and screen.detail is not None
             facts = screen.query_one("#headline", InfoPanel).data[1][1]
             table = screen.query_one(RankTable)
-            at = {c.label.plain: i for i, c in enumerate(table.ordered_columns)}
+            at = {c.key.value: i for i, c in enumerate(table.ordered_columns)}  # keys: the header names the statistic
             cells = {}
             for i in range(table.row_count):
                 row = table.get_row_at(i)
@@ -167,7 +170,8 @@ def test_status_json_metrics_and_run_screen_show_the_same_figures(case, real_run
         scraped = gauge(metric)
         assert _same(fig[key], None if scraped is None else scraped * scale), (key, fig[key], scraped)
     assert _same(fig["step_ms"], row.median_step_ms, as_json["step_ms"])
-    assert f"median {textplot.fmt_num(fig['step_ms'])} ms" in facts, facts
+    word = "mean" if fig["step_time_source"] == "summary" else "median"  # the header names the statistic
+    assert f"{word} {textplot.fmt_num(fig['step_ms'])} ms" in facts, facts
     assert (fig["slowest_rank"], fig["straggler"]) == (row.slowest_rank, row.straggler)
     assert _same(fig["straggler_score"], row.straggler_score) and _same(fig["straggler_pct"], row.straggler_pct)
     if fig["straggler_pct"] is not None:
@@ -186,18 +190,42 @@ def test_status_json_metrics_and_run_screen_show_the_same_figures(case, real_run
     for rank, r in ranks.items():
         scraped_ms = gauge("traceml_rank_step_time_median_seconds", rank=str(rank))
         scraped_delta = gauge("traceml_rank_step_time_delta_ratio", rank=str(rank))
-        assert _same(r["median_step_ms"], shown[rank].step_ms,
+        assert _same(r["step_ms"], shown[rank].step_ms,
                      None if scraped_ms is None else scraped_ms * 1000.0), (rank, r, shown[rank], scraped_ms)
         assert _same(r["delta_pct"], shown[rank].delta_pct,
                      None if scraped_delta is None else scraped_delta * 100.0), (rank, r, shown[rank])
         step_cell, delta_cell = cells[rank]
-        assert step_cell == textplot.fmt_num(r["median_step_ms"])
+        assert step_cell == textplot.fmt_num(r["step_ms"])
         assert delta_cell == ("–" if r["delta_pct"] is None else f"{r['delta_pct']:+.0f}%")
     # Δ and the straggler come from one rule over one statistic: the slowest rank's Δ is the straggler's skew
-    found = straggler.spread((rank, r["median_step_ms"]) for rank, r in ranks.items())
+    found = straggler.spread((rank, r["step_ms"]) for rank, r in ranks.items())
     if found is not None and found.skew_pct is not None:
         assert _same(ranks[fig["slowest_rank"]]["delta_pct"], fig["straggler_pct"], found.skew_pct)
         assert _same(fig["step_ms"], found.median)
+
+    # an ended run with a current final summary: every figure above is the summary's own, to the last digit, and
+    # the straggler's size the summary's verdict's, rounded the same (docs/contracts.md "One set of figures")
+    summary_path = Path(as_json["dir"]) / "final_summary.json"
+    manifest = json.loads((Path(as_json["dir"]) / "manifest.json").read_text())
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    rows = {int(k): v["metrics"]["step_time_ms"] for k, v in summary["step_time"]["groups"]["rows"].items()
+            if v["metrics"].get("step_time_ms") is not None} if summary is not None else {}
+    if rows and manifest.get("status") != "running":
+        assert fig["step_time_source"] == "summary" and row.step_statistic.kind == "summary"
+        assert {rank: r["step_ms"] for rank, r in ranks.items() if rank in rows} == rows
+        glob = summary["step_time"]["global"]
+        assert fig["step_ms"] == glob["median"]["step_time_ms"]["value"]
+        if fig["straggler_pct"] is not None:
+            assert fig["slowest_rank"] == int(glob["worst"]["step_time_ms"]["idx"])
+            size = f"{fig['straggler_pct']:+.0f}%"
+            assert f"{ranks[fig['slowest_rank']]['delta_pct']:+.0f}%" == size
+            issue = next((i for i in summary["step_time"]["issues"] if i["kind"] == "STRAGGLER"), None)
+            assert fig["straggler"] == (issue is not None)
+            if issue is not None:
+                assert issue["ranks"] == [fig["slowest_rank"]] and f"{issue['skew_pct']:+.0f}%" == size
+                assert f"straggler r{fig['slowest_rank']} {size}" in facts
+    elif case in TWO_RANKS:
+        assert fig["step_time_source"] == "rolling"
 
     # the early-stopping best
     best = fig["early_stopping_best"]

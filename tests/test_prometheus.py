@@ -130,7 +130,7 @@ def test_metrics_say_what_the_reader_says(metrics_daemon):
         for item in reader.backlog.entries(hygiene.run_id):
             by_state[str(item.state)] = by_state.get(str(item.state), 0) + 1
         completed = reader.find_run(name_of("completed"))
-        ranks = {r.rank: r for r in reader.rank_rows(completed.run_id) if r.latest}
+        ranks = {r.rank: r for r in reader.rank_views(completed, reader.rank_rows(completed.run_id))}
     for state, count in by_state.items():
         key = ("traceml_backlog_requests", (("run", hygiene.name), ("run_id", str(hygiene.run_id)), ("state", state)))
         assert samples[key] == count
@@ -138,9 +138,36 @@ def test_metrics_say_what_the_reader_says(metrics_daemon):
     for rank, row in ranks.items():
         key = ("traceml_rank_step_time_median_seconds",
                (("rank", str(rank)), ("run", completed.name), ("run_id", str(completed.run_id))))
-        assert samples[key] == pytest.approx(row.median_step_ms / 1000)
+        assert samples[key] == pytest.approx(row.step_ms / 1000)  # the run's statistic: its summary's, it ended
     assert samples[("traceml_ingest_records_total", ())] > 0
     assert samples[("traceml_index_up", ())] == 1.0
+
+
+def test_metrics_carry_the_runs_screens_marks_and_attention_count(metrics_daemon):
+    """The validation marks and the attention count of the Runs screen (``✓ completed ⚠ 1 blocked``, ``N need
+    attention``) as gauges, from the reader's own view of each run (core.state.validation_mark, needs_attention)."""
+    url, index, _ = metrics_daemon
+    samples = _samples(_get(url))
+    with Reader(index) as reader:
+        runs = reader.list_runs()
+    marks = {}
+    for run in runs:
+        lab = (("run", run.name), ("run_id", str(run.run_id)))
+        assert samples[("traceml_run_needs_attention", lab)] == (1.0 if run.attention else 0.0), run.name
+        shown = {dict(labels)["mark"]: v for (name, labels), v in samples.items()
+                 if name == "traceml_run_validation_mark" and dict(labels)["run_id"] == str(run.run_id)}
+        if run.validation_mark is None:
+            assert shown == {}, run.name
+        else:
+            marks[run.name] = shown
+            expected = ({"blocked": float(run.validation_blocked)} if run.validation_mark.endswith("blocked")
+                        else {"missing": 1.0})
+            assert shown == expected, (run.name, run.validation_mark, shown)
+    # the committed hygiene run: completed, but one request blocked — it needs attention, and says why
+    hygiene = next(r for r in runs if r.name == name_of("hygiene"))
+    assert hygiene.status_text.endswith("⚠ 1 blocked") and marks[hygiene.name] == {"blocked": 1.0}
+    assert samples[("traceml_run_needs_attention", (("run", hygiene.name), ("run_id", str(hygiene.run_id))))] == 1.0
+    assert samples[("traceml_runs_need_attention", ())] == sum(1 for r in runs if r.attention) > 1
 
 
 @NEEDS_PROMETHEUS

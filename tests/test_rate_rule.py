@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from daemon import live, rates
+from traceml_tui.core import state
 
 _pace = st.floats(min_value=0.01, max_value=200.0, allow_nan=False)
 _gaps = st.lists(st.floats(min_value=0.001, max_value=30.0, allow_nan=False), min_size=1, max_size=80)
@@ -76,7 +77,7 @@ def test_too_few_records_give_no_rate():
 
 @given(_pace, st.floats(min_value=0.0, max_value=1e5))
 def test_a_silent_rank_keeps_its_rate_within_its_grace_then_falls_towards_zero(pace, silent):
-    grace = max(rates.RATE_GRACE_S, rates.RATE_GRACE_INTERVALS / pace)
+    grace = max(state.QUIET_FLOOR_S, state.QUIET_INTERVALS / pace)
     steps, examples = rates.rank_rates(pace, 8 * pace, silent)
     if silent <= grace:
         assert (steps, examples) == (pace, 8 * pace)
@@ -90,10 +91,26 @@ def test_a_silent_rank_keeps_its_rate_within_its_grace_then_falls_towards_zero(p
     assert rates.rank_rates(pace, None, None) == (pace, None)  # ended, or not a live run: its last rate
 
 
+@given(_pace, st.floats(min_value=0.001, max_value=60.0), st.floats(min_value=0.0, max_value=600.0))
+def test_a_rank_s_rate_falls_exactly_when_the_core_greys_it_as_silent(pace, interval, silent):
+    """One silence threshold (docs/contracts.md "One set of figures"): the rate rule's grace is the core's quiet
+    limit for the rank's own median step interval — the rate starts to fall when every surface greys the rank."""
+    limit = state.quiet_limit_s(interval, float("inf"))
+    steps, _ = rates.rank_rates(pace, None, silent, interval)
+    assert rates.grace_s(interval, pace) == limit
+    assert (steps < pace) == (silent > limit)
+    # and the quiet rule itself greys a running rank past that same limit (its stall limit far away)
+    facts = state.RunFacts(ranks=(state.RankFacts(rank=0, last_ts=1000.0, median_interval_s=interval),),
+                           now=1000.0 + silent, median_interval_s=interval, stall_floor_s=1e9)
+    quiet = state.quiet_ranks(facts, (state.RankState.RUNNING,))
+    assert bool(quiet) == (facts.now - 1000.0 > limit)
+
+
 def test_a_paused_rank_at_five_steps_per_second_falls_well_below_its_pace():
-    """The issue's case: 5 steps/s, rank paused. After 10 s it shows well under half its old pace."""
-    assert rates.rank_rates(5.0, None, 1.0)[0] == 5.0
-    assert rates.rank_rates(5.0, None, 10.0)[0] < 2.5
+    """The issue's case: 5 steps/s, rank paused. It keeps its pace until it is greyed as silent (5 s), and after
+    12 s it shows well under half its old pace."""
+    assert rates.rank_rates(5.0, None, 1.0)[0] == rates.rank_rates(5.0, None, 5.0)[0] == 5.0
+    assert rates.rank_rates(5.0, None, 12.0)[0] < 2.5
     assert rates.rank_rates(5.0, None, 47.0)[0] < 0.6
 
 

@@ -52,3 +52,51 @@ def test_two_ranks_measure_the_slow_one_against_its_healthy_peer():
     assert straggler.spread([(0, 100.0), (1, 105.0)]).straggler is False
     assert straggler.spread([]) is None and straggler.spread([(0, None)]) is None
     assert straggler.spread([(3, 50.0)]).skew_pct is None
+
+
+# -- an ended run's figures: the summary's rows, read back (core.straggler.summary_window, rows_spread)
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+                     max_leaves=20)
+_row_key = st.one_of(st.integers(min_value=0, max_value=99).map(str), st.text(max_size=3),
+                     st.text(alphabet="123456789", min_size=4400, max_size=5000))  # past int()'s digit limit
+
+
+@given(st.one_of(_json, st.fixed_dictionaries({"groups": st.fixed_dictionaries(
+    {"rows": st.dictionaries(_row_key, st.one_of(_json, st.fixed_dictionaries({"metrics": st.dictionaries(
+        st.sampled_from(["step_time_ms", "input_wait_ms", "x"]), _json)})), max_size=6)})})))
+def test_any_step_time_section_reads_as_rank_rows_with_finite_step_times_or_none(section):
+    """Untrusted summary bytes: whatever the ``step_time`` section holds, reading it never raises, and what it
+    keeps are rows keyed by a global rank whose step time is a finite number."""
+    window = straggler.summary_window(section)
+    if window is None:
+        return
+    assert window.rows
+    for key in window.rows:
+        assert key == str(int(key)) and int(key) >= 0
+        value = window.value(int(key))
+        assert isinstance(value, float) and value == value and abs(value) != float("inf")
+    found = window.spread()
+    assert found is not None and found.worst == max(window.value(int(k)) for k in window.rows)
+
+
+@given(_ranks, st.integers(min_value=1, max_value=500), st.integers(min_value=0, max_value=500))
+def test_the_rows_the_summary_writes_read_back_to_the_same_spread_and_verdict(values, start, length):
+    """What the summary writes (``step_time.groups.rows``, through JSON) and what the index reads back give the
+    same median rank, slowest rank and size as the summary's own call: one function on the same rows."""
+    import json
+
+    rows = {str(k): {"identity": {"global_rank": k}, "metrics": {"step_time_ms": v, "input_wait_ms": None}}
+            for k, v in values.items()}
+    section = {"groups": {"by": "global_rank", "rows": rows},
+               "global": {"window": {"start_step": start, "end_step": start + length, "diagnosis_clock": "cpu"}}}
+    window = straggler.summary_window(json.loads(json.dumps(section)))
+    assert (window.start_step, window.end_step, window.clock) == (start, start + length, "cpu")
+    written = straggler.rows_spread(rows)
+    assert window.spread() == written
+    _, median, worst = _points(rows, ("step_time_ms",))
+    assert (median["step_time_ms"]["idx"], worst["step_time_ms"]["idx"]) == (written.median_key, written.worst_key)
+    for k, v in values.items():
+        assert window.value(k) == v and window.value(k, "input_wait_ms") is None

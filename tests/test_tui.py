@@ -772,9 +772,13 @@ async def test_a_cell_whose_style_alone_changes_is_redrawn():
 
 
 def test_delta_median_compares_each_ranks_median_with_the_median_ranks(tmp_path):
-    """Δ median is like against like: on a real 2-rank run each rank's median against the median rank's — by the
-    summary's straggler rule (core/straggler.py: the lower median, so a 2-rank run's faster rank is the median
-    rank at +0 % and the other is its skew) — whatever outlier step inflates the window's mean."""
+    """Δ median is like against like: on a real 2-rank run without a summary (the hung one, still live to the
+    index) each rank's median against the median rank's — by the summary's straggler rule (core/straggler.py: the
+    lower median, so a 2-rank run's faster rank is the median rank at +0 % and the other is its skew) — whatever
+    outlier step inflates the window's mean; on an ended run with its summary, each rank's mean over the summary's
+    window against the median rank's (the summary's own statistic, docs/contracts.md "One set of figures")."""
+    import json
+
     from daemon.reader import Reader
     from traceml_tui.core import straggler
 
@@ -785,12 +789,17 @@ def test_delta_median_compares_each_ranks_median_with_the_median_ranks(tmp_path)
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
     try:
         with Reader(index) as reader:
-            run = reader.find_run(fr.name_of("completed"))
+            run = reader.find_run(fr.name_of("hung"))
             medians = {r.rank: r.median_step_ms for r in reader.rank_rows(run.run_id) if r.latest}
+            ended = reader.find_run(fr.name_of("completed"))
         detail = source.run_detail(run.run_id)
         deltas = {r.rank: r.delta_pct for r in detail.ranks}
+        ended_deltas = {r.rank: r.delta_pct for r in source.run_detail(ended.run_id).ranks}
     finally:
         source.close()
+    rows = json.loads((fr.FIXTURE_RUNS / fr.name_of("completed") / "final_summary.json").read_text())
+    means = {int(k): v["metrics"]["step_time_ms"] for k, v in rows["step_time"]["groups"]["rows"].items()}
+    assert ended_deltas == pytest.approx({rank: (ms / min(means.values()) - 1) * 100 for rank, ms in means.items()})
     middle = straggler.spread(medians.items()).median
     assert middle == min(medians.values())
     assert deltas == pytest.approx({rank: (ms / middle - 1) * 100 for rank, ms in medians.items()})

@@ -228,6 +228,7 @@ async def test_backlog_metrics_blocked_and_request_detail(source):
         await d.settle(pilot, rounds=3)
         screen = pilot.app.screen
         assert isinstance(screen, BacklogScreen)
+        assert screen.sub_title == f"validation backlog — {fr.name_of('hygiene')}"  # no QC request here
         table = screen.query_one(BacklogTable)
         keys = [c.key.value for c in table.ordered_columns]
         assert keys[keys.index("State") + 1:keys.index("State") + 3] == ["metric:mse", "metric:r2"]
@@ -255,3 +256,25 @@ async def test_backlog_metrics_blocked_and_request_detail(source):
         await pilot.press("escape")
         await pilot.pause()
         assert pilot.app.screen is screen
+
+
+@aio
+async def test_the_backlog_screen_says_it_lists_qc_requests_when_it_does(tmp_path):
+    """The hygiene run with a heavy QC backlog made by the real code (fixture_runs.declare_worker_qc): the subtitle
+    and the summary panel name both backlogs, not only validation's."""
+    from traceml_tui.tui.widgets.info_panel import InfoPanel
+
+    _, index = fr.build_real_index(tmp_path, prepare=lambda root: fr.declare_worker_qc(root, tmp_path))
+    src = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    try:
+        app = create_app(src, poll_interval=0.02)
+        async with app.run_test(size=(160, 30)) as pilot:
+            await d.settle(pilot)
+            pilot.app.open_backlog(run_id(pilot.app, "hygiene"))
+            await d.settle(pilot, rounds=3)
+            screen = pilot.app.screen
+            assert isinstance(screen, BacklogScreen) and screen.snapshot.qc_items
+            assert screen.sub_title == f"validation and QC backlog — {fr.name_of('hygiene')}"
+            assert screen.query_one("#backlog-summary", InfoPanel).data[0] == "Validation and QC backlog"
+    finally:
+        src.close()

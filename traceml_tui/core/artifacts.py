@@ -399,6 +399,10 @@ class _ValidationOnly(msgspec.Struct):
     validation: Optional[ValidationSection] = None
 
 
+class _StepTimeOnly(msgspec.Struct):
+    step_time: Any = None
+
+
 class UnmeasuredEntry(msgspec.Struct):
     """A stream one rank did not measure, and why (``core/coverage.py``)."""
 
@@ -486,6 +490,15 @@ def decode_validation(data: Union[bytes, str, dict, None]) -> Optional[Validatio
     """Only the ``validation`` section of a final summary (None when absent, null or not readable)."""
     found = _decode(data, _ValidationOnly)
     return found.validation if found is not None else None
+
+
+def decode_step_time(data: Union[bytes, str, dict, None]) -> Any:
+    """Only the ``step_time`` section of a final summary, as plain JSON values (None when absent or not readable).
+
+    Its layout is the published one; ``core/straggler.py`` ``summary_window`` reads the per-rank rows from it.
+    """
+    found = _decode(data, _StepTimeOnly)
+    return found.step_time if found is not None else None
 
 
 def check_summary(payload: dict) -> dict:

@@ -167,8 +167,9 @@ def _points(rows: dict[str, dict[str, Optional[float]]], metrics: tuple[str, ...
     median: dict[str, dict[str, Any]] = {}
     worst: dict[str, dict[str, Any]] = {}
     for name in metrics:
-        # the median and worst rank by the one straggler rule (core/straggler.py), for every metric alike
-        found = straggler.spread((key, row["metrics"].get(name)) for key, row in rows.items())
+        # the median and worst rank by the one straggler rule (core/straggler.py), for every metric alike: the
+        # function the index calls on these rows once they are written (an ended run's figures, docs/contracts.md)
+        found = straggler.rows_spread(rows, name)
         if found is None:
             average[name] = None
             median[name] = {"value": None, "idx": None}

@@ -75,7 +75,7 @@ def run_row(run: Any, figures: Any, *, workload: Optional[str], trend: tuple[flo
         eval_step=figures.eval_step, eval_lag=figures.eval_lag, backlog=backlog, errors=run.errors or 0,
         last_ts=run.last_ts, folder=run_folder(run.dir, run.root, run.name), dir=run.dir,
         slowest_rank=figures.slowest_rank, straggler_score=figures.straggler_score,
-        straggler_pct=figures.straggler_pct, straggler=figures.straggler,
+        straggler_pct=figures.straggler_pct, straggler=figures.straggler, step_statistic=figures.step_statistic,
         marks=run.marks, attention=run.attention,
         validation_mark=run.validation_mark,
         quiet_ranks=tuple(r for r, _ in run.quiet_ranks),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from daemon.reader import IngestError  # one ingest-error type: the reader's, shown as it is
-from daemon.views import Diagnosis, EvalPoint, FailureView  # the reader's views, shown as they are
+from daemon.views import ROLLING, Diagnosis, EvalPoint, FailureView, StepStatistic  # the reader's views, as they are
 from daemon.writer_health import WRITER_DAEMON, WRITER_EMBEDDED, WRITER_NONE, WRITER_WATCH  # noqa: F401 - the words
 from traceml_tui.core.state import ALERT_STATES, BACKLOG_ORDER, RUN_ATTENTION, BacklogState, RankState, RunStatus
 from traceml_tui.tui.textplot import duration
@@ -58,6 +58,8 @@ class RunRow:
     straggler_score: Optional[float] = None  # its median step time over the median rank's (1.0 = even)
     straggler_pct: Optional[float] = None  # the same as a skew in % (None with one timed rank)
     straggler: bool = False  # the straggler rule's verdict (core/straggler.py, as the summary's STRAGGLER)
+    # which statistic median_step_ms, Δ and the straggler are by (the rolling median, or the current summary's means)
+    step_statistic: StepStatistic = ROLLING
     first_failed: Optional[int] = None  # the rank that failed first (core/state.py first_failure; the others aborted)
     # Nothing hides (docs/watch.md): the reader's marks after the word (`SIGINT`, `r1 silent 12s`, `⚠ 2 blocked`),
     # whether the run needs attention (an alert word or a validation mark: core.state.needs_attention), the

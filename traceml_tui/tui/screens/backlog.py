@@ -59,6 +59,19 @@ def backlog_summary(snap: BacklogSnapshot) -> list:
     return lines
 
 
+def backlog_kind(snap: Optional[BacklogSnapshot]) -> str:
+    """What the screen lists: ``validation backlog``, or ``validation and QC backlog`` once heavy QC requests (or a
+    run that requires worker QC) are listed beside validation's (docs/qc.md)."""
+    qc = snap is not None and bool(snap.qc_items or snap.worker_qc)
+    return "validation and QC backlog" if qc else "validation backlog"
+
+
+def backlog_title(snap: Optional[BacklogSnapshot]) -> str:
+    """The screen's subtitle: :func:`backlog_kind`, ``— run`` for one run's."""
+    kind = backlog_kind(snap)
+    return f"{kind} — {snap.run}" if snap is not None and snap.run else kind
+
+
 class BacklogScreen(Screen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
@@ -82,15 +95,14 @@ class BacklogScreen(Screen):
 
     def on_mount(self) -> None:
         self.title = "traceml watch"
-        self.sub_title = "validation backlog"
+        self.sub_title = backlog_title(self.snapshot)
         self.query_one(BacklogTable).focus()
 
     def watch_snapshot(self, snap: Optional[BacklogSnapshot]) -> None:
         if snap is None or not self.is_mounted:
             return
-        if snap.run:
-            self.sub_title = f"validation backlog — {snap.run}"
-        self.query_one("#backlog-summary", InfoPanel).data = ("Validation backlog", backlog_summary(snap))
+        self.sub_title = backlog_title(snap)
+        self.query_one("#backlog-summary", InfoPanel).data = ("V" + backlog_kind(snap)[1:], backlog_summary(snap))
         # the heavy QC requests beside validation's, told apart by the Kind column (shown when there are any)
         items = sorted((*snap.items, *snap.qc_items),
                        key=lambda i: (not i.stuck, _ORDER.get(i.state, 9), i.run, i.step or 0, i.kind == "qc"))

@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from daemon.rates import RATE_RULE
-from daemon.views import STEP_STATISTIC
+from daemon.views import STEP_STATISTIC, SUMMARY_STATISTIC, SUMMARY_STATISTIC_LABEL
 from traceml_tui.core import steptime
 from traceml_tui.core.state import BACKLOG_ORDER, RUN_ATTENTION, BacklogState, RunStatus
 from traceml_tui.tui.glyphs import BACKLOG_GLYPHS, RUN_GLYPHS
@@ -40,13 +40,15 @@ RUNS_COLUMN_HELP: dict[str, str] = {
     "Workload": "the guard contract's workload name",
     "Topo": "nodes × processes per node",
     "Step": "newest step / declared steps",
-    "Step ms": f"the run's step time (ms): the median rank's {STEP_STATISTIC}",
+    "Step ms": f"the run's step time (ms): the median rank's {STEP_STATISTIC} while it runs; once its final "
+               f"summary is written, the median rank's {SUMMARY_STATISTIC} (the summary's own figures)",
     "Trend": "step time over the recent steps (sparkline; rising = getting slower)",
     "Steps/s": "training steps per second over the last seconds of records (the slowest rank's; falls while "
                "the ranks are silent: see steps/s below)",
-    "Straggler": "rN +P%: the rank with the slowest median step time and how much slower it is than the median "
-                 "rank's (the lower median: of two ranks, the faster) — the summary's STRAGGLER rule, the Run "
-                 "screen's Δ median; bold red from +20%; – for a single rank",
+    "Straggler": "rN +P%: the rank with the slowest step time (by the Step ms statistic) and how much slower it "
+                 "is than the median rank's (the lower median: of two ranks, the faster) — the summary's STRAGGLER "
+                 "rule, the Run screen's Δ median; once the summary is written, the summary's verdict's own size; "
+                 "a bold red block from +20%; – for a single rank",
     "Ex/s": "examples per second",
     "Loss/0": "latest scale-free loss ratio of the worst loss component: its loss over what predicting zero "
               "scores; 1.0 = no better than predicting zero (red at ≥ 1.0)",
@@ -208,11 +210,14 @@ def help_renderable(app_bindings=(), origin: str | None = None) -> Group:
     doc.section("Run screen: rank table")
     doc.rows([("State", "the rank's state (above) and the time since its newest record"),
               ("Step", "the rank's newest step"),
-              (STEP_COLUMN, f"the rank's step time: {STEP_STATISTIC} (the header's step time is the median "
-                            "rank's); Δ median and the straggler come from it")])
+              (STEP_COLUMN, f"the rank's step time while the run is live: {STEP_STATISTIC} (the header's step "
+                            "time is the median rank's); Δ median and the straggler come from it"),
+              (SUMMARY_STATISTIC_LABEL, f"instead, once the run's final summary is written: {SUMMARY_STATISTIC}, "
+                                        "the summary's own per-rank figures, so Δ median, the header, the Runs "
+                                        "screen and the verdict line say the same size")])
     doc.rows((label, PART_HELP[name]) for name, label in steptime.PARTS)
-    doc.note("The parts are means over the same 64 steps and sum to their mean step time, which one slow step "
-             "lifts above the median shown.")
+    doc.note("The parts are means over the same steps (the last 64, or the summary's window) and sum to their "
+             "mean step time, which one slow step lifts above a median.")
     doc.rows((col, "this rank's step time vs the median rank") for col in RankTable.COLUMNS if col == "Δ median")
     doc.section("Run screen: straggler heatmap")
     doc.rows([("rows", "one per rank; columns are stretches of steps, oldest left"),

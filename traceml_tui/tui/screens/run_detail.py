@@ -35,7 +35,7 @@ def headline(detail: RunDetail) -> list:
     # the ranks and lost nodes the Runs table and `traceml status` name beside the word (core/state.py describe)
     status = describe(r.status.upper(), r.explaining_ranks, r.lost_nodes, r.marks)
     facts = [f"step {r.step if r.step is not None else '–'}" + (f"/{r.declared_steps}" if r.declared_steps else ""),
-             f"median {textplot.fmt_num(r.median_step_ms)} ms"]
+             f"{r.step_statistic.word} {textplot.fmt_num(r.median_step_ms)} ms"]  # named by its statistic
     if r.slowest_rank is not None and r.straggler_pct is not None:  # the rank table's Δ of that rank
         facts.append(f"{'straggler' if r.straggler else 'slowest'} r{r.slowest_rank} {r.straggler_pct:+.0f}%")
     facts += [f"{textplot.fmt_num(r.steps_per_s)} steps/s", f"{textplot.fmt_num(r.examples_per_s)} ex/s"]
@@ -235,6 +235,7 @@ class RunScreen(Screen):
         self.query_one(DiagnosisPanel).data = detail.verdict
         self.query_one(FailurePanel).data = detail.failure
         table = self.query_one(RankTable)
+        table.step_label = detail.run.step_statistic.label  # the column names the run's statistic
         table.table_rows = tuple((r.rank, rank_cells(r)) for r in detail.ranks)
         table.styles.height = min(10, len(detail.ranks) + 2)
         self.query_one("#chart-step", LineChart).data = chosen_chart(detail)

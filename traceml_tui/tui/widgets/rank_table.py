@@ -10,7 +10,7 @@ from traceml_tui.core.state import RankState
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import rank_label
 from traceml_tui.tui.snapshots import RankRow
-from traceml_tui.tui.widgets.table_base import FedTable
+from traceml_tui.tui.widgets.table_base import Col, FedTable
 
 #: The rank table's step-time column: named by its statistic.
 STEP_COLUMN = STEP_STATISTIC_LABEL
@@ -49,8 +49,10 @@ class RankTable(FedTable):
     # The core's parts with the core's labels, as in the summary card and compare's phase table (ms, window mean).
     # The state comes first: it must stay visible however narrow the terminal; Δ median (the straggler's number)
     # follows the step time so that the parts, not it, are what a narrow terminal scrolls to.
-    # The step-time column names its statistic (daemon/views.py STEP_STATISTIC: each rank's median over its
-    # last 64 steps; Help says it in full); the parts that follow are the window's means.
+    # The step-time column names its statistic (daemon/views.py StepStatistic: each rank's median over its
+    # last 64 steps while the run is live, the final summary's mean over its window once it has one; Help says
+    # both in full; the column's key stays STEP_COLUMN, its header is step_label); the parts that follow are the
+    # same window's means.
     COLUMNS = ("Rank", "Node", "State", "Step", STEP_COLUMN, "Δ median",
                *(label for _, label in steptime.PARTS))
     WIDTHS = {"State": 13}  # "▶ running 59m", "⚠ STALLED 40s", "■ interrupted"
@@ -58,3 +60,9 @@ class RankTable(FedTable):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.fixed_columns = 3  # Rank, Node and State stay in view when scrolling right to the parts
+        self.step_label = STEP_COLUMN  # the run's statistic (set by the Run screen before it feeds rows)
+
+    def layout(self, rows) -> tuple[Col, ...]:
+        """Every column, the step-time one headed by the run's statistic (:attr:`step_label`)."""
+        return tuple(Col(label, self.step_label if label == STEP_COLUMN else label, self.WIDTHS.get(label))
+                     for label in self.COLUMNS)

@@ -82,8 +82,11 @@ def status_text(row: RunRow) -> Text:
     return text
 
 
-#: A straggler score from which the Straggler cell stands out (the rank table's Δ median does at +20% too).
+#: A straggler score from which the Straggler cell stands out (the rank table's Δ median does at +20% too) ...
 STRAGGLER_ALERT = 1.2
+#: ... as a block of its own, bold bright text on red: legible without colour too (NO_COLOR turns red text into
+#: dark grey on near-black, the least readable cell of a row), the failed word's recipe (STATUS_STYLE).
+STRAGGLER_STYLE = "bold bright_white on red"
 
 
 def straggler_text(row: RunRow) -> Text:
@@ -93,7 +96,8 @@ def straggler_text(row: RunRow) -> Text:
     if row.straggler_pct is None or row.slowest_rank is None or (row.procs_per_node or 0) * (row.nodes or 1) < 2:
         return Text("–", style="dim")
     return Text(f"r{row.slowest_rank} {row.straggler_pct:+.0f}%",
-                style="bold red" if row.straggler_score is not None and row.straggler_score >= STRAGGLER_ALERT else "")
+                style=STRAGGLER_STYLE if row.straggler_score is not None and row.straggler_score >= STRAGGLER_ALERT
+                else "")
 
 
 def run_cells(row: RunRow, marked: bool = False) -> tuple:
