@@ -60,31 +60,12 @@ def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, lis
     (``data_wait``, ``data_in_step``) are stored once, from the CPU record: the
     SDK writes the same values on both clocks.
     """
-    encode = _extra_encoder.encode
-    rows = []
-    append = rows.append
-    with_components = []
-    for s in steps:
-        c = s.cpu_ms
-        g = s.gpu_ms
-        m = s.mem
-        extra = None
-        if s.metrics or (m is not None and (m.cuda_peak_allocated is not None or m.cuda_peak_reserved is not None)):
-            extra = encode({"metrics": s.metrics,
-                            "cuda_peak_allocated": m.cuda_peak_allocated if m else None,
-                            "cuda_peak_reserved": m.cuda_peak_reserved if m else None}).decode()
-        if s.components:
-            with_components.append(s)
-        if g is None:
-            append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
-                    None, None, None, None, None, None,
-                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
-                    c.data_wait, c.data_in_step))
-        else:
-            append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
-                    g.step, g.input_wait, g.h2d, g.forward, g.backward, g.optimizer,
-                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
-                    c.data_wait, c.data_in_step))
+    return row_tuples(steps), ratio_pairs(steps)
+
+
+def ratio_pairs(steps: Sequence[records.Step]) -> dict[str, list[tuple[int, float]]]:
+    """Per loss component of ``steps``, its (step, ratio) pairs in file order (ratios that are null left out)."""
+    with_components = [s for s in steps if s.components]
     ratios: dict[str, list[tuple[int, float]]] = {}
     if with_components:
         names = set()
@@ -101,7 +82,35 @@ def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, lis
                     pairs.append((s.step, comp.ratio))
             if pairs:
                 ratios[name] = pairs
-    return rows, ratios
+    return ratios
+
+
+def row_tuples(steps: Sequence[records.Step]) -> list[tuple]:
+    """The row tuple of each of ``steps`` (the ``steps`` table's columns without ``run_id``, in order), one
+    loop for them all: a live pass builds every rank's rows at once (``daemon/columns.py``)."""
+    encode = _extra_encoder.encode
+    rows = []
+    append = rows.append
+    for s in steps:
+        c = s.cpu_ms
+        g = s.gpu_ms
+        m = s.mem
+        extra = None
+        if s.metrics or (m is not None and (m.cuda_peak_allocated is not None or m.cuda_peak_reserved is not None)):
+            extra = encode({"metrics": s.metrics,
+                            "cuda_peak_allocated": m.cuda_peak_allocated if m else None,
+                            "cuda_peak_reserved": m.cuda_peak_reserved if m else None}).decode()
+        if g is None:
+            append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
+                    None, None, None, None, None, None,
+                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
+                    c.data_wait, c.data_in_step))
+        else:
+            append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
+                    g.step, g.input_wait, g.h2d, g.forward, g.backward, g.optimizer,
+                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
+                    c.data_wait, c.data_in_step))
+    return rows
 
 
 #: ``steps`` table columns a window is reloaded from (the window's own column layout, see :meth:`RankWindow.add_stored`).

@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 from traceml_tui.core import rundir
 
-from . import cold, decode, leases, live, locations, plan, refusals, sidefiles, store, stream, wal, watcher
+from . import cold, columns, decode, leases, live, locations, plan, refusals, sidefiles, store, stream, wal, watcher
 from . import index as idx
 from .lock import DaemonInfo, IndexLockedError, acquire_lock, find_running_daemon, lock_path, release_lock
 
@@ -599,14 +599,17 @@ class Ingester:
         self._deferred_bytes = 0
         if not items:
             return
-        try:
-            prepared = decode.prepare_blocks([(data, offset) for _, _, _, data, offset in items])
-        except Exception:  # decoded file by file below, so that a failure names its file
-            prepared = None
         batch = self.begin()
         gc_was_enabled = gc.isenabled()
         gc.disable()  # short-lived tuples, no cycles (as in _take)
         try:
+            # The live pass's usual shape on columns: one decode, one loop of rows and routing (daemon/columns.py).
+            if columns.route_pass(self.store, items, batch, self._set_aside):
+                return
+            try:
+                prepared = decode.prepare_blocks([(data, offset) for _, _, _, data, offset in items])
+            except Exception:  # decoded file by file below, so that a failure names its file
+                prepared = None
             for i, (run, f, cur, data, offset) in enumerate(items):
                 try:
                     self.store.route(run, f, cur, prepared[i] if prepared is not None
