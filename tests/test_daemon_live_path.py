@@ -520,6 +520,41 @@ def test_the_run_rates_and_straggler_are_not_stored_and_not_read(live):
     assert answers() == before
 
 
+def test_a_live_pass_runs_with_the_cyclic_collector_paused_and_gives_it_back(live, monkeypatch):
+    """A live pass (reads, routing, the end of the pass, its merge) makes thousands of short-lived tuples and no
+    cycles: the collector is paused through it (docs/daemon.md, "Live path") and on again after it; ``--once``
+    keeps it on outside each block, so that a long backlog never holds garbage for the whole read."""
+    import gc
+
+    from daemon import store as store_mod
+
+    root, index, ing = live
+    seen = []
+    finish = store_mod.Store.finish
+
+    def spy_finish(self, *a, **kw):
+        seen.append(("finish", gc.isenabled()))
+        return finish(self, *a, **kw)
+
+    monkeypatch.setattr(store_mod.Store, "finish", spy_finish)
+    path = write_steps(root / "r", 0, range(1, 4))
+    assert gc.isenabled()
+    ing.run_once()  # --once: the end of its pass with the collector on
+    assert seen == [("finish", True)] and gc.isenabled()
+    ing.live_settings()
+    moves = []
+    real_move = ing.store.live.move
+    monkeypatch.setattr(ing.store.live, "move", lambda *a, **kw: (moves.append(gc.isenabled()), real_move(*a, **kw))[1])
+    append_raw(path, step_line("r", 0, 4))
+    ing.poll(ing.plan.everything())
+    ing.commit_pass()
+    ing.merge_live()
+    assert seen[1:] == [("finish", False)] and moves == [False]
+    assert gc.isenabled()  # given back after the pass
+    with Reader(index) as r:
+        assert r.find_run("r").last_step == 4
+
+
 def test_a_timed_poll_reads_the_hinted_streams_even_quiet_ones(live):
     """A timed poll re-stats the recent streams and a share of the quiet ones; a hint waiting for it names a
     stream quiet for an hour (a rank in a long evaluation) that is not in this round's share: the poll reads
