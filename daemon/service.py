@@ -8,6 +8,7 @@ background thread when no daemon runs for its roots (``run_once`` / ``start`` / 
 * :mod:`daemon.stream` — every byte rule of a stream (descriptors, identity, generation, tail, rotation,
   NUL hold-back): blocks of complete lines, cursors and error spans;
 * :mod:`daemon.decode` — those blocks decoded into records and step rows (pure);
+* :mod:`daemon.columns` — a live pass's small appends decoded and routed together, on columns;
 * :mod:`daemon.cold` — a large backlog: newest first, its progress, the decode process;
 * :mod:`daemon.store` — all of the writer's SQL for what was read (rows, side files, errors, cursors);
 * :mod:`daemon.sidefiles`, :mod:`daemon.leases`, :mod:`daemon.refusals` — side files, launcher leases and
