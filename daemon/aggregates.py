@@ -232,30 +232,25 @@ class Aggregates:
         latest: dict[int, tuple] = {}
         total_records = 0
         for row in self.conn.execute(
-                "SELECT rank, attempt, records, median_step_ms, steps_per_s, examples_per_s, median_interval_s,"
-                " last_step, last_ts, last_seen, ended, exit_code FROM rank_live WHERE run_id = ?", (run_id,)):
+                "SELECT rank, attempt, records, median_interval_s, last_step, last_ts, last_seen, ended, exit_code"
+                " FROM rank_live WHERE run_id = ?", (run_id,)):
             total_records += row[2]
             have = latest.get(row[0])
             if have is None or row[1] > have[1]:
                 latest[row[0]] = row
-        cols = ("rank", "attempt", "records", "median_step_ms", "steps_per_s", "examples_per_s", "median_interval_s",
-                "last_step", "last_ts", "last_seen", "ended", "exit_code")
-        ranks = [dict(zip(cols, r)) for r in latest.values()]
-        roll = live.run_rollup(ranks)
+        rows = list(latest.values())  # (rank, attempt, records, median_interval_s, last_step, last_ts, …)
 
-        def most(k):
-            vals = [r[k] for r in ranks if r[k] is not None]
+        def most(i):
+            vals = [r[i] for r in rows if r[i] is not None]
             return max(vals) if vals else None
 
-        ended = [r for r in ranks if r["ended"] is not None]
-        failed = sum(1 for r in ended if state.rank_end_state(r["ended"], r["exit_code"]) is state.RankState.FAILED)
+        ended = [r for r in rows if r[7] is not None]
+        failed = sum(1 for r in ended if state.rank_end_state(r[7], r[8]) is state.RankState.FAILED)
         self.conn.execute(
-            "UPDATE runs SET updated_version = ?, last_change = ?, steps_per_s = ?, examples_per_s = ?,"
-            " slowest_rank = ?, straggler_score = ?, median_interval_s = ?, ranks_total = ?, ranks_ended = ?,"
-            " ranks_failed = ?, last_step = ?, last_ts = ?, last_seen = ?, records = ? WHERE run_id = ?",
-            (version, now, roll["steps_per_s"], roll["examples_per_s"], roll["slowest_rank"], roll["straggler_score"],
-             roll["median_interval_s"], len(ranks), len(ended), failed, most("last_step"), most("last_ts"),
-             most("last_seen"), total_records, run_id),
+            "UPDATE runs SET updated_version = ?, last_change = ?, median_interval_s = ?, ranks_total = ?,"
+            " ranks_ended = ?, ranks_failed = ?, last_step = ?, last_ts = ?, last_seen = ?, records = ? WHERE run_id = ?",
+            (version, now, live.run_median_interval(r[3] for r in rows), len(rows), len(ended), failed, most(4), most(5), most(6),
+             total_records, run_id),
         )
 
     # ----------------------------------------------------------------- series

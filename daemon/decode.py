@@ -205,17 +205,33 @@ def prepare_blocks(blocks: list[tuple[bytes, int]]) -> list[Prepared]:
     """
     if len(blocks) < 2:
         return [prepare_block(b, base) for b, base in blocks]
-    counts = [b.count(b"\n") for b, _ in blocks]
-    parsed = parse_block(b"".join(b for b, _ in blocks), 0)
-    recs = parsed.records
-    if parsed.errors or len(recs) != sum(counts) or set(map(type, recs)) != {records.LeanStep}:
+    joined = steps_of_blocks([b for b, _ in blocks])
+    if joined is None:
         return [prepare_block(b, base) for b, base in blocks]
+    recs, counts = joined
     out = []
     i = 0
     for n in counts:
         out.append(_prepared([], [], recs[i:i + n]))
         i += n
     return out
+
+
+def steps_of_blocks(blocks: list[bytes]) -> Optional[tuple[list, list[int]]]:
+    """The records of ``blocks`` (each of complete lines) decoded together, and each block's line count, when
+    every line is one step record on the fast path (what each block alone would give, since each ends with
+    a newline); None otherwise (an error, a blank line, a header or an event: decode each block alone)."""
+    counts = [b.count(b"\n") for b in blocks]
+    parsed = parse_block(b"".join(blocks), 0)
+    recs = parsed.records
+    if parsed.errors or len(recs) != sum(counts) or set(map(type, recs)) != {records.LeanStep}:
+        return None
+    return recs, counts
+
+
+def prepared_steps(steps: list) -> Prepared:
+    """What :func:`prepare_block` gives for a block of nothing but the step records ``steps``."""
+    return _prepared([], [], steps)
 
 
 def _prepared(errors: list, others: list, steps: list) -> Prepared:

@@ -12,8 +12,8 @@
 * :func:`bucket_aggregates` downsamples a batch into per-bucket min/max/sum/n
   (numpy, no per-record Python work); :func:`series_width` picks the bucket
   width that keeps every series at most :data:`SERIES_POINTS` points.
-* :func:`run_rollup` derives per-run figures (slowest rank, straggler score,
-  steps/s, examples/s) from the handful of rank rows.
+* :func:`run_median_interval` is the one per-run figure the index stores from
+  the handful of rank rows (the run's rates and straggler are the reader's).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from operator import itemgetter
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import msgspec
 import numpy as np
@@ -60,31 +60,12 @@ def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, lis
     (``data_wait``, ``data_in_step``) are stored once, from the CPU record: the
     SDK writes the same values on both clocks.
     """
-    encode = _extra_encoder.encode
-    rows = []
-    append = rows.append
-    with_components = []
-    for s in steps:
-        c = s.cpu_ms
-        g = s.gpu_ms
-        m = s.mem
-        extra = None
-        if s.metrics or (m is not None and (m.cuda_peak_allocated is not None or m.cuda_peak_reserved is not None)):
-            extra = encode({"metrics": s.metrics,
-                            "cuda_peak_allocated": m.cuda_peak_allocated if m else None,
-                            "cuda_peak_reserved": m.cuda_peak_reserved if m else None}).decode()
-        if s.components:
-            with_components.append(s)
-        if g is None:
-            append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
-                    None, None, None, None, None, None,
-                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
-                    c.data_wait, c.data_in_step))
-        else:
-            append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
-                    g.step, g.input_wait, g.h2d, g.forward, g.backward, g.optimizer,
-                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
-                    c.data_wait, c.data_in_step))
+    return row_tuples(steps), ratio_pairs(steps)
+
+
+def ratio_pairs(steps: Sequence[records.Step]) -> dict[str, list[tuple[int, float]]]:
+    """Per loss component of ``steps``, its (step, ratio) pairs in file order (ratios that are null left out)."""
+    with_components = [s for s in steps if s.components]
     ratios: dict[str, list[tuple[int, float]]] = {}
     if with_components:
         names = set()
@@ -101,7 +82,35 @@ def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, lis
                     pairs.append((s.step, comp.ratio))
             if pairs:
                 ratios[name] = pairs
-    return rows, ratios
+    return ratios
+
+
+def row_tuples(steps: Sequence[records.Step]) -> list[tuple]:
+    """The row tuple of each of ``steps`` (the ``steps`` table's columns without ``run_id``, in order), one
+    loop for them all: a live pass builds every rank's rows at once (``daemon/columns.py``)."""
+    encode = _extra_encoder.encode
+    rows = []
+    append = rows.append
+    for s in steps:
+        c = s.cpu_ms
+        g = s.gpu_ms
+        m = s.mem
+        extra = None
+        if s.metrics or (m is not None and (m.cuda_peak_allocated is not None or m.cuda_peak_reserved is not None)):
+            extra = encode({"metrics": s.metrics,
+                            "cuda_peak_allocated": m.cuda_peak_allocated if m else None,
+                            "cuda_peak_reserved": m.cuda_peak_reserved if m else None}).decode()
+        if g is None:
+            append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
+                    None, None, None, None, None, None,
+                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
+                    c.data_wait, c.data_in_step))
+        else:
+            append((s.rank, s.attempt, s.step, s.ts, c.step, c.input_wait, c.h2d, c.forward, c.backward, c.optimizer,
+                    g.step, g.input_wait, g.h2d, g.forward, g.backward, g.optimizer,
+                    s.loss, s.lr, s.grad_norm, s.examples, m.rss if m is not None else None, extra,
+                    c.data_wait, c.data_in_step))
+    return rows
 
 
 #: ``steps`` table columns a window is reloaded from (the window's own column layout, see :meth:`RankWindow.add_stored`).
@@ -404,27 +413,13 @@ def series_values(rows: Sequence[tuple], cols: Optional[Sequence[Sequence]] = No
     return steps, values
 
 
-def run_rollup(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per-run figures from the latest-attempt row of each rank.
+def run_median_interval(intervals: Iterable[Optional[float]]) -> Optional[float]:
+    """The run's median step interval (``runs.median_interval_s``, read by the stall rule) from the newest
+    attempt of each rank's; None when no rank has one.
 
-    The straggler score is the slowest rank's median step time over the median
-    of all ranks' medians: 1.0 means no straggler, 1.5 means the slowest rank is
-    50% slower than a typical one.
+    This is the only per-run figure the ingester rolls up: the run's steps/s, examples/s, slowest rank and
+    straggler score are not stored, the reader computes them when read by the rate rule and the straggler
+    rule (docs/daemon.md, "One set of figures").
     """
-    timed = [(r["median_step_ms"], r["rank"]) for r in ranks if r.get("median_step_ms") is not None]
-    slowest = score = None
-    if timed:
-        worst_ms, slowest = max(timed)
-        typical = statistics.median(ms for ms, _ in timed)
-        score = worst_ms / typical if typical and typical > 0 else None
-    paces = [r["steps_per_s"] for r in ranks if r.get("steps_per_s") is not None]
-    examples = [r["examples_per_s"] for r in ranks if r.get("examples_per_s") is not None]
-    intervals = [r["median_interval_s"] for r in ranks if r.get("median_interval_s") is not None]
-    return {
-        "slowest_rank": slowest,
-        "straggler_score": score,
-        # Synchronous data parallelism runs at the pace of its slowest rank.
-        "steps_per_s": min(paces) if paces else None,
-        "examples_per_s": sum(examples) if examples else None,
-        "median_interval_s": statistics.median(intervals) if intervals else None,
-    }
+    known = [i for i in intervals if i is not None]
+    return statistics.median(known) if known else None

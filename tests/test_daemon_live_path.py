@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from daemon import decode
 from daemon.reader import Reader
 from daemon.service import Ingester
 
-from support.daemon_files import append_raw, header_line, step_line, write_steps
+from support.daemon_files import append_raw, header_line, index_rows, step_line, steps_path, write_steps
 
 
 @pytest.fixture
@@ -479,6 +480,79 @@ def test_the_run_rollup_counts_every_attempt_and_rolls_up_the_newest(tmp_path):
     finally:
         conn.close()
     assert row == (9 + 3 + 4, 4, 2, 0, 0)
+
+
+def test_the_run_rates_and_straggler_are_not_stored_and_not_read(live):
+    """The run's steps/s, examples/s, slowest rank and straggler score are the reader's (computed when read by the
+    rate rule and the straggler rule): the ingester leaves those `runs` columns unwritten, and no reader answer
+    depends on them (garbage written there changes nothing anyone shows)."""
+    root, index, ing = live
+    t0 = time.time() - 30  # records of the last half minute, one step a second: a running run with a pace
+    ms = {0: 100.0, 1: 100.0, 2: 150.0}  # rank 2 is a straggler
+    for rank in ms:
+        write_steps(root / "r", rank, ())
+    for steps in (range(1, 21), range(21, 24)):  # a first pass, and a live pass on top
+        for step in steps:
+            for rank in ms:
+                append_raw(steps_path(root / "r", rank), step_line("r", rank, step, step_ms=ms[rank], ts=t0 + step))
+        ing.run_once()
+    now = time.time()  # one decision time for every answer: the ranks were just heard from, so they are running
+    dead = "SELECT steps_per_s, examples_per_s, slowest_rank, straggler_score FROM runs"
+
+    def answers():
+        with Reader(index) as r:
+            run = r.find_run("r", now=now)
+            fig = r.figures(run, now=now)
+            return (run.steps_per_s, run.examples_per_s, run.slowest_rank, run.straggler_score, fig.slowest_rank,
+                    fig.straggler_score, fig.straggler, fig.steps_per_s, fig.examples_per_s,
+                    [(k.rank, k.steps_per_s) for k in r.rank_rows(run.run_id)])
+
+    assert index_rows(index, dead) == [(None, None, None, None)]
+    before = answers()
+    assert before[4] == 2 and before[5] == pytest.approx(1.5, rel=1e-3) and before[6] is True
+    assert before[7] is not None and before[7] > 0  # the rate rule found a pace: the figures are there to compare
+    conn = sqlite3.connect(index)
+    try:
+        conn.execute("UPDATE runs SET steps_per_s = 1e9, examples_per_s = -1, slowest_rank = 7, straggler_score = 99")
+        conn.commit()
+    finally:
+        conn.close()
+    assert answers() == before
+
+
+def test_a_live_pass_runs_with_the_cyclic_collector_paused_and_gives_it_back(live, monkeypatch):
+    """A live pass (reads, routing, the end of the pass, its merge) makes thousands of short-lived tuples and no
+    cycles: the collector is paused through it (docs/daemon.md, "Live path") and on again after it; ``--once``
+    keeps it on outside each block, so that a long backlog never holds garbage for the whole read."""
+    import gc
+
+    from daemon import store as store_mod
+
+    root, index, ing = live
+    seen = []
+    finish = store_mod.Store.finish
+
+    def spy_finish(self, *a, **kw):
+        seen.append(("finish", gc.isenabled()))
+        return finish(self, *a, **kw)
+
+    monkeypatch.setattr(store_mod.Store, "finish", spy_finish)
+    path = write_steps(root / "r", 0, range(1, 4))
+    assert gc.isenabled()
+    ing.run_once()  # --once: the end of its pass with the collector on
+    assert seen == [("finish", True)] and gc.isenabled()
+    ing.live_settings()
+    moves = []
+    real_move = ing.store.live.move
+    monkeypatch.setattr(ing.store.live, "move", lambda *a, **kw: (moves.append(gc.isenabled()), real_move(*a, **kw))[1])
+    append_raw(path, step_line("r", 0, 4))
+    ing.poll(ing.plan.everything())
+    ing.commit_pass()
+    ing.merge_live()
+    assert seen[1:] == [("finish", False)] and moves == [False]
+    assert gc.isenabled()  # given back after the pass
+    with Reader(index) as r:
+        assert r.find_run("r").last_step == 4
 
 
 def test_a_timed_poll_reads_the_hinted_streams_even_quiet_ones(live):

@@ -2,6 +2,7 @@
 
 Run: python tests/benchmarks/bench_live_load.py [--seconds 20] [--only small,cluster,cluster_poll,busy,cluster100,idle]
      python tests/benchmarks/bench_live_load.py --in-process   (one live pass, in this process: CPU per record)
+     python tests/benchmarks/bench_live_load.py --phases       (where that pass's CPU goes, at 20 × 64 and 100 × 64)
 
 A live ``traceml daemon`` (its own process) watches R runs × K ranks while writer processes append
 real-shaped step records to every stream at a fixed rate. Reported per load:
@@ -176,6 +177,102 @@ def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int 
         shutil.rmtree(root, ignore_errors=True)
 
 
+#: What ``--phases`` times inside a live pass: (label, module, class or None, function name). A phase's CPU
+#: includes the phases listed under it (indented).
+PHASES = (
+    ("stat of the streams (Streams.changed)", "daemon.stream", "Streams", "changed"),
+    ("reading the streams (Ingester._read_stream)", "daemon.service", "Ingester", "_read_stream"),
+    ("  descriptor (Streams.open)", "daemon.stream", "Streams", "open"),
+    ("  identity (Streams.identity: the header re-read)", "daemon.stream", "Streams", "identity"),
+    ("  tail check, new bytes, cursor (Streams.advance)", "daemon.stream", "Streams", "advance"),
+    ("decode and route the appends (Ingester._flush_deferred)", "daemon.service", "Ingester", "_flush_deferred"),
+    ("  on columns (columns.route_pass)", "daemon.columns", None, "route_pass"),
+    ("    decode together (decode.steps_of_blocks)", "daemon.decode", None, "steps_of_blocks"),
+    ("    rows (live.row_tuples)", "daemon.live", None, "row_tuples"),
+    ("    live table (LiveTable.add)", "daemon.live_table", "LiveTable", "add"),
+    ("    rank windows (RankWindow.add_row)", "daemon.live", "RankWindow", "add_row"),
+    ("  block by block (decode.prepare_blocks)", "daemon.decode", None, "prepare_blocks"),
+    ("  block by block (Store.route)", "daemon.store", "Store", "route"),
+    ("the pass's end before COMMIT (Store.finish)", "daemon.store", "Store", "finish"),
+    ("  the new live steps' INSERT (LiveTable.flush)", "daemon.live_table", "LiveTable", "flush"),
+    ("  rank_live (write_rank_live_many)", "daemon.aggregates", "Aggregates", "write_rank_live_many"),
+    ("    rolling figures (RankWindow.figures)", "daemon.live", "RankWindow", "figures"),
+    ("    rates (RankWindow.rates)", "daemon.live", "RankWindow", "rates"),
+    ("  run rollups (write_run_rollup)", "daemon.aggregates", "Aggregates", "write_run_rollup"),
+    ("the merge (Ingester.merge_live)", "daemon.service", "Ingester", "merge_live"),
+    ("  its series fold (write_series_many)", "daemon.aggregates", "Aggregates", "write_series_many"),
+)
+
+
+def phases_cost(tmp: Path, runs: int, ranks: int, passes: int = 15) -> list[tuple[str, float]]:
+    """Where a live pass's CPU goes: ``in_process_cost``'s pass (one line per stream, 1 s apart) over ``runs`` ×
+    ``ranks`` streams with each phase of :data:`PHASES` timed (``time.process_time`` around the call; a
+    phase absent from the code is skipped). Returns (label, µs of CPU per record), the whole pass first."""
+    import functools
+    import importlib
+
+    spent: dict[str, float] = {}
+    timing = [False]
+    undo = []
+    for label, module, cls, name in PHASES:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        owner = getattr(mod, cls) if cls else mod
+        real = getattr(owner, name, None)
+        if real is None:
+            continue
+
+        def timed(*a, _real=real, _label=label, **kw):
+            if not timing[0]:
+                return _real(*a, **kw)
+            t0 = time.process_time()
+            try:
+                return _real(*a, **kw)
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.process_time() - t0
+
+        setattr(owner, name, functools.wraps(real)(timed))
+        undo.append((owner, name, real))
+    try:
+        root = tmp / f"phases{runs}"
+        streams = make_runs(root, runs, ranks)
+        ing = Ingester(tmp / f"phases{runs}.sqlite", [str(root)], use_inotify=False)
+        try:
+            ing.run_once()
+            ing.live_settings()
+            clock = [time.monotonic()]
+            ing.store.agg.tick = lambda: clock[0]
+            ing.store.live.tick = lambda: clock[0]
+            fds = [(run, rank, open_append(_stream(root, run, rank))) for run, rank in streams]
+            targets = ing.plan.everything()
+            rng = random.Random(3)
+            whole = 0.0
+            for i in range(passes + 5):
+                for run, rank, fd in fds:
+                    append_line(fd, _step(run, rank, 11 + i, 2011.0 + i, rng))
+                clock[0] += 1.0
+                timing[0] = i >= 5
+                t0 = time.process_time()
+                ing.poll(targets)
+                ing.commit_pass()
+                if timing[0]:
+                    whole += time.process_time() - t0
+                timing[0] = False
+            for *_, fd in fds:
+                os.close(fd)
+        finally:
+            ing.close()
+            shutil.rmtree(root, ignore_errors=True)
+    finally:
+        for owner, name, real in undo:
+            setattr(owner, name, real)
+    n = passes * len(streams)
+    return [("the whole pass", whole / n * 1e6)] + [(label, spent[label] / n * 1e6) for label, *_ in PHASES
+                                                     if label in spent]
+
+
 def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds: float, extra: list[str],
              cost: float) -> str:
     root = tmp / label
@@ -258,9 +355,19 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(ROWS))
     ap.add_argument("--in-process", action="store_true",
                     help="instead: the CPU per record of one live pass in this process (no writers, no daemon)")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead: where a live pass's CPU goes, per phase, at 20 × 64 and 100 × 64 streams")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_live_"))
     try:
+        if args.phases:
+            tables = [phases_cost(tmp, 20, 64), phases_cost(tmp, 100, 64)]
+            print("| phase (µs of CPU per record, 1 line per stream, passes 1 s apart) | 20 × 64 | 100 × 64 |")
+            print("|---|---|---|")
+            big = dict(tables[1])
+            for label, per in tables[0]:
+                print(f"| {label} | {per:.1f} | {big.get(label, float('nan')):.1f} |")
+            return
         cost = cold_cost(tmp)
         print(f"baseline (this run): cold ingest costs {cost * 1e6:.1f} µs of CPU per record (run_once, 100k records)")
         print()
