@@ -399,6 +399,44 @@ async def test_the_straggler_cell_keeps_its_severity_under_no_color(committed, m
 
 
 @d.aio
+async def test_the_rank_tables_large_delta_stays_legible_under_no_color(committed, monkeypatch):
+    """The Run screen's Δ median from +20 % (the slow rank of the committed rank-sigkilled run, +39 %) stands out
+    as the Runs screen's Straggler cell does, and stays readable without colour; the +0 % of its peer is plain."""
+    from rich.style import Style
+
+    from traceml_tui.tui.widgets.rank_table import RankTable
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    _, index = committed
+    source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    app = create_app(source, poll_interval=0.02)
+    try:
+        async with app.run_test(size=(160, 40)) as pilot:
+            await d.settle(pilot)
+            app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == fr.name_of("rank_sigkilled")))
+            await d.settle(pilot, rounds=3)
+            table = app.screen.query_one(RankTable)
+            detail = app.screen.detail
+            slow = detail.run.slowest_rank
+            table.blur()  # the row cursor's highlight is not what is measured
+            await pilot.pause(0.1)
+            styles = {}
+            for y in range(1, table.row_count + 1):
+                segments = list(table.render_line(y))
+                for line_filter in app._filters:
+                    if line_filter.enabled:
+                        segments = line_filter.apply(segments, app.screen.styles.background)
+                rank = int("".join(seg.text for seg in segments).split()[0])
+                delta = next(r.delta_pct for r in detail.ranks if r.rank == rank)
+                styles[rank] = next(seg.style for seg in segments if seg.text.strip() == f"{delta:+.0f}%") or Style()
+    finally:
+        source.close()
+    assert detail.run.straggler_pct >= 20
+    alert, plain = _prominence(styles[slow]), _prominence(styles[1 - slow])
+    assert alert > plain and alert[1] and alert[2] >= 0.5, (alert, plain)
+
+
+@d.aio
 async def test_severity_order_holds_on_sixteen_colours(committed, monkeypatch):
     monkeypatch.setenv("TEXTUAL_COLOR_SYSTEM", "standard")
     _, index = committed

@@ -38,6 +38,7 @@ from traceml_tui.tui.messages import (
     RunUpdated,
     ViewChanged,
 )
+from traceml_tui.tui.nocolor import tolerant_filters
 from traceml_tui.tui.present import compare_snapshot
 from traceml_tui.tui.screens.backlog import BacklogScreen
 from traceml_tui.tui.screens.compare import CompareScreen
@@ -105,6 +106,7 @@ class WatchApp(App):
         # On 16 colours the state colours go to the terminal as its own ANSI colours: converted to the theme's
         # truecolor first, red (#f4005f) would come out magenta and yellow red (docs/watch.md "Glyphs").
         super().__init__(ansi_color=True if sixteen_colours() else None)
+        self._filters = tolerant_filters(self._filters)  # NO_COLOR: chart margins carry no style (tui/nocolor.py)
         self.source = source
         self.poll_interval = poll_interval
         self.alerts = alerts

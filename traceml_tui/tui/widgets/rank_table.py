@@ -10,6 +10,7 @@ from traceml_tui.core.state import RankState
 from traceml_tui.tui import textplot
 from traceml_tui.tui.glyphs import rank_label
 from traceml_tui.tui.snapshots import RankRow
+from traceml_tui.tui.widgets.runs_table import STRAGGLER_STYLE
 from traceml_tui.tui.widgets.table_base import Col, FedTable
 
 #: The rank table's step-time column: named by its statistic.
@@ -25,7 +26,8 @@ QUIET_STYLE = "dim italic"
 
 def rank_cells(r: RankRow) -> tuple:
     delta = "–" if r.delta_pct is None else f"{r.delta_pct:+.0f}%"
-    delta_style = "bold red" if r.delta_pct is not None and r.delta_pct >= 20 else ""
+    # the Runs screen's Straggler cell's style from +20 % (a block: legible under NO_COLOR too)
+    delta_style = STRAGGLER_STYLE if r.delta_pct is not None and r.delta_pct >= 20 else ""
     if r.state == RankState.STALLED:
         silent = Text(rank_label(r.state, f"STALLED {textplot.duration(r.silent_s)}"), style="bold yellow")
     elif r.state == RankState.WAITING:  # silent too, but for a hung peer (core/hang.py): not the one to look at
