@@ -40,9 +40,16 @@ def panel_text(screen, selector: str) -> str:
     return "\n".join(line[0] if isinstance(line, tuple) else line for line in data[1])
 
 
+@pytest.fixture(scope="module")
+def fixture_built(tmp_path_factory):
+    """The standard runs and their index, built once for the module (its tests read them, never write)."""
+    return d.build_fixture(tmp_path_factory.mktemp("tui-fixture"))
+
+
 @pytest.fixture
-def fixture_index(tmp_path):
-    root, index = d.build_fixture(tmp_path)
+def fixture_index(fixture_built):
+    """(root, index, a fresh source over the module's index): the App closes its source when it exits."""
+    root, index = fixture_built
     source = IndexSource(index, clock=lambda: d.FIXED_NOW)
     yield root, index, source
     source.close()
