@@ -23,16 +23,10 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("lasting_toasts")
 
 
 
-@pytest.fixture(scope="module")
-def real_index(tmp_path_factory):
-    """The committed real runs indexed once for the module (the screens read the index, never write it)."""
-    return fr.build_real_index(tmp_path_factory.mktemp("snapshots-real"))[1]
-
-
 @pytest.fixture
-def source(real_index):
-    """A fresh source over the module's index for each snapshot (the App closes its source)."""
-    src = IndexSource(real_index, clock=lambda: fr.SHOWN_AT)
+def source(committed_index):
+    """A fresh source over the module's index of the committed runs (the App closes its source)."""
+    src = IndexSource(committed_index[1], clock=lambda: fr.SHOWN_AT)
     yield src
     src.close()
 
