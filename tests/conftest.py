@@ -99,6 +99,16 @@ def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     assert not changed, "tests changed shared real runs (copy a run before changing it):\n" + "\n".join(changed[:20])
 
 
+@pytest.fixture(scope="module")
+def committed_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(root, index): the committed real runs (tests/fixtures/runs) copied and indexed by the real ingester once
+    per test module (``support.fixture_runs.build_real_index``), for the screen tests that only read them. A
+    test that changes the runs or the index builds its own copy."""
+    from support import fixture_runs
+
+    return fixture_runs.build_real_index(tmp_path_factory.mktemp("committed-index"))
+
+
 @pytest.fixture
 def env(tmp_path: Path):
     """(root, index, ingest): an empty log root, an index path, and one pass of the real ingester over them."""

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from support.cli import run_main
+
 #: (arguments, the prog the line must name, words it must hold)
 CASES = [
     (["--bogus"], "traceml", "unknown command '--bogus'"),
@@ -35,8 +37,8 @@ CASES = [
 
 @pytest.mark.parametrize("args,prog,words", CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_a_usage_error_is_one_line_naming_the_command_and_exit_2(args, prog, words, tmp_path, cli_env):
-    proc = subprocess.run([sys.executable, "-m", "traceml_tui", *args], cwd=tmp_path, env=cli_env,
-                          capture_output=True, text=True, timeout=60)
+    # in-process (support/cli.py); the entry point itself is the subprocess test below
+    proc = run_main(args, cwd=tmp_path, env=cli_env)
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     (line,) = proc.stderr.splitlines()
@@ -46,6 +48,7 @@ def test_a_usage_error_is_one_line_naming_the_command_and_exit_2(args, prog, wor
 
 
 def test_traceml_alone_lists_the_commands_on_stderr_and_exits_2(tmp_path, cli_env):
+    """The real `python -m traceml_tui` entry point."""
     proc = subprocess.run([sys.executable, "-m", "traceml_tui"], cwd=tmp_path, env=cli_env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""

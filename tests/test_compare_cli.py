@@ -21,6 +21,8 @@ from traceml_tui.compare.load import MAX_SUMMARY_BYTES
 from traceml_tui.core import records
 from traceml_tui.core.rundir import RunDir
 
+from support.cli import run_main
+
 FIXTURES = Path(__file__).parent / "fixtures" / "summaries"
 BASE = json.loads((FIXTURES / "ours" / "base_1.9.json").read_text())
 TAI = FIXTURES / "traceml_ai"
@@ -41,7 +43,13 @@ def write_run(root: Path, name: str, summary: dict) -> Path:
     return path
 
 
-def run(cmd: list[str], env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def run(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`traceml ARGS` in this process (support/cli.py: the same exit code, stdout, stderr and files)."""
+    return run_main(args, env=env, cwd=cwd)
+
+
+def run_process(cmd: list[str], env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`traceml ARGS` as a real process: the entry point itself (one test per command)."""
     return subprocess.run([*cmd, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
@@ -73,11 +81,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("cand_ms,edits,threshold,result,code", CASES)
-def test_exit_code_and_artifacts_written_before_exit(tmp_path, traceml_cmd, cli_env, cand_ms, edits, threshold, result, code):
+def test_exit_code_and_artifacts_written_before_exit(tmp_path, cli_env, cand_ms, edits, threshold, result, code):
     ref = write_run(tmp_path / "logs", "reference", make_summary(100.0, "reference"))
     cand = write_run(tmp_path / "logs", "candidate", make_summary(cand_ms, "candidate", **edits))
     proc = run(
-        traceml_cmd, cli_env, tmp_path, "compare", str(ref), str(cand),
+        cli_env, tmp_path, "compare", str(ref), str(cand),
         "--max-step-time-regression-pct", threshold, "--output", "out/ci/pair",
     )
     assert proc.returncode == code, proc.stderr
@@ -91,7 +99,8 @@ def test_exit_code_and_artifacts_written_before_exit(tmp_path, traceml_cmd, cli_
 
 
 def test_default_output_is_named_after_the_runs(tmp_path, traceml_cmd, cli_env, pair):
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]))
+    """The real `python -m traceml_tui compare` entry point (the other compare tests run it in-process)."""
+    proc = run_process(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]))
     assert proc.returncode == 0
     assert (tmp_path / "compare" / "reference_vs_candidate.json").is_file()
     assert (tmp_path / "compare" / "reference_vs_candidate.txt").is_file()
@@ -99,43 +108,43 @@ def test_default_output_is_named_after_the_runs(tmp_path, traceml_cmd, cli_env, 
     assert report["ci"] is None and report["mode"] == "exploratory"
 
 
-def test_unsafe_run_names_are_sanitized_into_the_compare_folder(tmp_path, traceml_cmd, cli_env):
+def test_unsafe_run_names_are_sanitized_into_the_compare_folder(tmp_path, cli_env):
     ref = write_run(tmp_path / "logs", "a", make_summary(100.0, "../../etc/evil name\n"))
     cand = write_run(tmp_path / "logs", "b", make_summary(101.0, "cand/../ü*"))
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(ref), str(cand), "--max-step-time-regression-pct", "5")
+    proc = run(cli_env, tmp_path, "compare", str(ref), str(cand), "--max-step-time-regression-pct", "5")
     assert proc.returncode == 0, proc.stderr
     produced = sorted(p.name for p in (tmp_path / "compare").iterdir())
     assert produced == ["etc_evil_name_vs_cand.json", "etc_evil_name_vs_cand.txt"]
     assert not (tmp_path.parent / "etc").exists()
 
 
-def test_folder_names_used_when_summaries_have_no_run_name(tmp_path, traceml_cmd, cli_env):
+def test_folder_names_used_when_summaries_have_no_run_name(tmp_path, cli_env):
     ref_summary, cand_summary = make_summary(100.0), make_summary(100.0)
     del ref_summary["meta"]["run_name"], cand_summary["meta"]["run_name"]
     ref = write_run(tmp_path / "logs", "nightly-main", ref_summary)
     cand = write_run(tmp_path / "logs", "pr-123", cand_summary)
-    assert run(traceml_cmd, cli_env, tmp_path, "compare", str(ref), str(cand)).returncode == 0
+    assert run(cli_env, tmp_path, "compare", str(ref), str(cand)).returncode == 0
     assert (tmp_path / "compare" / "nightly-main_vs_pr-123.json").is_file()
 
 
-def test_artifacts_hold_no_absolute_paths(tmp_path, traceml_cmd, cli_env, pair):
-    run(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--output", "o/x",
+def test_artifacts_hold_no_absolute_paths(tmp_path, cli_env, pair):
+    run(cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--output", "o/x",
         "--max-step-time-regression-pct", "5")
     for name in ("o/x.json", "o/x.txt"):
         assert str(tmp_path) not in (tmp_path / name).read_text()
 
 
-def test_json_format_prints_the_report(tmp_path, traceml_cmd, cli_env, pair):
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--format", "json",
+def test_json_format_prints_the_report(tmp_path, cli_env, pair):
+    proc = run(cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--format", "json",
                "--output", "o/x", "--max-step-time-regression-pct", "5")
     assert proc.returncode == 0
     assert json.loads(proc.stdout) == json.loads((tmp_path / "o/x.json").read_text())
 
 
-def test_markdown_format_puts_the_verdict_first_then_the_table(tmp_path, traceml_cmd, cli_env):
+def test_markdown_format_puts_the_verdict_first_then_the_table(tmp_path, cli_env):
     ref = write_run(tmp_path / "logs", "reference", make_summary(100.0, "reference"))
     cand = write_run(tmp_path / "logs", "candidate", make_summary(120.0, "candidate"))
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(ref), str(cand), "--format", "markdown",
+    proc = run(cli_env, tmp_path, "compare", str(ref), str(cand), "--format", "markdown",
                "--max-step-time-regression-pct", "5")
     assert proc.returncode == 4
     lines = proc.stdout.splitlines()
@@ -150,7 +159,7 @@ def test_markdown_format_puts_the_verdict_first_then_the_table(tmp_path, traceml
     "cand_ms,threshold,failures,skipped",
     [(103.0, "5", 0, 0), (120.0, "5", 1, 0), (None, "5", 1, 0), (103.0, None, 0, 1)],
 )
-def test_junit_has_one_case_failing_on_slower_or_inconclusive(tmp_path, traceml_cmd, cli_env, cand_ms, threshold, failures, skipped):
+def test_junit_has_one_case_failing_on_slower_or_inconclusive(tmp_path, cli_env, cand_ms, threshold, failures, skipped):
     ref = write_run(tmp_path / "logs", "reference", make_summary(100.0, "reference"))
     cand_summary = make_summary(cand_ms or 100.0, "candidate")
     if cand_ms is None:
@@ -159,7 +168,7 @@ def test_junit_has_one_case_failing_on_slower_or_inconclusive(tmp_path, traceml_
     args = ["compare", str(ref), str(cand), "--junit", "reports/junit.xml"]
     if threshold:
         args += ["--max-step-time-regression-pct", threshold]
-    run(traceml_cmd, cli_env, tmp_path, *args)
+    run(cli_env, tmp_path, *args)
     root = ET.parse(tmp_path / "reports" / "junit.xml").getroot()
     cases = root.findall(".//testcase")
     assert len(cases) == 1
@@ -169,13 +178,13 @@ def test_junit_has_one_case_failing_on_slower_or_inconclusive(tmp_path, traceml_
 
 
 @pytest.mark.parametrize("side", ["reference", "candidate"])
-def test_a_boolean_step_time_counts_as_unavailable(tmp_path, traceml_cmd, cli_env, side):
+def test_a_boolean_step_time_counts_as_unavailable(tmp_path, cli_env, side):
     # JSON true once read as 1 ms: "FASTER_IN_THIS_PAIR from 100 ms to 1 ms".
     summaries = {"reference": make_summary(100.0, "reference"), "candidate": make_summary(100.0, "candidate")}
     summaries[side]["step_time"]["global"]["average"]["step_time_cpu_ms"] = True
     ref = write_run(tmp_path / "logs", "reference", summaries["reference"])
     cand = write_run(tmp_path / "logs", "candidate", summaries["candidate"])
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(ref), str(cand),
+    proc = run(cli_env, tmp_path, "compare", str(ref), str(cand),
                "--max-step-time-regression-pct", "5", "--output", "o/x")
     assert proc.returncode == 3, proc.stderr
     ci = json.loads((tmp_path / "o/x.json").read_text())["ci"]
@@ -232,12 +241,12 @@ EXPECTED_WORDS = {
 
 
 @pytest.mark.parametrize("side", ["reference", "candidate"])
-def test_bad_input_exits_1_with_one_clear_line(tmp_path, traceml_cmd, cli_env, pair, side):
-    # One subprocess per bad file keeps this table honest; ~10 x 0.1 s.
+def test_bad_input_exits_1_with_one_clear_line(tmp_path, cli_env, pair, side):
+    # One call per bad file keeps this table honest.
     bad = _bad_inputs(tmp_path / "bad")
     for name in BAD_NAMES:
         args = [str(bad[name]), str(pair[1])] if side == "reference" else [str(pair[0]), str(bad[name])]
-        proc = run(traceml_cmd, cli_env, tmp_path, "compare", *args, "--max-step-time-regression-pct", "5")
+        proc = run(cli_env, tmp_path, "compare", *args, "--max-step-time-regression-pct", "5")
         assert proc.returncode == 1, (name, proc.stderr)
         line = one_error_line(proc)
         assert side in line and EXPECTED_WORDS[name] in line, (name, line)
@@ -254,10 +263,10 @@ def test_size_limit_is_checked_before_reading(tmp_path):
         read_summary(huge)
 
 
-def test_unwritable_output_folder_exits_1_and_keeps_existing_files(tmp_path, traceml_cmd, cli_env, pair):
+def test_unwritable_output_folder_exits_1_and_keeps_existing_files(tmp_path, cli_env, pair):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("keep me")
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--output",
+    proc = run(cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--output",
                str(blocker / "sub" / "x"), "--max-step-time-regression-pct", "5")
     assert proc.returncode == 1
     assert "cannot write" in one_error_line(proc)
@@ -281,11 +290,11 @@ CLASHES = [
 
 
 @pytest.mark.parametrize("extra,words", CLASHES)
-def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path, traceml_cmd, cli_env, pair, extra, words):
+def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path, cli_env, pair, extra, words):
     (tmp_path / "logs" / "link").symlink_to(tmp_path / "logs" / "candidate")
     before = _tree(tmp_path)
     extra = [str(pair[0]) if a == "REF" else str(pair[1]) if a == "CAND" else a for a in extra]
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "logs/reference/final_summary.json",
+    proc = run(cli_env, tmp_path, "compare", "logs/reference/final_summary.json",
                "logs/candidate/final_summary.json", "--max-step-time-regression-pct", "5", *extra)
     assert proc.returncode == 1, proc.stderr
     line = one_error_line(proc)
@@ -293,22 +302,22 @@ def test_an_output_that_is_an_input_or_another_output_is_refused(tmp_path, trace
     assert _tree(tmp_path) == before  # nothing written, nothing replaced
 
 
-def test_calibrate_output_that_is_an_input_is_refused(tmp_path, traceml_cmd, cli_env):
+def test_calibrate_output_that_is_an_input_is_refused(tmp_path, cli_env):
     paths = [str(write_run(tmp_path / "logs", f"ref{i}", make_summary(100.0 + i, f"ref{i}"))) for i in range(2)]
     before = _tree(tmp_path)
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", *paths, "--output", paths[1])
+    proc = run(cli_env, tmp_path, "compare", "--calibrate", *paths, "--output", paths[1])
     assert proc.returncode == 1
     assert "run 2 summary" in one_error_line(proc)
     assert _tree(tmp_path) == before
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
-def test_read_only_output_folder_exits_1(tmp_path, traceml_cmd, cli_env, pair):
+def test_read_only_output_folder_exits_1(tmp_path, cli_env, pair):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
     try:
-        proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--output", str(ro / "x"))
+        proc = run(cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--output", str(ro / "x"))
     finally:
         ro.chmod(0o700)
     assert proc.returncode == 1
@@ -334,7 +343,7 @@ USAGE = [
 ]
 
 
-def test_usage_errors_exit_2(tmp_path, traceml_cmd, cli_env, pair):
+def test_usage_errors_exit_2(tmp_path, cli_env, pair):
     for extra in USAGE:
         positional = [str(pair[0]), str(pair[1])]
         if extra in ([], ["ONLY_ONE"]):
@@ -342,7 +351,7 @@ def test_usage_errors_exit_2(tmp_path, traceml_cmd, cli_env, pair):
             extra = []
         elif extra[:2] == ["REF", "CAND"]:
             positional, extra = [str(pair[0]), str(pair[1]), str(pair[1])], []
-        proc = run(traceml_cmd, cli_env, tmp_path, "compare", *positional, *extra)
+        proc = run(cli_env, tmp_path, "compare", *positional, *extra)
         assert proc.returncode == 2, (extra, proc.stderr)
         line = one_error_line(proc)
         assert "usage" in line
@@ -350,8 +359,8 @@ def test_usage_errors_exit_2(tmp_path, traceml_cmd, cli_env, pair):
 
 
 @pytest.mark.parametrize("zero", ["-0", "-0.0"])
-def test_a_negative_zero_threshold_is_zero(tmp_path, traceml_cmd, cli_env, pair, zero):
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]),
+def test_a_negative_zero_threshold_is_zero(tmp_path, cli_env, pair, zero):
+    proc = run(cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]),
                "--max-step-time-regression-pct", zero, "--output", "o/x")
     assert proc.returncode == 4, proc.stderr  # 100 -> 103 ms is slower than 0 %
     assert '"threshold_pct": 0.0' in (tmp_path / "o/x.json").read_text()
@@ -386,8 +395,8 @@ def test_printing_into_a_closed_pipe_is_quiet_and_exit_0(tmp_path, traceml_cmd, 
     assert (proc.returncode, proc.stderr) == (0, "")
 
 
-def test_help_exits_0(tmp_path, traceml_cmd, cli_env):
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--help")
+def test_help_exits_0(tmp_path, cli_env):
+    proc = run(cli_env, tmp_path, "compare", "--help")
     assert proc.returncode == 0 and "--max-step-time-regression-pct" in proc.stdout
 
 
@@ -395,20 +404,21 @@ def test_help_exits_0(tmp_path, traceml_cmd, cli_env):
 
 
 def test_view_prints_the_stored_text_card(tmp_path, traceml_cmd, cli_env):
-    proc = run(traceml_cmd, cli_env, tmp_path, "view", str(TAI / "tai-reference" / "final_summary.json"))
+    """The real `python -m traceml_tui view` entry point."""
+    proc = run_process(traceml_cmd, cli_env, tmp_path, "view", str(TAI / "tai-reference" / "final_summary.json"))
     stored = json.loads((TAI / "tai-reference" / "final_summary.json").read_text())["text"]
     assert proc.returncode == 0
     assert proc.stdout == stored.rstrip("\r\n") + "\n"
 
 
-def test_view_refuses_bad_files_with_one_line(tmp_path, traceml_cmd, cli_env):
+def test_view_refuses_bad_files_with_one_line(tmp_path, cli_env):
     no_text = tmp_path / "no_text.json"
     no_text.write_text('{"schema_version": 1.9}')
     for path, word in ((tmp_path / "missing.json", "does not exist"), (no_text, "no stored text"), (tmp_path, "folder")):
-        proc = run(traceml_cmd, cli_env, tmp_path, "view", str(path))
+        proc = run(cli_env, tmp_path, "view", str(path))
         assert proc.returncode == 1
         assert word in one_error_line(proc)
-    assert run(traceml_cmd, cli_env, tmp_path, "view").returncode == 2
+    assert run(cli_env, tmp_path, "view").returncode == 2
 
 
 # --- imports: compare never pulls in the TUI or torch --------------------------------
@@ -445,7 +455,7 @@ def _write_steps(run_dir: Path, name: str, values: list[float], ranks: int = 2) 
             handle.write(b'{"not json\n')  # a torn/garbage line is skipped, never fatal
 
 
-def test_noise_section_from_step_records_is_reproducible_and_flags_straddling(tmp_path, traceml_cmd, cli_env):
+def test_noise_section_from_step_records_is_reproducible_and_flags_straddling(tmp_path, cli_env):
     import random
 
     rng = random.Random(7)
@@ -457,7 +467,7 @@ def test_noise_section_from_step_records_is_reproducible_and_flags_straddling(tm
     _write_steps(cand.parent, "candidate", cand_values)
     reports = []
     for out in ("a", "b"):
-        proc = run(traceml_cmd, cli_env, tmp_path, "compare", str(ref), str(cand), "--output", out,
+        proc = run(cli_env, tmp_path, "compare", str(ref), str(cand), "--output", out,
                    "--max-step-time-regression-pct", "5")
         assert proc.returncode in (0, 4), proc.stderr
         reports.append(json.loads((tmp_path / f"{out}.json").read_text()))
@@ -471,40 +481,40 @@ def test_noise_section_from_step_records_is_reproducible_and_flags_straddling(tm
     assert "Noise (per-step records, bootstrap)" in (tmp_path / "a.txt").read_text()
 
 
-def test_no_noise_section_without_step_records(tmp_path, traceml_cmd, cli_env, pair):
-    run(traceml_cmd, cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--output", "x")
+def test_no_noise_section_without_step_records(tmp_path, cli_env, pair):
+    run(cli_env, tmp_path, "compare", str(pair[0]), str(pair[1]), "--output", "x")
     assert json.loads((tmp_path / "x.json").read_text())["noise"] is None
 
 
 # --- calibrate -----------------------------------------------------------------------
 
 
-def test_calibrate_reports_spread_and_suggests_a_threshold(tmp_path, traceml_cmd, cli_env):
+def test_calibrate_reports_spread_and_suggests_a_threshold(tmp_path, cli_env):
     paths = [str(write_run(tmp_path / "logs", f"ref{i}", make_summary(ms, f"ref{i}"))) for i, ms in
              enumerate((100.0, 102.0, 104.0))]
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", *paths, "--format", "json")
+    proc = run(cli_env, tmp_path, "compare", "--calibrate", *paths, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["spread_pct"] == pytest.approx(4.0)
     assert report["suggested_threshold_pct"] == 6.0  # 4 % x 1.5 headroom
-    text = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", *paths).stdout
+    text = run(cli_env, tmp_path, "compare", "--calibrate", *paths).stdout
     assert "Suggested --max-step-time-regression-pct 6" in text
 
 
-def test_calibrate_excludes_other_workloads_and_needs_two_runs(tmp_path, traceml_cmd, cli_env):
+def test_calibrate_excludes_other_workloads_and_needs_two_runs(tmp_path, cli_env):
     other = make_summary(100.0, "other")
     other["run_context"]["declaration"]["workload"]["name"] = "different"
     paths = [
         str(write_run(tmp_path / "logs", "ref0", make_summary(100.0, "ref0"))),
         str(write_run(tmp_path / "logs", "other", other)),
     ]
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", *paths)
+    proc = run(cli_env, tmp_path, "compare", "--calibrate", *paths)
     assert proc.returncode == 3
     assert "Excluded other: [declaration_mismatch]" in proc.stdout
-    assert run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", paths[0]).returncode == 2
+    assert run(cli_env, tmp_path, "compare", "--calibrate", paths[0]).returncode == 2
 
 
-def test_calibrate_excludes_an_unusable_first_run_under_its_own_name(tmp_path, traceml_cmd, cli_env):
+def test_calibrate_excludes_an_unusable_first_run_under_its_own_name(tmp_path, cli_env):
     # The first run was the yardstick: a valid second run was "Excluded ... The reference summary
     # has no guard declaration" and the bad first one was never named.
     bad = make_summary(100.0, "ref0")
@@ -512,7 +522,7 @@ def test_calibrate_excludes_an_unusable_first_run_under_its_own_name(tmp_path, t
     paths = [str(write_run(tmp_path / "logs", "ref0", bad))] + [
         str(write_run(tmp_path / "logs", f"ref{i}", make_summary(ms, f"ref{i}"))) for i, ms in ((1, 100.0), (2, 102.0))
     ]
-    proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", *paths, "--format", "json")
+    proc = run(cli_env, tmp_path, "compare", "--calibrate", *paths, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert [r["label"] for r in report["runs"]] == ["ref1", "ref2"]
@@ -521,10 +531,10 @@ def test_calibrate_excludes_an_unusable_first_run_under_its_own_name(tmp_path, t
     assert report["suggested_threshold_pct"] == 3.0  # 2 % x 1.5
 
 
-def test_calibrate_refuses_the_same_summary_twice(tmp_path, traceml_cmd, cli_env):
+def test_calibrate_refuses_the_same_summary_twice(tmp_path, cli_env):
     path = write_run(tmp_path / "logs", "ref0", make_summary(100.0, "ref0"))
     (tmp_path / "logs" / "again").symlink_to(path.parent)
     for other in (str(path), "logs/again/final_summary.json", "logs/ref0/../ref0/final_summary.json"):
-        proc = run(traceml_cmd, cli_env, tmp_path, "compare", "--calibrate", str(path), other)
+        proc = run(cli_env, tmp_path, "compare", "--calibrate", str(path), other)
         assert proc.returncode == 2, (other, proc.stderr)
         assert "same summary" in one_error_line(proc)

@@ -25,6 +25,8 @@ import pytest
 
 from traceml_tui.core.rundir import RunDir
 
+from support.cli import run_main
+
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 BIG = "1" + "0" * 400  # an integer far beyond a double and SQLite's 64-bit range
 
@@ -44,9 +46,9 @@ def hygiene_copy(tmp_path: Path) -> Path:
     return run
 
 
-def validate_status(cmd: list[str], env: dict, run: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*cmd, "validate", "status", str(run), *extra], env=env, capture_output=True, text=True,
-                          timeout=120)
+def validate_status(env: dict, run: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`traceml validate status RUN` in this process (support/cli.py)."""
+    return run_main(["validate", "status", str(run), *extra], env=env)
 
 
 # --------------------------------------------------------------------------- R4, R7: the backlog
@@ -69,17 +71,17 @@ BACKLOG_DAMAGE = {
 
 
 @pytest.mark.parametrize("case", sorted(BACKLOG_DAMAGE))
-def test_validate_status_reports_a_damaged_backlog_file_in_one_line(case, tmp_path, traceml_cmd, cli_env):
+def test_validate_status_reports_a_damaged_backlog_file_in_one_line(case, tmp_path, cli_env):
     run = hygiene_copy(tmp_path)
     rel, damage, where = BACKLOG_DAMAGE[case]
     path = run / "validation" / rel
     path.write_text(json.dumps(damage(json.loads(path.read_text()))))
-    clean = validate_status(traceml_cmd, cli_env, FIXTURES / "hygiene", "--json")
+    clean = validate_status(cli_env, FIXTURES / "hygiene", "--json")
     assert clean.returncode == 0, clean.stderr
     expected = {row["checkpoint"] for row in strict_json(clean.stdout)["requests"]}
 
     for extra in ((), ("--json",)):
-        proc = validate_status(traceml_cmd, cli_env, run, *extra)
+        proc = validate_status(cli_env, run, *extra)
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
@@ -90,11 +92,11 @@ def test_validate_status_reports_a_damaged_backlog_file_in_one_line(case, tmp_pa
     assert shown == (expected - {Path(rel).stem} if rel.startswith("requests/") else expected)
 
 
-def test_a_damaged_failure_record_still_counts_as_a_failed_attempt(tmp_path, traceml_cmd, cli_env):
+def test_a_damaged_failure_record_still_counts_as_a_failed_attempt(tmp_path, cli_env):
     run = hygiene_copy(tmp_path)
     (run / "validation" / "failures" / "step-00000004-1.json").write_bytes(b'{"checkpoint": "step-00000004", ')
-    proc = validate_status(traceml_cmd, cli_env, run, "--json")
-    clean = validate_status(traceml_cmd, cli_env, FIXTURES / "hygiene", "--json")
+    proc = validate_status(cli_env, run, "--json")
+    clean = validate_status(cli_env, FIXTURES / "hygiene", "--json")
     assert proc.returncode == 1 and "failures/step-00000004-1.json" in proc.stderr
     row = next(r for r in strict_json(proc.stdout)["requests"] if r["checkpoint"] == "step-00000004")
     was = next(r for r in strict_json(clean.stdout)["requests"] if r["checkpoint"] == "step-00000004")
@@ -102,12 +104,12 @@ def test_a_damaged_failure_record_still_counts_as_a_failed_attempt(tmp_path, tra
     assert (row["failures"], row["state"]) == (was["failures"], was["state"]) == (1, "failed")
 
 
-def test_validate_status_json_is_valid_json_for_an_overflowing_metric(tmp_path, traceml_cmd, cli_env):
+def test_validate_status_json_is_valid_json_for_an_overflowing_metric(tmp_path, cli_env):
     """R7 (validate half): a metric written as 1e999 is no number; --json never prints Infinity."""
     run = hygiene_copy(tmp_path)
     receipt = run / "validation" / "receipts" / "step-00000002.json"
     receipt.write_text(receipt.read_text().replace('"r2": 0.75', '"r2": 1e999'))
-    proc = validate_status(traceml_cmd, cli_env, run, "--json")
+    proc = validate_status(cli_env, run, "--json")
     assert "Infinity" not in proc.stdout and "NaN" not in proc.stdout
     status = strict_json(proc.stdout)
     assert proc.returncode == 1 and "receipts/step-00000002.json" in proc.stderr
@@ -266,15 +268,15 @@ HYGIENE_DAMAGE = {
 }
 
 
-def _run_with_config(tmp_path: Path, text: str, cmd: list[str], env: dict) -> subprocess.CompletedProcess:
+def _run_with_config(tmp_path: Path, text: str, env: dict) -> subprocess.CompletedProcess:
+    """`traceml run s.py` under ``text`` as traceml.yaml, in this process (refused before any rank starts)."""
     (tmp_path / "traceml.yaml").write_text(text)
     (tmp_path / "s.py").write_text("print(1)\n")
-    return subprocess.run([*cmd, "run", "s.py", "--run-name", "t"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return run_main(["run", "s.py", "--run-name", "t"], cwd=tmp_path, env=env)
 
 
 @pytest.mark.parametrize("text", sorted(CONFIG_DAMAGE))
-def test_traceml_yaml_damage_is_a_one_line_config_error(text, tmp_path, traceml_cmd, cli_env):
+def test_traceml_yaml_damage_is_a_one_line_config_error(text, tmp_path, cli_env):
     from traceml_tui.guard.config import ConfigError, load_config
 
     (tmp_path / "traceml.yaml").write_text(text)
@@ -284,18 +286,18 @@ def test_traceml_yaml_damage_is_a_one_line_config_error(text, tmp_path, traceml_
 
 
 @pytest.mark.parametrize("edit", sorted(HYGIENE_DAMAGE))
-def test_hygiene_block_damage_is_a_one_line_config_error(edit, tmp_path, traceml_cmd, cli_env):
+def test_hygiene_block_damage_is_a_one_line_config_error(edit, tmp_path, cli_env):
     example = (Path(__file__).parents[1] / "examples" / "hygiene" / "traceml.yaml").read_text()
     assert edit[0] in example
-    proc = _run_with_config(tmp_path, example.replace(edit[0], edit[1], 1), traceml_cmd, cli_env)
+    proc = _run_with_config(tmp_path, example.replace(edit[0], edit[1], 1), cli_env)
     assert proc.returncode == 1, proc.stderr  # the exit of every traceml.yaml error (docs/run.md)
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "traceml.yaml" in proc.stderr and HYGIENE_DAMAGE[edit] in proc.stderr
 
 
-def test_traceml_run_exits_like_other_config_errors_on_a_yaml_tag(tmp_path, traceml_cmd, cli_env):
-    ordinary = _run_with_config(tmp_path, "mode: nope\n", traceml_cmd, cli_env)
-    tagged = _run_with_config(tmp_path, "mode: !!timestamp nope\n", traceml_cmd, cli_env)
+def test_traceml_run_exits_like_other_config_errors_on_a_yaml_tag(tmp_path, cli_env):
+    ordinary = _run_with_config(tmp_path, "mode: nope\n", cli_env)
+    tagged = _run_with_config(tmp_path, "mode: !!timestamp nope\n", cli_env)
     assert tagged.returncode == ordinary.returncode != 0
     assert "Traceback" not in tagged.stderr and len(tagged.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "logs").exists()  # nothing started
@@ -360,7 +362,7 @@ def test_loads_bounded_refuses_utf8_encoded_surrogates():
 # --------------------------------------------------------------------------- leases a claim may record
 
 
-def test_a_manifest_lease_beyond_bounds_falls_back_on_the_default(tmp_path, traceml_cmd, cli_env):
+def test_a_manifest_lease_beyond_bounds_falls_back_on_the_default(tmp_path, cli_env):
     """An edited manifest's 400-digit lease is no lease: the default applies (a claim must stay decodable)."""
     from traceml_tui.core.state import DEFAULT_LEASE_S
     from traceml_tui.hygiene.backlog import declared_validation
@@ -370,7 +372,7 @@ def test_a_manifest_lease_beyond_bounds_falls_back_on_the_default(tmp_path, trac
     manifest["hygiene"]["validation"]["lease_s"] = int(BIG)
     (run / "manifest.json").write_text(json.dumps(manifest))
     assert declared_validation(run)["lease_s"] == DEFAULT_LEASE_S
-    proc = validate_status(traceml_cmd, cli_env, run, "--json")
+    proc = validate_status(cli_env, run, "--json")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from support.cli import run_main
+
 pytest.importorskip("trackio", reason="trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +47,11 @@ def _write_config(folder: Path, config: dict) -> Path:
 def _check(traceml_cmd, target: Path, env: dict, *extra: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*traceml_cmd, "export", "trackio", "--check", str(target), *REG, *extra], env=env,
                           capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def _check_in_process(target: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
+    """The same check in this process (support/cli.py), for a refusal decided before any store is asked."""
+    return run_main(["export", "trackio", "--check", str(target), *REG, *extra], env=env)
 
 
 @pytest.mark.slow  # trains, exports and reads back through a real Trackio store: end to end
@@ -100,9 +107,9 @@ def _mutate(change: str) -> dict:
     ("val-and-plain", "eval metric 'auc' and eval metric 'auc/val' would both publish 'auc/eval'"),
     ("no-validation-metrics", "hygiene.validation.metrics is not declared"),
 ])
-def test_a_bad_block_names_the_unmapped_metric(tmp_path: Path, env: dict, traceml_cmd, change: str, named: str):
+def test_a_bad_block_names_the_unmapped_metric(tmp_path: Path, env: dict, change: str, named: str):
     config = _write_config(tmp_path, _mutate(change))
-    proc = _check(traceml_cmd, config, env, "--run-name", "demo")
+    proc = _check_in_process(config, env, "--run-name", "demo")
     assert proc.returncode == 2, proc.stdout
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("traceml export: check failed: ") and named in lines[0], lines

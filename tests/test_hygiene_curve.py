@@ -16,6 +16,8 @@ from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import publish_checkpoint
 from traceml_tui.hygiene.curve import load_curve_data, render_learning_curve
 
+from support.cli import run_main
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -147,8 +149,8 @@ def test_curve_cli_never_writes_where_it_should_not(tmp_path, case):
     target, out = {"out-is-the-summary": (run_dir, summary), "out-is-a-folder": (run_dir, tmp_path / "empty"),
                    "not-a-run": (tmp_path / "empty", None), "a-file": (summary, None)}[case]
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    proc = subprocess.run([sys.executable, "-m", "traceml_tui", "curve", str(target),
-                           *(["--out", str(out)] if out else [])], capture_output=True, text=True, timeout=60)
+    # in-process (support/cli.py); test_curve_cli runs the entry point itself
+    proc = run_main(["curve", str(target), *(["--out", str(out)] if out else [])])
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 

@@ -40,9 +40,16 @@ def panel_text(screen, selector: str) -> str:
     return "\n".join(line[0] if isinstance(line, tuple) else line for line in data[1])
 
 
+@pytest.fixture(scope="module")
+def fixture_built(tmp_path_factory):
+    """The standard runs and their index, built once for the module (its tests read them, never write)."""
+    return d.build_fixture(tmp_path_factory.mktemp("tui-fixture"))
+
+
 @pytest.fixture
-def fixture_index(tmp_path):
-    root, index = d.build_fixture(tmp_path)
+def fixture_index(fixture_built):
+    """(root, index, a fresh source over the module's index): the App closes its source when it exits."""
+    root, index = fixture_built
     source = IndexSource(index, clock=lambda: d.FIXED_NOW)
     yield root, index, source
     source.close()
@@ -527,13 +534,13 @@ def clipped_words(table) -> list[tuple[int, str]]:
 
 
 @aio
-async def test_scrolled_right_a_table_never_shows_part_of_a_column(tmp_path):
+async def test_scrolled_right_a_table_never_shows_part_of_a_column(committed_index):
     """At 80 columns the rank table and the Runs table, at every horizontal scroll position, draw only whole
     cells: a column cut by either edge of the view is blank (a cut "3.89" read "89"). The arrow keys scroll by
     whole columns, so the column beside the pinned ones starts at its first cell."""
     from support import fixture_runs as fr
 
-    _, index = fr.build_real_index(tmp_path)
+    _, index = committed_index
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
     app = create_app(source, poll_interval=0.02)
     try:
@@ -563,14 +570,14 @@ async def test_scrolled_right_a_table_never_shows_part_of_a_column(tmp_path):
 
 
 @aio
-async def test_the_backlog_shows_the_start_of_each_error_without_scrolling(tmp_path):
+async def test_the_backlog_shows_the_start_of_each_error_without_scrolling(committed_index):
     """Last error is cut at its end to the room the other columns leave (at 120 and at 80 columns): the start of
     a failed request's error is in view, not a blank column running past the edge (whole columns only)."""
     from traceml_tui.tui.widgets.backlog_table import BacklogTable
 
     from support import fixture_runs as fr
 
-    _, index = fr.build_real_index(tmp_path)
+    _, index = committed_index
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
     app = create_app(source, poll_interval=0.02)
     try:
@@ -594,7 +601,7 @@ async def test_the_backlog_shows_the_start_of_each_error_without_scrolling(tmp_p
 
 
 @aio
-async def test_compare_at_80_columns_shows_change_and_every_number_whole(tmp_path):
+async def test_compare_at_80_columns_shows_change_and_every_number_whole(committed_index):
     """Two real runs compared at 80×24: the Change column (the verdict's) is in view without scrolling, every
     number is whole, and what gave up room is text cut in the middle (a run name, a declaration, a label)."""
     from traceml_tui.tui.widgets.compare_table import CompareTable
@@ -608,7 +615,7 @@ async def test_compare_at_80_columns_shows_change_and_every_number_whole(tmp_pat
             return False
         return True
 
-    root, index = fr.build_real_index(tmp_path)
+    root, index = committed_index
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
     pair = (str(root / fr.name_of("completed")), str(root / fr.name_of("rank_sigkilled")))
     app = create_app(source, poll_interval=0.02, compare=pair, threshold_pct=5.0)
@@ -771,7 +778,7 @@ async def test_a_cell_whose_style_alone_changes_is_redrawn():
         assert str(table.get_row_at(0)[3].style) == "red"
 
 
-def test_delta_median_compares_each_ranks_median_with_the_median_ranks(tmp_path):
+def test_delta_median_compares_each_ranks_median_with_the_median_ranks(committed_index):
     """Δ median is like against like: on a real 2-rank run without a summary (the hung one, still live to the
     index) each rank's median against the median rank's — by the summary's straggler rule (core/straggler.py: the
     lower median, so a 2-rank run's faster rank is the median rank at +0 % and the other is its skew) — whatever
@@ -785,7 +792,7 @@ def test_delta_median_compares_each_ranks_median_with_the_median_ranks(tmp_path)
     from support import fixture_runs as fr
 
 
-    _, index = fr.build_real_index(tmp_path)
+    _, index = committed_index
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
     try:
         with Reader(index) as reader:

@@ -35,9 +35,9 @@ aio = d.aio
 
 
 @pytest.fixture
-def source(tmp_path):
-    _, index = fr.build_real_index(tmp_path)
-    src = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+def source(committed_index):
+    """A fresh source over the module's index of the committed runs (the App closes its source)."""
+    src = IndexSource(committed_index[1], clock=lambda: fr.SHOWN_AT)
     yield src
     src.close()
 

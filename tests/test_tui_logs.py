@@ -35,7 +35,17 @@ aio = d.aio
 
 
 @pytest.fixture
-def real(tmp_path):
+def real(committed_index):
+    """(root, source) over the module's index of the committed runs: for tests that only read them."""
+    root, index = committed_index
+    src = IndexSource(index, clock=lambda: fr.SHOWN_AT)
+    yield root, src
+    src.close()
+
+
+@pytest.fixture
+def real_copy(tmp_path):
+    """(root, source) over this test's own copy of the committed runs: for a test that writes into them."""
     root, index = fr.build_real_index(tmp_path)
     src = IndexSource(index, clock=lambda: fr.SHOWN_AT)
     yield root, src
@@ -162,8 +172,8 @@ async def test_log_search_next_and_previous(real):
 
 
 @aio
-async def test_log_follow_shows_an_appended_line(real):
-    root, src = real
+async def test_log_follow_shows_an_appended_line(real_copy):
+    root, src = real_copy
     app = create_app(src, poll_interval=0.02)
     stderr = root / RAISES / "nodes" / "node_0" / "training.stderr.log"
     async with app.run_test(size=(120, 20)) as pilot:

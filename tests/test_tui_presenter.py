@@ -58,9 +58,9 @@ def test_snapshot_messages_coalesce_per_view():
     assert not messages.RunsUpdated(runs).can_replace(messages.RunUpdated(1, None))
 
 
-def test_the_chart_chooser_reaches_the_refresh_worker_through_a_message(tmp_path):
+def test_the_chart_chooser_reaches_the_refresh_worker_through_a_message(committed_index):
     """`c` on the Run screen posts ViewChanged; the App re-reads what is wanted and the chart follows."""
-    _, index = fr.build_real_index(tmp_path)
+    _, index = committed_index
     source = IndexSource(index, clock=lambda: fr.SHOWN_AT)
 
     async def run() -> tuple[str, str]:

@@ -29,9 +29,9 @@ aio = d.aio
 
 
 @pytest.fixture
-def source(tmp_path):
+def source(committed_index):
     """The real runs, seen by a clock that moves: each snapshot is a new one, as in a real watch."""
-    _, index = fr.build_real_index(tmp_path)
+    index = committed_index[1]
     start = time.monotonic()
     src = IndexSource(index, clock=lambda: fr.SHOWN_AT + time.monotonic() - start)
     yield src

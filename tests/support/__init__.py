@@ -10,6 +10,7 @@ pyproject.toml), so a test writes ``from support import realruns``.
 - ``daemon_files``: writers of rank streams for the daemon tests (also a writer process: ``python -m``).
 - ``integrations``: launch and read the Hugging Face / Lightning example runs.
 - ``fuzz_streams``, ``fuzz_mutations``: hypothesis strategies of damaged streams and files.
+- ``cli``: the ``traceml`` command run in the test process (``run_main``), for tests of a command's output.
 """
 
 from __future__ import annotations
