@@ -118,11 +118,14 @@ class _Tracer:
         values = state.values  # what sdk.log(loss=, lr=, batch_size=) stores, without the call
         if self._loss is not None:
             values["loss"] = self._loss
+            self._loss = None
         if self._lr is not None:
             values["lr"] = self._lr
+            self._lr = None
         if self._examples is not None:
             values["batch_size"] = self._examples
-        self._reset()
+            self._examples = None
+        self._boundary = False  # (self._reset() inline: this runs once per update)
         self._session.end(state, perf_counter(), ok)
 
     def _read_lr(self, optimizer: Any) -> None:
@@ -357,7 +360,10 @@ def _on_before_optimizer_step(original: Callable, tracer: Callable) -> Callable:
         state = me._state if me is not None else None
         if state is not None:
             try:
-                me._read_lr(optimizer)
+                if me._lr is None:  # (me._read_lr(optimizer) inline: this runs once per update)
+                    groups = getattr(optimizer, "param_groups", None)
+                    if groups:
+                        me._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
             except Exception as exc:  # noqa: BLE001 - fail-open
                 me._fail("on_before_optimizer_step", exc)
             else:
