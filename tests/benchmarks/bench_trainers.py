@@ -11,7 +11,7 @@ allocator and caches; whole separate runs differ from each other by more than
 the overhead measured here.
 
 "Without traceml" is without all of it: the callback is out of the list, its
-wrappers (on the LightningModule's methods; HF's ``training_step`` and
+wrappers (on the LightningModule's methods and its epoch loop's ``update_lr_schedulers``; HF's ``training_step`` and
 ``clip_grad_norm_``) are undone, the DataLoader's ``__next__`` is torch's own,
 and the SDK's module and optimizer hooks are lifted. The first updates of
 each block (``SETTLE``) are not counted: their batches were fetched before the

@@ -7,13 +7,15 @@ every Lightning ``Trainer`` the script builds. Per rank, one step record per
 optimizer update (``accumulate_grad_batches`` micro-batches fold in):
 
 * the step envelope from the first micro-batch's ``on_train_batch_start`` to
-  the end of the LightningModule's ``optimizer_step`` (Lightning calls it only
-  when the accumulated update is applied, around ``optimizer.step(closure)``);
-  the training DataLoader fetch before it is the step's data wait, validation
-  and sanity-check fetches are not;
+  the end of the step-interval scheduler step that follows the
+  LightningModule's ``optimizer_step`` (Lightning calls it only when the
+  accumulated update is applied, around ``optimizer.step(closure)``, and steps
+  the schedulers right after it, before the batch-end hooks); the training
+  DataLoader fetch before it is the step's data wait, validation and
+  sanity-check fetches are not;
 * forward: the LightningModule's ``training_step`` (the forward pass and the
   loss); backward: its ``backward``; optimizer: its ``on_before_optimizer_step``
-  (after the closure ran forward and backward) → the end of ``optimizer_step``.
+  (after the closure ran forward and backward) → the end of the scheduler step.
   Lightning runs forward and backward *inside* ``optimizer.step(closure)``, so
   torch's global optimizer hooks are kept out of these steps: they would count
   the closure as optimizer time;
@@ -24,8 +26,8 @@ optimizer update (``accumulate_grad_batches`` micro-batches fold in):
   run declares a ``hygiene:`` validation block, every checkpoint file a
   ``ModelCheckpoint`` wrote, once it exists, published to the backlog (rank 0).
 
-The per-update work runs in wrappers on the LightningModule's own methods, which
-Lightning calls anyway: a callback hook would cost Lightning a dispatch per
+The per-update work runs in wrappers on the LightningModule's own methods (and
+the training epoch loop's scheduler step), which Lightning calls anyway: a callback hook would cost Lightning a dispatch per
 update (docs/trainers.md "Overhead"). Where the phases cannot be split (manual
 optimization, torch.compile, DeepSpeed, FSDP) the callback's batch hooks keep
 the step envelope, loss and lr instead.
@@ -74,6 +76,9 @@ class _Tracer:
         self._by_module = False  # the update is timed by wrappers on the module's methods
         self._accumulate = 1
         self._module_ref: Any = None
+        self._loop_ref: Any = None  # the fit's training epoch loop, whose scheduler step ends an update
+        # perf_counter at the end of an applied optimizer_step whose update ends at the scheduler step
+        self._stepped: Optional[float] = None
         self._published: set[str] = set()
         self._saved = False  # a checkpoint save began; publish its file once it exists
         self._before_val: dict[str, Any] = {}
@@ -87,6 +92,7 @@ class _Tracer:
         self._boundary = False
 
     def _traceml_abandon(self) -> None:
+        self._stepped = None
         self._close(False)
         self._unwrap()
 
@@ -97,6 +103,8 @@ class _Tracer:
             module = self._module_ref() if self._module_ref is not None else None
             if module is not None:
                 self._publish_saved(module.trainer)
+        if self._stepped is not None:  # the scheduler step was never seen: the update ended with its optimizer_step
+            self._close(True, self._stepped)
         if self._state is None:  # (the previous update's _close reset the values)
             session = sdk._session
             if session is None:
@@ -110,20 +118,24 @@ class _Tracer:
         if count is not None:
             self._examples = count if self._examples is None else self._examples + count
 
-    def _close(self, ok: bool) -> None:
-        """The update ends (``ok``: its optimizer stepped): its values, then its record."""
+    def _close(self, ok: bool, end: Optional[float] = None) -> None:
+        """The update ends (``ok``: its optimizer stepped) now or at ``end``: its values, then its record."""
+        self._stepped = None
         state, self._state = self._state, None
         if state is None:
             return
         values = state.values  # what sdk.log(loss=, lr=, batch_size=) stores, without the call
         if self._loss is not None:
             values["loss"] = self._loss
+            self._loss = None
         if self._lr is not None:
             values["lr"] = self._lr
+            self._lr = None
         if self._examples is not None:
             values["batch_size"] = self._examples
-        self._reset()
-        self._session.end(state, perf_counter(), ok)
+            self._examples = None
+        self._boundary = False  # (self._reset() inline: this runs once per update)
+        self._session.end(state, perf_counter() if end is None else end, ok)
 
     def _read_lr(self, optimizer: Any) -> None:
         if self._lr is None:
@@ -146,6 +158,14 @@ class _Tracer:
             wrapper._traceml_of = original  # type: ignore[attr-defined]
             pl_module.__dict__[name] = wrapper
         self._module_ref = weakref.ref(pl_module)
+        loop = _epoch_loop(pl_module)
+        if loop is not None and getattr(loop.__dict__.get(_SCHEDULER_STEP), "_traceml_of", None) is None:
+            original = getattr(loop, _SCHEDULER_STEP)
+            wrapper = _update_lr_schedulers(original, tracer)
+            wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+            wrapper._traceml_of = original  # type: ignore[attr-defined]
+            loop.__dict__[_SCHEDULER_STEP] = wrapper
+            self._loop_ref = weakref.ref(loop)
         self._by_module = True
         if _dispatcher_skips_none(self._traceml_namespace):
             for hook in _BATCH_HOOKS:  # the update needs none of them now: Lightning skips a hook set to None
@@ -157,7 +177,10 @@ class _Tracer:
             for name in _WRAPPERS:
                 if getattr(module.__dict__.get(name), "_traceml_of", None) is not None:
                     del module.__dict__[name]
-        self._module_ref = None
+        loop = self._loop_ref() if self._loop_ref is not None else None
+        if loop is not None and getattr(loop.__dict__.get(_SCHEDULER_STEP), "_traceml_of", None) is not None:
+            del loop.__dict__[_SCHEDULER_STEP]
+        self._module_ref = self._loop_ref = None
         self._by_module = False
         for hook in _BATCH_HOOKS:
             self.__dict__.pop(hook, None)
@@ -357,7 +380,10 @@ def _on_before_optimizer_step(original: Callable, tracer: Callable) -> Callable:
         state = me._state if me is not None else None
         if state is not None:
             try:
-                me._read_lr(optimizer)
+                if me._lr is None:  # (me._read_lr(optimizer) inline: this runs once per update)
+                    groups = getattr(optimizer, "param_groups", None)
+                    if groups:
+                        me._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
             except Exception as exc:  # noqa: BLE001 - fail-open
                 me._fail("on_before_optimizer_step", exc)
             else:
@@ -376,18 +402,44 @@ def _optimizer_step(original: Callable, tracer: Callable) -> Callable:
         state = me._state if me is not None else None
         if state is not None:
             try:
+                now = perf_counter()
                 start = state.opt_start
                 if start is not None:
-                    state.opt_ms = (state.opt_ms or 0.0) + (perf_counter() - start) * 1000.0
-                    state.opt_start = None
+                    state.opt_ms = (state.opt_ms or 0.0) + (now - start) * 1000.0
                     if state.gpu is not None:
                         state.gpu.close_phase("optimizer")
-                me._close(True)
+                if me._loop_ref is None:
+                    me._close(True, now)
+                else:  # the update ends after the scheduler step that follows (_update_lr_schedulers)
+                    state.opt_start = now if start is not None else None
+                    me._stepped = now
             except Exception as exc:  # noqa: BLE001 - fail-open
                 me._fail("optimizer_step", exc)
         return out
 
     return optimizer_step
+
+
+def _update_lr_schedulers(original: Callable, tracer: Callable) -> Callable:
+    """The training epoch loop's scheduler step (Lightning runs it right after the batch's optimization, before
+    the batch-end hooks): an update whose optimizer stepped ends when it returns, its time in the optimizer part."""
+    def update_lr_schedulers(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        me = tracer()
+        if me is not None and me._stepped is not None:
+            try:
+                now = perf_counter()
+                state = me._state
+                if state is not None and state.opt_start is not None:
+                    state.opt_ms = (state.opt_ms or 0.0) + (now - state.opt_start) * 1000.0
+                    state.opt_start = None
+                me._close(True, now)
+            except Exception as exc:  # noqa: BLE001 - fail-open
+                me._fail("update_lr_schedulers", exc)
+        return out
+
+    return update_lr_schedulers
+
 
 
 #: The LightningModule methods wrapped per fit, in the order Lightning calls them in an update.
@@ -398,6 +450,20 @@ _WRAPPERS: dict[str, Callable[[Callable, Callable], Callable]] = {
     "on_before_optimizer_step": _on_before_optimizer_step,
     "optimizer_step": _optimizer_step,
 }
+
+#: The training epoch loop's method that steps the step-interval schedulers after each batch's optimization.
+_SCHEDULER_STEP = "update_lr_schedulers"
+
+
+def _epoch_loop(pl_module: Any) -> Any:
+    """The fit's training epoch loop when it has the scheduler step to wrap (else None: updates end with
+    their ``optimizer_step``)."""
+    try:
+        loop = pl_module._trainer.fit_loop.epoch_loop
+    except AttributeError:
+        return None
+    return loop if callable(getattr(loop, _SCHEDULER_STEP, None)) else None
+
 
 #: Callback hooks Lightning calls on every batch that this callback has no use for. Each dispatch costs
 #: Lightning several µs per callback (a profiler context and a formatted name), a large share of a small

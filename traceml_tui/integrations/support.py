@@ -119,6 +119,14 @@ def attach_on_init(trainer_cls: type, attach: Callable[[Any], bool], name: str, 
 
 def examples_in(batch: Any) -> int | None:
     """Examples in one batch: the leading size of its first tensor (a tensor, a mapping or a sequence)."""
+    kind = type(batch)
+    if kind is list or kind is tuple:  # the usual (inputs, targets), once per micro-batch: kept to plain look-ups
+        for value in batch:
+            shape = getattr(value, "shape", None)
+            found = (int(shape[0]) if len(shape) else None) if shape is not None else examples_in(value)
+            if found is not None:
+                return found
+        return None
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else None
