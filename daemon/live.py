@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Iterable, Optional, Sequence
 
 import msgspec
@@ -64,10 +64,18 @@ def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, lis
 
 
 def ratio_pairs(steps: Sequence[records.Step]) -> dict[str, list[tuple[int, float]]]:
-    """Per loss component of ``steps``, its (step, ratio) pairs in file order (ratios that are null left out)."""
+    """Per loss component of ``steps`` (one rank's records, file order), its (step, ratio) pairs in file order
+    (ratios that are null left out).
+
+    A step repeated in ``steps`` gives the pairs of its first record only, whatever components the later
+    copies carry: the first line is the row the index keeps (docs/daemon.md rule 2), and every series and
+    every live row's ratios fold that row's ratios, never a later copy's (a component only the later copy
+    has, or a ratio it gives where the first copy's was null).
+    """
     with_components = [s for s in steps if s.components]
     ratios: dict[str, list[tuple[int, float]]] = {}
     if with_components:
+        with_components = _first_copies(steps, with_components)
         names = set()
         for s in with_components[:: max(1, len(with_components) // 16)]:
             names.update(s.components)
@@ -83,6 +91,21 @@ def ratio_pairs(steps: Sequence[records.Step]) -> dict[str, list[tuple[int, floa
             if pairs:
                 ratios[name] = pairs
     return ratios
+
+
+_step_of = attrgetter("step")
+
+
+def _first_copies(steps: Sequence[records.Step], subset: list) -> list:
+    """``subset`` (records of ``steps``, in order) without the records that repeat a step an earlier record of
+    ``steps`` holds (the common case, no step repeated, costs one set of the steps)."""
+    numbers = list(map(_step_of, steps))
+    if len(set(numbers)) == len(numbers):
+        return subset
+    first: dict[int, object] = {}
+    for s in steps:
+        first.setdefault(s.step, s)
+    return [s for s in subset if first[s.step] is s]
 
 
 def row_tuples(steps: Sequence[records.Step]) -> list[tuple]:
