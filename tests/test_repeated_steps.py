@@ -7,11 +7,13 @@ later copy fills in, a first copy without any). The same files are read by a rea
 path) and by a real live ingester pass after pass (appends of new steps, repeats of stored ones, repeats
 within one append), each into its own SQLite index; the series of both (``step_ms``, ``loss``, ``lr``,
 ``grad_norm`` and ``ratio/<component>``) must equal a fresh fold of the kept rows, computed here from the
-records themselves.
+records themselves, and each rank row (``rank_live``) shows its newest kept row's time and loss, and ratios of
+a kept row.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from pathlib import Path
@@ -104,6 +106,21 @@ def _stored_rows(index: Path) -> dict:
         conn.close()
 
 
+def _rank_rows(index: Path) -> dict:
+    conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    try:
+        return {r[0]: (r[1], r[2], r[3], json.loads(r[4]) if r[4] else None) for r in conn.execute(
+            "SELECT rank, last_step, last_ts, loss, ratios FROM rank_live")}
+    finally:
+        conn.close()
+
+
+def _kept_ratios(r: records.Step):
+    """The ratios a rank row shows for the kept row ``r`` (its non-null ones; None without any)."""
+    got = {name: c.ratio for name, c in (r.components or {}).items() if c.ratio is not None}
+    return got or None
+
+
 def _cold(index: Path, root: Path) -> None:
     ing = Ingester(index, [str(root)], use_inotify=False)
     try:
@@ -130,7 +147,7 @@ def _live(index: Path, root: Path, passes: list[list[tuple[Path, bytes]]]) -> No
         ing.close()
 
 
-def _check(tmp: Path, passes: list[list[tuple[int, records.Step]]]) -> None:
+def _check(tmp: Path, passes: list[list[tuple[int, records.Step]]], exact_ratios: bool = False) -> None:
     """Write ``passes`` (per pass, (rank, record) appends) live, then ingest the same files cold; both indexes'
     series equal the fold of the kept rows, and the stored rows are the first copies."""
     root = tmp / "logs"
@@ -150,9 +167,13 @@ def _check(tmp: Path, passes: list[list[tuple[int, records.Step]]]) -> None:
     _live(tmp / "live.sqlite", root, live_passes)
     _cold(tmp / "cold.sqlite", root)
     want_wide, want_extra = _expected(recs)
-    kept = {}
+    kept_recs: dict = {}
     for r in recs:
-        kept.setdefault((r.rank, r.step), (r.loss, r.lr, r.grad_norm))
+        kept_recs.setdefault((r.rank, r.step), r)
+    kept = {key: (r.loss, r.lr, r.grad_norm) for key, r in kept_recs.items()}
+    newest = {}  # per rank: its newest kept row, and its newest kept row with components
+    for (rank, _), r in sorted(kept_recs.items()):
+        newest[rank] = (r, r if r.components else newest.get(rank, (None, None))[1])
     for name in ("cold", "live"):
         index = tmp / f"{name}.sqlite"
         got_rows = _stored_rows(index)
@@ -162,6 +183,18 @@ def _check(tmp: Path, passes: list[list[tuple[int, records.Step]]]) -> None:
         wide, extra = _series(index)
         _assert_same(extra, want_extra, f"{name}: ratio series")
         _assert_same(wide, want_wide, f"{name}: wide series")
+        # The rank rows: the newest step's values are its kept copy's, and the ratios shown are a kept row's
+        # (exactly the newest kept row's with components where the passes say it is within every tail).
+        rank_rows = _rank_rows(index)
+        assert sorted(rank_rows) == sorted(newest), name
+        for rank, (last_step, last_ts, loss, ratios) in rank_rows.items():
+            top, with_components = newest[rank]
+            assert (last_step, last_ts, loss) == pytest.approx((top.step, top.ts, top.loss)), (name, rank)
+            if exact_ratios:
+                assert ratios == (_kept_ratios(with_components) if with_components else None), (name, rank)
+            else:
+                assert ratios is None or any(ratios == _kept_ratios(r) for (k, _), r in kept_recs.items()
+                                             if k == rank and r.components), (name, rank, ratios)
 
 
 def test_repeated_steps_fold_the_first_copy_cold_and_live(tmp_path):
@@ -185,13 +218,18 @@ def test_repeated_steps_fold_the_first_copy_cold_and_live(tmp_path):
             (0, _rec(0, 99, 3, {"mse": 9.0, "kl": 9.0})),
             (0, _rec(0, 101, 0, None)),
         ],
-        [  # a repeat within one append past every stored step
+        [  # repeats within one append past every stored step, the newest step's among them
             (1, _rec(1, 6, 0, {"mse": 0.6})),
             (1, _rec(1, 7, 0, {"mse": 0.7})),
             (1, _rec(1, 6, 4, {"mse": 0.1, "kl": 0.2})),
+            (1, _rec(1, 7, 5, {"kl": 0.3})),
+        ],
+        [  # an append of nothing but a repeat of the newest step, with other values and components
+            (1, _rec(1, 7, 6, {"mse": 7.7})),
+            (0, _rec(0, 101, 7, {"mse": 1.5})),
         ],
     ]
-    _check(tmp_path, passes)
+    _check(tmp_path, passes, exact_ratios=True)
 
 
 _comps = st.one_of(st.none(), st.dictionaries(st.sampled_from(["mse", "kl"]),
