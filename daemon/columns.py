@@ -120,5 +120,5 @@ def _prepared(recs: list, rows: list) -> decode.Prepared:
     first = recs[0]
     if all(r.rank == first.rank and r.attempt == first.attempt for r in recs):
         return decode.Prepared([], [], {(first.rank, first.attempt): (
-            rows, live.ratio_pairs(recs), live.latest_ratios(recs[-decode.WINDOW_TAIL:]))})
+            rows, live.ratio_pairs(recs), live.latest_ratios(recs, decode.WINDOW_TAIL))})
     return decode.prepared_steps(recs)

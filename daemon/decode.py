@@ -172,7 +172,8 @@ class Prepared(NamedTuple):
     """A block decoded and turned into rows: what the writer needs, nothing it must compute.
 
     ``others`` are the records that are not steps with their line's offset; ``groups`` maps each
-    (rank, attempt) to its step rows, component ratios (:func:`live.step_rows`) and newest ratios.
+    (rank, attempt) to its step rows, component ratios (:func:`live.step_rows`) and newest ratios with their
+    step (:func:`live.latest_ratios`).
     Plain tuples and msgspec structs: it crosses a process boundary by pickle.
     """
 
@@ -247,4 +248,4 @@ def _prepared(errors: list, others: list, steps: list) -> Prepared:
             for st in steps:
                 groups.setdefault((st.rank, st.attempt), []).append(st)
     return Prepared(errors, others,
-                    {key: (*live.step_rows(g), live.latest_ratios(g[-WINDOW_TAIL:])) for key, g in groups.items()})
+                    {key: (*live.step_rows(g), live.latest_ratios(g, WINDOW_TAIL)) for key, g in groups.items()})

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Iterable, Optional, Sequence
 
 import msgspec
@@ -64,10 +64,18 @@ def step_rows(steps: Sequence[records.Step]) -> tuple[list[tuple], dict[str, lis
 
 
 def ratio_pairs(steps: Sequence[records.Step]) -> dict[str, list[tuple[int, float]]]:
-    """Per loss component of ``steps``, its (step, ratio) pairs in file order (ratios that are null left out)."""
+    """Per loss component of ``steps`` (one rank's records, file order), its (step, ratio) pairs in file order
+    (ratios that are null left out).
+
+    A step repeated in ``steps`` gives the pairs of its first record only, whatever components the later
+    copies carry: the first line is the row the index keeps (docs/daemon.md rule 2), and every series and
+    every live row's ratios fold that row's ratios, never a later copy's (a component only the later copy
+    has, or a ratio it gives where the first copy's was null).
+    """
     with_components = [s for s in steps if s.components]
     ratios: dict[str, list[tuple[int, float]]] = {}
     if with_components:
+        with_components = _first_copies(steps, with_components)
         names = set()
         for s in with_components[:: max(1, len(with_components) // 16)]:
             names.update(s.components)
@@ -83,6 +91,21 @@ def ratio_pairs(steps: Sequence[records.Step]) -> dict[str, list[tuple[int, floa
             if pairs:
                 ratios[name] = pairs
     return ratios
+
+
+_step_of = attrgetter("step")
+
+
+def _first_copies(steps: Sequence[records.Step], subset: list) -> list:
+    """``subset`` (records of ``steps``, in order) without the records that repeat a step an earlier record of
+    ``steps`` holds (the common case, no step repeated, costs one set of the steps)."""
+    numbers = list(map(_step_of, steps))
+    if len(set(numbers)) == len(numbers):
+        return subset
+    first: dict[int, object] = {}
+    for s in steps:
+        first.setdefault(s.step, s)
+    return [s for s in subset if first[s.step] is s]
 
 
 def row_tuples(steps: Sequence[records.Step]) -> list[tuple]:
@@ -249,7 +272,7 @@ class RankWindow:
         self.first_step = first if self.first_step is None else min(self.first_step, first)
         top = max(steps)
         i = steps.index(top)  # the first row holding the largest step, as max(rows, key=step) picks
-        if self.last_step is None or top >= self.last_step:
+        if self.last_step is None or top > self.last_step:  # a repeat of the newest step keeps its first copy's
             self.last_step = top
             self.last_ts = cols[COL_TS][i]
             if cols[COL_LOSS][i] is not None:
@@ -264,11 +287,18 @@ class RankWindow:
             self._append(step, r[COL_TS], r[COL_EXAMPLES], _TIMINGS_OF_ROW(r))
         if self.first_step is None or step < self.first_step:
             self.first_step = step
-        if self.last_step is None or step >= self.last_step:
+        if self.last_step is None or step > self.last_step:  # a repeat of the newest step keeps its first copy's
             self.last_step = step
             self.last_ts = r[COL_TS]
             if r[COL_LOSS] is not None:
                 self.loss = r[COL_LOSS]
+
+    def take_ratios(self, latest: Optional[tuple[int, dict[str, float]]], before: Optional[int]) -> None:
+        """Take a block's newest ratios (:func:`latest_ratios`) when their step is past ``before``, the rank's
+        newest stored step before the block (None: take them): ratios of a step stored already are a later
+        copy's, never the kept row's (docs/daemon.md rule 2)."""
+        if latest is not None and (before is None or latest[0] > before):
+            self.ratios = latest[1]
 
     def clock(self) -> str:
         """``gpu`` when every step in the window has a GPU traced time, else ``cpu`` (the summary's rule)."""
@@ -321,15 +351,24 @@ class RankWindow:
         }
 
 
-def latest_ratios(steps: Sequence[records.Step]) -> Optional[dict[str, float]]:
-    """Scale-free ratios of the newest step record that has components."""
-    best = None
-    for s in steps:
-        if s.components and (best is None or s.step >= best.step):
-            best = s
-    if best is None:
+def latest_ratios(steps: Sequence[records.Step], tail: int = 0) -> Optional[tuple[int, dict[str, float]]]:
+    """The newest component ratios among the last ``tail`` records of ``steps`` (one rank's, file order; all of
+    them when ``tail`` is 0): ``(step, {name: ratio})`` of the newest step whose kept row, the first record of
+    that step in ``steps`` (docs/daemon.md rule 2), has components (null ratios left out); None when none has.
+
+    A later copy of a step never gives its components: where the kept copy has none, an older step's count.
+    """
+    found = [s for s in (steps[-tail:] if tail else steps) if s.components]
+    if not found:
         return None
-    return {name: c.ratio for name, c in best.components.items() if c.ratio is not None}
+    numbers = None
+    for s in sorted(found, key=_step_of, reverse=True):  # stable: of equal steps the earlier record first
+        if numbers is None:
+            numbers = list(map(_step_of, steps))
+        kept = steps[numbers.index(s.step)]
+        if kept.components:
+            return kept.step, {name: c.ratio for name, c in kept.components.items() if c.ratio is not None}
+    return None
 
 
 def series_width(max_step: int, current: int) -> int:

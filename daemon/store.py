@@ -192,6 +192,7 @@ class Store:
             n = len(rows)
             key = (run_id, rank, attempt)
             window = agg.window(key)
+            before = window.last_step  # the rank's newest stored step, before this append
             texts = live_table.ratio_texts([r[live.COL_STEP] for r in rows] if n > 1 else (), ratios, n)
             if n == 1:
                 mask = list(map(operator.is_not, rows[0], _NONES))
@@ -213,8 +214,7 @@ class Store:
                 window.add_row(rows[0], inserted)
             else:
                 window.add_columns(cols, inserted)
-            if latest is not None:
-                window.ratios = latest
+            window.take_ratios(latest, before)
             batch.ranks.add(key)
 
     def _route_steps(self, run: Run, cur: dict, groups: dict, batch: Batch) -> None:
@@ -263,12 +263,14 @@ class Store:
             batch.rows += n
             batch.records += inserted
             window = agg.window(key)
+            # A new generation's values win, its ratios too; else only ratios of a step past the rank's newest
+            # stored one are the kept row's (docs/daemon.md, "Exactly once").
+            before = None if cur["generation"] else window.last_step
             if n == 1:
                 window.add_row(rows[0], inserted)
             else:
                 window.add_columns(cols, inserted)
-            if latest is not None:
-                window.ratios = latest
+            window.take_ratios(latest, before)
             batch.ranks.add(key)
             if inserted:
                 if n <= SMALL_FOLD_ROWS:  # a live append: folded at commit with every other rank of the pass
