@@ -38,11 +38,17 @@ RankKey = tuple[int, int, int]  # (run_id, rank, attempt)
 
 MERGE_EVERY_S = 5.0  # a live row waits at most about this long (and one pass) for its merge …
 MERGE_ROWS = 50_000  # … or until this many rows wait, whichever comes first
+#: A merge moves at most this many ranks' rows per transaction. Each rank it moves rewrites its own last leaf
+#: pages of ``steps_stored``, ``series`` and ``series_extra`` (~5 pages, 20 KiB), and one transaction's pages
+#: all go to the WAL before any checkpoint may copy them back: 6,400 ranks in one merge made a WAL of
+#: 100–200 MiB, past the 16 MiB bound (daemon/wal.py). 256 ranks keep a merge's transaction near 5 MiB.
+MERGE_SLICE_KEYS = 256
 
 _ROW_COLUMNS = idx.STEP_COLUMNS[1:]  # a row tuple's columns (live.step_rows), in order
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(dict[str, float]).decode
 _KEY_WHERE = "run_id = ? AND rank = ? AND attempt = ?"
+_SPAN_WHERE = "(run_id, rank, attempt) BETWEEN (?, ?, ?) AND (?, ?, ?)"  # a slice of the keys (the unique index)
 _MOVE_SQL = "INSERT INTO {stored} ({cols}) SELECT {exprs} FROM {live}{where} ORDER BY run_id, rank, attempt, step"
 
 
@@ -54,6 +60,7 @@ def _move_sql(where: str) -> str:
 
 _MOVE_ALL = _move_sql("")
 _MOVE_KEY = _move_sql(f" WHERE {_KEY_WHERE}")
+_MOVE_SPAN = _move_sql(f" WHERE {_SPAN_WHERE}")
 _READ = (f"SELECT run_id, {', '.join(_ROW_COLUMNS)}, ratios FROM {idx.LIVE_TABLE}{{where}}"
          " ORDER BY run_id, rank, attempt, step")
 
@@ -85,6 +92,7 @@ class LiveTable:
         self.enabled = False
         self.merge_every = MERGE_EVERY_S
         self.merge_rows = MERGE_ROWS
+        self.merge_keys = MERGE_SLICE_KEYS  # ranks moved per merge transaction (:meth:`slices`)
         self.tick = time.monotonic  # the clock of merge_every (injectable for tests)
         self.pending: dict[RankKey, int] = {}  # rows waiting per (run, rank, attempt), this transaction included
         self.rows = 0
@@ -118,6 +126,16 @@ class LiveTable:
     def due(self) -> bool:
         """True when the waiting rows should be merged now (:data:`MERGE_EVERY_S`, :data:`MERGE_ROWS`)."""
         return bool(self.rows) and (self.rows >= self.merge_rows or self.tick() - self.since >= self.merge_every)
+
+    def slices(self) -> list[Optional[tuple[RankKey, RankKey]]]:
+        """How a merge of every waiting row is cut into transactions: spans of at most :attr:`merge_keys`
+        waiting ranks, first and last key included, in key order (``[None]``: all of them in one), so that no
+        merge transaction's pages outgrow the WAL's bound (:data:`MERGE_SLICE_KEYS`)."""
+        if len(self.pending) <= self.merge_keys:
+            return [None]
+        keys = sorted(self.pending)
+        step = max(1, self.merge_keys)
+        return [(keys[i], keys[min(len(keys), i + step) - 1]) for i in range(0, len(keys), step)]
 
     def insert_sql(self, run_id: int, keep: tuple[int, ...]) -> str:
         """INSERT of live rows carrying the row-tuple columns ``keep`` (always rank, attempt and step first) and
@@ -220,14 +238,22 @@ class LiveTable:
         """The waiting keys of one rank of a run, every attempt."""
         return [k for k in self.pending if k[0] == run_id and k[1] == rank]
 
-    def move(self, agg, keys: Optional[Iterable[RankKey]] = None) -> set[int]:
-        """Move the waiting rows of ``keys`` (None: all) into ``steps_stored``, sorted by key, and fold them into
+    def move(self, agg, keys: Optional[Iterable[RankKey]] = None,
+             span: Optional[tuple[RankKey, RankKey]] = None) -> set[int]:
+        """Move the waiting rows of ``keys`` (None: all; or those of the keys within ``span``, first and last key
+        included: a slice of a merge, :meth:`slices`) into ``steps_stored``, sorted by key, and fold them into
         the series with ``agg`` (:class:`daemon.aggregates.Aggregates`), inside the caller's transaction; returns
         the runs whose rows moved. The rows leave the live table in the same statement group, so a row is
         folded exactly once whatever interrupts it (the module docstring)."""
         conn = self.conn
         self.flush()
-        if keys is None:
+        if span is not None:
+            lo, hi = span
+            moved = [k for k in self.pending if lo <= k <= hi]
+            bounds = (*lo, *hi)
+            targets = [(_READ.format(where=f" WHERE {_SPAN_WHERE}"), bounds, _MOVE_SPAN,
+                        f"DELETE FROM {idx.LIVE_TABLE} WHERE {_SPAN_WHERE}", bounds)]
+        elif keys is None:
             targets = [(_READ.format(where=""), (), _MOVE_ALL, f"DELETE FROM {idx.LIVE_TABLE}", ())]
             moved = list(self.pending)
         else:
@@ -247,7 +273,7 @@ class LiveTable:
             if remembered and rows:
                 items.append((k[0], k[1], list(zip(*rows)), ratios or {}))
         agg.write_series_many(items)
-        if keys is None:
+        if keys is None and span is None:
             self._rows.clear()
             self._ratios.clear()
             self._remembered = True  # nothing waits: what comes next is remembered as it is inserted
@@ -259,6 +285,9 @@ class LiveTable:
                 self.rows -= self.pending.pop(k)
             if not self.rows:
                 self.since = None
+                self._rows.clear()
+                self._ratios.clear()
+                self._remembered = True  # nothing waits: what comes next is remembered as it is inserted
         return {k[0] for k in moved}
 
 

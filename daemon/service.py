@@ -381,26 +381,28 @@ class Ingester:
 
     @_gc_paused_when_live
     def merge_live(self) -> None:
-        """Move every row waiting in the live table into the step table and fold it into the series, in a
-        transaction of its own (daemon/live_table.py); the runs it touched are marked changed."""
+        """Move every row waiting in the live table into the step table and fold it into the series, in
+        transactions of their own, a slice of the ranks each (daemon/live_table.py); the runs it touched are
+        marked changed."""
         live = self.store.live
         if not live.rows or self._batch is not None:
             return
         conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            runs = live.move(self.store.agg)
-            version = idx.bump_version(conn)
-            conn.executemany("UPDATE runs SET updated_version = ? WHERE run_id = ?", [(version, r) for r in runs])
-            conn.execute("COMMIT")
-            self.wal.after_commit()
-        except BaseException:
+        for span in live.slices():  # a slice of the ranks per transaction: the WAL stays bounded (live_table.py)
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("ROLLBACK")
-            except Exception:
-                pass
-            self.rollback()  # memory (waiting rows, series widths) went ahead of the index: reload it
-            raise
+                runs = live.move(self.store.agg, span=span)
+                version = idx.bump_version(conn)
+                conn.executemany("UPDATE runs SET updated_version = ? WHERE run_id = ?", [(version, r) for r in runs])
+                conn.execute("COMMIT")
+                self.wal.after_commit()
+            except BaseException:
+                try:
+                    conn.execute("ROLLBACK")
+                except Exception:
+                    pass
+                self.rollback()  # memory (waiting rows, series widths) went ahead of the index: reload it
+                raise
 
     def rollback(self) -> None:
         """Roll the open transaction back; memory may be ahead of the index, so reload what was committed and

@@ -8,8 +8,9 @@ of checkpoints a reader held back, kept a WAL of tens of MiB for the rest of its
 * ``journal_size_limit``: when the writer starts the log again from its first frame (after a complete
   checkpoint), SQLite truncates the file to :data:`WAL_LIMIT_BYTES`;
 * :meth:`WalBound.after_commit`: a file past the limit after a commit gets a ``TRUNCATE`` checkpoint, which
-  copies every frame back and empties the file. It never waits for readers (``busy_timeout`` 0 for that
-  call): a reader still reading an older snapshot leaves it for a later commit, never blocks the ingester.
+  copies every frame back and empties the file. It waits for readers at most :data:`TRUNCATE_WAIT_MS` (a
+  polling reader's read ends within it): a reader still reading an older snapshot after that leaves it for a
+  later commit, and never blocks the ingester longer.
 
 Neither changes rule 2: a commit is durable in the WAL (``synchronous=FULL``) whether or not it was
 checkpointed, and a checkpoint only copies committed pages.
@@ -22,6 +23,11 @@ import sqlite3
 
 WAL_LIMIT_BYTES = 16 << 20  # the WAL file is brought back under this after a commit that left it larger
 _BUSY_TIMEOUT_MS = 30_000  # the writer connection's own (daemon/index.py: timeout=30)
+#: How long the TRUNCATE checkpoint waits for readers to end their read transactions. A reader that polls
+#: without pause (a dashboard, the benchmark's probe) is almost always inside one for a few milliseconds:
+#: never waiting (0) lost to it at nearly every commit, and the WAL grew past the bound for good. A reader
+#: that holds its snapshot longer costs a commit at most this long, and leaves the WAL for a later commit.
+TRUNCATE_WAIT_MS = 50
 
 
 class WalBound:
@@ -52,7 +58,7 @@ class WalBound:
         if self.size() <= self.limit:
             return False
         conn = self.conn
-        conn.execute("PRAGMA busy_timeout=0")
+        conn.execute(f"PRAGMA busy_timeout={TRUNCATE_WAIT_MS}")
         try:
             busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.OperationalError:  # locked by a reader mid-checkpoint: the next commit tries again

@@ -12,6 +12,7 @@ import math
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -462,3 +463,99 @@ def test_an_index_written_before_the_live_table_gains_it_and_keeps_every_row(tmp
         assert _counts(index) == (len(before) + len(paths), len(before) + len(paths), len(paths))
     finally:
         ing.close()
+
+
+# --------------------------------------------------------------------------- a merge cut into slices
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("where,committed", [("INSERT INTO steps_stored@2", 1), ("UPDATE runs SET updated_version@2", 1),
+                                             ("DELETE FROM steps_live@3", 2), ("COMMIT@2", 1)])
+def test_sigkill_inside_a_later_slice_of_a_merge_stores_every_line_once(tmp_path, where, committed):
+    """A merge cut into slices (4 ranks per transaction: three slices over 3 runs × 4 ranks) SIGKILLed inside
+    a later slice: the slices before it stay moved and folded, the rest waits, every line is stored exactly
+    once, and the next ingester merges what waits; rows, counts and every series then equal a cold ingest."""
+    root = tmp_path / "logs"
+    make_streams(root)
+    index = tmp_path / "index.sqlite"
+    passes = 12
+    proc = subprocess.run([sys.executable, "-m", "support.live_kill", str(index), str(root), str(passes), where, "4"],
+                          env=python_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr
+    distinct_lines = RUNS * RANKS * sum(1 if p % 5 else 3 for p in range(passes))
+    total, distinct, waiting = _counts(index)
+    assert total == distinct == distinct_lines
+    assert waiting == distinct_lines * (RUNS - committed) // RUNS  # each stream got the same lines
+    after = Ingester(index, [str(root)], use_inotify=False)
+    try:
+        assert after.run_once() == 0
+    finally:
+        after.close()
+    assert _counts(index) == (distinct_lines, distinct_lines, 0)
+    _assert_same(_state(index), _cold(tmp_path, root))
+
+
+def _peaks(ing: Ingester) -> list[int]:
+    """The WAL's size after each commit of ``ing``, before its bound is enforced (what one transaction left)."""
+    peaks = []
+    enforce = ing.wal.after_commit
+    ing.wal.after_commit = lambda: (peaks.append(ing.wal.size()), enforce())[1]
+    return peaks
+
+
+def test_a_merge_of_many_ranks_commits_in_slices_and_the_wal_stays_bounded_while_a_reader_polls(tmp_path):
+    """A merge rewrites each moved rank's last pages of the step table and the series, all in the WAL before
+    a checkpoint may copy them back: one transaction over every rank made the WAL of a 6,400-rank load grow
+    to 100–200 MiB, past its bound. Cut into slices of ``merge_keys`` ranks, a merge over 256 ranks commits
+    in 8 transactions of at most 32 ranks each, and while a reader polls the index without pause the WAL
+    is under its bound after every commit once enforced, and never past it by more than one slice's pages;
+    the index equals a cold ingest's."""
+    root = tmp_path / "logs"
+    paths = _many_streams(root, runs=4, ranks=64)
+    for i, path in enumerate(paths):  # each rank's rows past a leaf page of their own, as in a long run
+        append_raw(path, b"".join(step_line(path.parents[2].name, i % 64, s) for s in range(1, 61)))
+    index = tmp_path / "index.sqlite"
+    cold = Ingester(index, [str(root)], use_inotify=False)
+    try:
+        cold.run_once()
+    finally:
+        cold.close()
+    ing = _live_ingester(index, root)
+    ing.store.live.merge_keys = 32
+    limit = 1 << 20
+    ing.wal.set_limit(limit)
+    peaks = _peaks(ing)
+    stop = threading.Event()
+    polls = [0]
+
+    def poll() -> None:
+        with Reader(index) as r:
+            while not stop.is_set():
+                r.list_runs()
+                polls[0] += 1
+
+    reader = threading.Thread(target=poll, daemon=True)
+    reader.start()
+    commits = []
+    trace: list[str] = []
+    ing.conn.set_trace_callback(lambda sql: trace.append(sql) if sql.startswith("COMMIT") else None)
+    try:
+        for p in range(3):
+            for i, path in enumerate(paths):
+                append_raw(path, b"".join(step_line(path.parents[2].name, i % 64, 61 + 5 * p + j) for j in range(5)))
+            _live_pass(ing)
+            assert ing.store.live.rows == 5 * len(paths)
+            before = len(trace)
+            moved = ing.store.live.rows
+            ing.merge_live()
+            commits.append(len(trace) - before)
+            assert moved and ing.store.live.rows == 0
+        assert _wait_for(lambda: polls[0] > 0)
+        assert ing.wal.size() <= limit
+    finally:
+        stop.set()
+        reader.join(timeout=60)
+        ing.close()
+    assert commits == [8, 8, 8]
+    assert max(peaks) <= limit + 32 * 8 * 4096, peaks  # the bound and at most one slice's pages (~5 a rank)
+    _assert_same(_state(index), _cold(tmp_path, root))

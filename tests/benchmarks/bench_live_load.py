@@ -13,7 +13,10 @@ real-shaped step records to every stream at a fixed rate. Reported per load:
 * the baseline, measured in this same run: the cold-ingest cost per record (``Ingester.run_once`` over a
   dataset of the same record shape), and the CPU the load would cost at that price (records/s × cost);
 * the largest size of the index's WAL file seen during the window (docs/daemon.md, "Live path": the WAL
-  stays bounded).
+  stays bounded);
+* what the writers really appended per second, what the index gained per second over the window (less:
+  the daemon fell behind), and the share of the window the daemon's threads spent runnable but waiting for
+  a core (``/proc/<pid>/schedstat``): little CPU with a large wait is a machine too busy, not an idle daemon.
 
 The issue's targets (docs/daemon.md, "Live path"): 20 × 64 × 1 step/s ≤ 5 % of a core (inotify and
 polling); 20 × 64 × 10 steps/s ≤ 30 % with lag p99 < 1 s; 100 × 64 × 1 step/s (``cluster100``) ≤ 25 % with
@@ -79,8 +82,9 @@ def make_runs(root: Path, runs: int, ranks: int, steps: int = 10, prefix: str = 
     return out
 
 
-def _writer(root: str, streams: list, rate: float, first_step: int, stop_at: float, ready) -> None:
-    """Append one step to each of ``streams`` every 1/rate s until ``stop_at`` (time.time())."""
+def _writer(root: str, streams: list, rate: float, first_step: int, stop_at: float, ready, written=None) -> None:
+    """Append one step to each of ``streams`` every 1/rate s until ``stop_at`` (time.time()); ``written`` (a
+    shared counter) counts the records appended, so the load reports the rate it really wrote."""
     rng = random.Random(os.getpid())
     fds = [(run, rank, open_append(_stream(Path(root), run, rank))) for run, rank in streams]
     ready.set()
@@ -97,6 +101,9 @@ def _writer(root: str, streams: list, rate: float, first_step: int, stop_at: flo
             append_line(fd, _step(run, rank, step, time.time(), rng))
             if gap > 0.0005:
                 time.sleep(gap)
+        if written is not None:
+            with written.get_lock():
+                written.value += len(fds)
         step += 1
         nxt += period
     for *_, fd in fds:
@@ -273,6 +280,21 @@ def phases_cost(tmp: Path, runs: int, ranks: int, passes: int = 15) -> list[tupl
                                                      if label in spent]
 
 
+def _run_delay(pid: int) -> float:
+    """Seconds ``pid``'s threads have waited, runnable, for a core (``/proc/<pid>/schedstat``; 0 elsewhere): a
+    daemon behind its load with little CPU used is either idle (its own bug) or waiting here (the machine's)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _records(index: Path) -> int:
+    with Reader(index) as r:
+        return sum(run.records for run in r.list_runs())
+
+
 def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds: float, extra: list[str],
              cost: float) -> str:
     root = tmp / label
@@ -287,12 +309,14 @@ def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds:
     writers = []
     settle = 3.0
     stop_at = time.time() + settle + seconds + 1.0
+    ctx = mp.get_context("fork")
+    written = ctx.Value("q", 0)
     if rate > 0:
-        ctx = mp.get_context("fork")
         n = min(WRITERS, len(streams))
         for w in range(n):
             ready = ctx.Event()
-            p = ctx.Process(target=_writer, args=(str(root), streams[w::n], rate, 11, stop_at, ready), daemon=True)
+            p = ctx.Process(target=_writer, args=(str(root), streams[w::n], rate, 11, stop_at, ready, written),
+                            daemon=True)
             p.start()
             ready.wait(30)
             writers.append(p)
@@ -301,6 +325,8 @@ def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds:
         probe_id = next(r.run_id for r in reader.list_runs() if os.path.basename(r.dir) == "probe")
         dp = psutil.Process(proc.pid)
         c0 = sum(dp.cpu_times()[:2])
+        d0 = _run_delay(proc.pid)
+        w0, i0 = written.value, _records(index)
         t_start = time.perf_counter()
         lat = []
         wal_max = 0  # the largest the index's WAL file was seen during the window (docs/daemon.md, "Live path")
@@ -325,6 +351,8 @@ def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds:
                 pass
         elapsed = time.perf_counter() - t_start
         used = sum(dp.cpu_times()[:2]) - c0
+        waited = _run_delay(proc.pid) - d0
+        wrote, stored = written.value - w0, _records(index) - i0 - step  # the probe's records apart
     for p in writers:
         p.join(timeout=30)
     _stop(proc)
@@ -336,7 +364,8 @@ def load_row(tmp: Path, label: str, runs: int, ranks: int, rate: float, seconds:
     rec_s = runs * ranks * rate
     return (f"| {label} | {runs} × {ranks} × {rate:g}/s{' (' + ' '.join(extra) + ')' if extra else ''} | "
             f"{rec_s:,.0f} | {100 * used / elapsed:.1f} % | {100 * rec_s * cost:.1f} % | "
-            f"p50 {p50:.0f} ms, p99 {p99:.0f} ms ({len(lat)}) | {wal_max / 2**20:.1f} MiB |")
+            f"p50 {p50:.0f} ms, p99 {p99:.0f} ms ({len(lat)}) | {wal_max / 2**20:.1f} MiB | "
+            f"{wrote / elapsed:,.0f} | {stored / elapsed:,.0f} | {100 * waited / elapsed:.0f} % |")
 
 
 ROWS = {
@@ -380,8 +409,8 @@ def main() -> None:
                 print(f"| {label} | {per * 1e6:.1f} µs | {per / cost:.1f} |", flush=True)
             return
         print("| load | runs × ranks × rate | records/s | daemon CPU | at cold cost | append → visible (probe) "
-              "| WAL max |")
-        print("|---|---|---|---|---|---|---|")
+              "| WAL max | written/s | stored/s | daemon waiting for a core |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for name in args.only.split(","):
             runs, ranks, rate, extra = ROWS[name]
             print(load_row(tmp, name, runs, ranks, rate, args.seconds, extra, cost), flush=True)

@@ -1,6 +1,6 @@
 """A live ingester killed with SIGKILL at a chosen point of the live path (tests/test_live_table.py).
 
-``python -m support.live_kill INDEX ROOT PASSES WHERE`` (run it with ``env=support.python_env()``): a real
+``python -m support.live_kill INDEX ROOT PASSES WHERE [SLICE]`` (run it with ``env=support.python_env()``): a real
 :class:`daemon.service.Ingester` with the live daemon's settings over the streams under ROOT (made by
 :func:`make_streams`), merges held back; PASSES passes each append the lines of :func:`pass_lines` to every
 stream, then read them (``poll``) and commit (``commit_pass``): every row is committed to the live table,
@@ -10,6 +10,8 @@ none is merged or folded. Then the process kills itself with SIGKILL:
 * ``WHERE = <SQL prefix>`` — inside the merge (``Ingester.merge_live``), as the first statement starting with
   that prefix begins (``INSERT INTO steps_stored``, ``INSERT INTO series``, ``DELETE FROM steps_live``,
   ``COMMIT`` …): the merge's transaction is open and part of it written;
+* ``WHERE = <SQL prefix>@N`` — as the N-th statement starting with that prefix begins (a merge cut into
+  slices, SLICE ranks per transaction: the N-th slice's, the slices before it committed);
 * ``WHERE = never`` — the merge completes and the process exits 0.
 """
 
@@ -51,6 +53,8 @@ def pass_lines(run: str, rank: int, p: int) -> bytes:
 
 def main(argv: list[str]) -> None:
     index, root, passes, where = Path(argv[0]), Path(argv[1]), int(argv[2]), argv[3]
+    prefix, _, nth = where.partition("@")
+    nth = int(nth or 1)
     from daemon.service import Ingester
 
     ing = Ingester(index, [str(root)], use_inotify=False)
@@ -58,6 +62,8 @@ def main(argv: list[str]) -> None:
     ing.live_settings()
     ing.store.live.merge_every = float("inf")
     ing.store.live.merge_rows = 1 << 40
+    if len(argv) > 4:
+        ing.store.live.merge_keys = int(argv[4])
     ing.scan()
     ing.commit()
     targets = ing.plan.everything()
@@ -70,9 +76,13 @@ def main(argv: list[str]) -> None:
     if where == "commit":
         os.kill(os.getpid(), signal.SIGKILL)
 
+    seen = [0]
+
     def trace(sql: str) -> None:
-        if where != "never" and sql.lstrip().startswith(where):
-            os.kill(os.getpid(), signal.SIGKILL)
+        if where != "never" and sql.lstrip().startswith(prefix):
+            seen[0] += 1
+            if seen[0] == nth:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     ing.conn.set_trace_callback(trace)
     ing.merge_live()
