@@ -12,6 +12,8 @@ import math
 import time
 from typing import Optional, Sequence
 
+from traceml_tui.core.state import compact_age
+
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -83,11 +85,4 @@ def duration(seconds: Optional[float]) -> str:
     """Compact age: 42s, 3m, 2h, 5d; None → '–'."""
     if seconds is None or not math.isfinite(seconds):
         return "–"
-    s = max(0.0, seconds)
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{s / 60:.0f}m"
-    if s < 86400:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
+    return compact_age(seconds)  # one rule for every age the watch and the marks print
