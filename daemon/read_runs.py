@@ -194,9 +194,8 @@ class RankRow:
 
 
 _RUN_COLS = ("run_id", "name", "dir", "root", "missing", "ranks_total", "ranks_ended", "last_step",
-             "last_ts", "last_seen", "steps_per_s", "examples_per_s", "slowest_rank", "straggler_score", "records",
-             "errors", "manifest_status", "training_status", "summary_status", "outcomes_total", "outcomes_failed",
-             "nnodes", "nproc_per_node", "world_size", "started_at", "ended_at", "updated_version",
+             "last_ts", "last_seen", "records", "errors", "manifest_status", "training_status", "summary_status",
+             "outcomes_total", "outcomes_failed", "nnodes", "nproc_per_node", "world_size", "started_at", "ended_at", "updated_version",
              "median_interval_s", "outcome_nodes", "launcher_exit_codes")
 _RANK_COLS = ("rank", "attempt", "records", "first_step", "last_step", "last_ts", "last_seen", "median_step_ms",
               "median_input_wait_ms", "median_interval_s", "steps_per_s", "examples_per_s", "loss", "ratios", "ended",
