@@ -10,10 +10,13 @@ runs colder; ``tests/benchmarks/bench_trainers.py`` measures that):
 * ``+ log(floats)``: loss, lr and batch size as Python numbers;
 * ``+ log(tensor loss)``: the loss a trainer hands over (one ``.item()`` when
   the record is written);
-* ``Lightning callback``: the hooks Lightning calls on traceml per update
-  (batch start, the ``training_step`` and ``backward`` wrappers, before the
-  optimizer step, batch end), called directly with the same arguments, without
-  Lightning's own dispatch (skipped when Lightning is not installed).
+* ``Lightning callback``: what traceml runs in one Lightning update — the
+  wrappers the callback puts on the LightningModule's ``on_train_batch_start``,
+  ``training_step``, ``backward``, ``on_before_optimizer_step`` and
+  ``optimizer_step`` and on the epoch loop's ``update_lr_schedulers`` (which
+  closes the update and writes its record), called in Lightning's order against
+  the same calls on an unwrapped module, without Lightning's own work around
+  them (skipped when Lightning is not installed).
 
 The budget of the first three is the design's ≤ 10 µs per step.
 
@@ -103,16 +106,35 @@ def main() -> int:
 
 
 def lightning_rows(n: int, loss: Any, batch: Any) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(bare, traced) loops of one Lightning update's calls into traceml's callback, without Lightning."""
+    """(bare, traced) loops of one Lightning update's calls into traceml, without Lightning.
+
+    The callback times an automatic-optimization update through wrappers on the
+    LightningModule's own methods and on the epoch loop's scheduler step
+    (traceml_tui/integrations/lightning.py); its batch hooks are then switched
+    off. Both loops call the same methods, in Lightning's order, on a stand-in
+    module with a stand-in epoch loop: the bare one on a module the callback
+    never saw, the traced one on the module its ``setup`` wrapped.
+    """
     import torch
 
-    from traceml_tui.integrations.lightning import TraceMLCallback
+    from traceml_tui import sdk
+    from traceml_tui.integrations import lightning as integration
 
-    callback = TraceMLCallback()
+    callback = integration.TraceMLCallback()
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+    class EpochLoop:
+        def update_lr_schedulers(self, interval: str, update_plateau_schedulers: bool) -> None:
+            return None
 
     class Module:
         automatic_optimization = True
+
+        def __init__(self) -> None:
+            self._trainer = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=EpochLoop()))
+
+        def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+            return None
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             return loss
@@ -120,28 +142,46 @@ def lightning_rows(n: int, loss: Any, batch: Any) -> tuple[Callable[[], None], C
         def backward(self, tensor: Any) -> None:
             return None
 
+        def on_before_optimizer_step(self, optimizer: Any) -> None:
+            return None
+
+        def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, closure: Any = None) -> None:
+            return None
+
         def parameters(self) -> Any:
             return iter([torch.zeros(1)])
 
-    module = Module()
+    module, plain = Module(), Module()
     trainer = SimpleNamespace(callbacks=[callback], world_size=1, is_global_zero=True, checkpoint_callbacks=[],
-                              strategy=None, sanity_checking=False, callback_metrics={})
-    plain = Module()
-    callback.setup(trainer, module, "fit")  # wraps module.training_step and module.backward
-    outputs = {"loss": loss}
+                              strategy=None, sanity_checking=False, callback_metrics={}, accumulate_grad_batches=1)
+    callback.setup(trainer, module, "fit")  # wraps the module's methods and its epoch loop's scheduler step
+    wrapped = [name for name in integration._WRAPPERS if name in module.__dict__]
+    loop = module._trainer.fit_loop.epoch_loop
+    if len(wrapped) != len(integration._WRAPPERS) or integration._SCHEDULER_STEP not in loop.__dict__:
+        raise SystemExit(f"the Lightning callback no longer wraps what this benchmark drives: {wrapped}")
+
+    def update(m: Any, epoch_loop: Any, i: int) -> None:
+        m.on_train_batch_start(batch, i)
+        m.training_step(batch, i)  # (Lightning runs these two inside optimizer.step(closure))
+        m.backward(loss)
+        m.on_before_optimizer_step(optimizer)
+        m.optimizer_step(0, i, optimizer, None)
+        epoch_loop.update_lr_schedulers("step", update_plateau_schedulers=False)
+
+    plain_loop = plain._trainer.fit_loop.epoch_loop
+    session = sdk.current_run()
+    before = session.last_step
+    update(module, loop, 0)
+    if session.last_step != before + 1:  # one update, one step record: else the row would time nothing
+        raise SystemExit("the Lightning callback's wrappers recorded no step: the benchmark drives them wrongly")
 
     def bare() -> None:
         for i in range(n):
-            plain.training_step(batch, i)
-            plain.backward(loss)
+            update(plain, plain_loop, i)
 
     def traced() -> None:
         for i in range(n):
-            callback.on_train_batch_start(trainer, module, batch, i)
-            module.training_step(batch, i)
-            module.backward(loss)
-            callback.on_before_optimizer_step(trainer, module, optimizer)
-            callback.on_train_batch_end(trainer, module, outputs, batch, i)
+            update(module, loop, i)
 
     return bare, traced
 

@@ -347,6 +347,14 @@ def _training_step(original: Callable, tracer: Callable) -> Callable:
             if loss is not None and hasattr(loss, "detach"):
                 if me._accumulate != 1 or me._loss is not None:
                     loss = loss.detach() / me._accumulate  # what Lightning hands the batch end
+                elif getattr(loss, "is_cpu", False):
+                    # A CPU loss is read now, while torch's dispatch is warm from the forward pass, and the
+                    # update no longer holds the tensor (and its autograd graph) until it ends; the record's
+                    # loss is the same float (docs/trainers.md "Overhead"). Never on an accelerator: a sync.
+                    try:
+                        loss = loss.item()
+                    except (RuntimeError, ValueError):  # not one element: the record's loss stays null
+                        pass
                 me._loss = loss if me._loss is None else me._loss + loss
         except Exception as exc:  # noqa: BLE001 - fail-open
             me._fail("training_step", exc)

@@ -187,7 +187,18 @@ def install_dataloader() -> None:
         return
 
     def __next__(self: Any) -> Any:  # noqa: N807 - replaces the iterator's special method
-        return _timed(self, original, self)
+        # _timed(self, original, self) written inline: this runs once per batch, in every training loop
+        global _busy
+        session = _sdk._session
+        if _busy or session is None or session.closed or session.thread != get_ident():
+            return original(self)
+        _busy = True
+        start = perf_counter()
+        try:
+            return original(self)
+        finally:
+            _busy = False
+            session.loader_wait(id(self), perf_counter() - start)
 
     __next__._traceml_timed = True  # type: ignore[attr-defined]
     __next__.__wrapped__ = original  # type: ignore[attr-defined]
