@@ -27,7 +27,7 @@ import numpy as np
 from traceml_tui.core import state
 
 from . import index as idx
-from . import live, sidefiles
+from . import figures, live, sidefiles
 
 RankKey = tuple[int, int, int]  # (run_id, rank, attempt)
 _NEWEST_SQL = idx.steps_newest_sql(live.WINDOW_COLUMNS)  # a rank's newest rows, from both step tables
@@ -155,7 +155,7 @@ class Aggregates:
         current. A rank whose figures were left stale is listed in ``stale`` until :meth:`due_stale` hands it
         back, and its row (written in full when its figures were computed) gets only the current columns, in place.
         """
-        full, current = [], []
+        full, current, computed = [], [], []
         every = self.figures_every
         tick = self.tick()
         texts = self._ratio_texts
@@ -179,15 +179,17 @@ class Aggregates:
                     current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now), w.loss,
                                     ratios, steps_per_s, examples_per_s, *key))
                     continue
-            fig = w.figures()
-            parts = _parts_json(fig["step_parts"])
             if every:
                 self._figures[key] = (tick, w.records, len(w.steps))
                 self.stale.pop(key, None)
+            computed.append((key, w, ratios))
+        # Every due rank's figures in one pass on arrays (daemon/figures.py: the window's own, bit for bit).
+        for (key, w, ratios), fig in zip(computed, figures.figures_many([w for _, w, _ in computed])):
             full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now),
                          fig["median_step_ms"],
                          fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"],
-                         fig["examples_per_s"], w.loss, ratios, w.ended, w.exit_code, w.end_ts, parts))
+                         fig["examples_per_s"], w.loss, ratios, w.ended, w.exit_code, w.end_ts,
+                         _parts_json(fig["step_parts"])))
         if full:
             self.conn.executemany(
                 "INSERT OR REPLACE INTO rank_live (run_id, rank, attempt, node, records, first_step, last_step,"
