@@ -19,6 +19,7 @@ this module cannot hold to that (a record time that is not a finite float) is co
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -32,6 +33,7 @@ _PARTS = steptime.PART_NAMES  # data_wait, between_steps, h2d, forward, backward
 # optimizer, then the loader waits (CPU-measured, used on both clocks).
 _CPU, _GPU = slice(0, 6), slice(6, 12)
 _DATA_WAIT, _DATA_IN_STEP = 12, 13
+_COLS = 14  # a kept timings tuple's length
 
 
 def _clean(x: np.ndarray) -> np.ndarray:
@@ -109,26 +111,59 @@ def _ts_odd(ts: Sequence) -> bool:
     return not _PLAIN_TS.issuperset(map(type, ts))
 
 
+def _window_arrays(windows: Sequence[live.RankWindow]) -> list[np.ndarray]:
+    """Each window's steps as one float array (``timings`` then ``ts`` per row, NaN for None), oldest first.
+
+    Turning Python values into floats costs ~1 µs a step, more than the figures themselves: each window keeps
+    its array (``RankWindow.arrays``) and only the steps that entered it since are converted, every window's
+    together in one call."""
+    new_rows, new_ts, counts = [], [], []
+    for w in windows:
+        k = min(w.fresh_rows, len(w.timings))
+        if w.arrays is None:
+            k = len(w.timings)
+        start = len(w.timings) - k
+        new_rows.extend(islice(w.timings, start, None))
+        new_ts.extend(islice(w.ts, start, None))
+        counts.append(k)
+    fresh = np.empty((len(new_rows), _COLS + 1))
+    if new_rows:
+        fresh[:, :_COLS] = np.array(new_rows, dtype=np.float64)  # None → NaN
+        fresh[:, _COLS] = np.array(new_ts, dtype=np.float64)
+    out = []
+    at = 0
+    for w, k in zip(windows, counts):
+        part = fresh[at:at + k]
+        at += k
+        n = len(w.timings)
+        if w.arrays is None or k >= n:
+            arr = part
+        elif k:
+            arr = np.concatenate((w.arrays, part))[-n:]
+        else:
+            arr = w.arrays
+        w.arrays = arr
+        w.fresh_rows = 0
+        out.append(arr)
+    return out
+
+
 def _figures_arrays(windows: Sequence[live.RankWindow]) -> list[dict[str, Any]]:
-    lens = np.array([len(w.timings) for w in windows], dtype=np.int64)
+    arrays = _window_arrays(windows)
+    lens = np.array([len(a) for a in arrays], dtype=np.int64)
     n_w, width = len(windows), int(lens.max())
-    flat = np.array([t for w in windows for t in w.timings], dtype=np.float64)  # None → NaN
-    rows = np.repeat(np.arange(n_w), lens)
-    cols = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
-    grid = np.full((n_w, width, flat.shape[1]), np.nan)
-    grid[rows, cols] = flat
-    ts = np.full((n_w, width), np.nan)
-    ts[rows, cols] = np.array([v for w in windows for v in w.ts], dtype=np.float64)
+    both = np.full((n_w, width, _COLS + 1), np.nan)
+    for i, a in enumerate(arrays):
+        both[i, :len(a)] = a
+    grid, ts = both[..., :_COLS], both[..., _COLS]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         dw, ds = grid[..., _DATA_WAIT], grid[..., _DATA_IN_STEP]
         in_window = np.arange(width)[None, :] < lens[:, None]
-        gpu = _split(grid[..., _GPU], dw, ds)
-        cpu = _split(grid[..., _CPU], dw, ds)
         # The summary's rule: the GPU clock when every step of the window has a GPU traced time.
-        on_gpu = np.all(gpu[5] | ~in_window, axis=1)
-        whole, traced, parts, measured, known, valid = (
-            np.where(on_gpu[:, None], g, c) if not isinstance(g, tuple)
-            else tuple(np.where(on_gpu[:, None], gg, cc) for gg, cc in zip(g, c)) for g, c in zip(gpu, cpu))
+        on_gpu = np.all(np.isfinite(grid[..., _GPU.start]) | ~in_window, axis=1)  # a finite traced time splits
+        clock = grid[..., _CPU] if not on_gpu.any() else np.where(on_gpu[:, None, None], grid[..., _GPU],
+                                                                   grid[..., _CPU])
+        whole, traced, parts, measured, known, valid = _split(clock, dw, ds)
         n = valid.sum(axis=1)
         no_gap = (valid & ~known).sum(axis=1)
         whole_sum = _in_order(np.where(valid, whole, 0.0))
