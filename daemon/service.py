@@ -369,8 +369,7 @@ class Ingester:
         self.wal.after_commit()
         self.records_ingested += batch.records
         for f, changes in batch.file_updates.items():
-            for k, v in changes.items():
-                setattr(f, k, v)
+            f.take(changes)
         if self.store.live.due():
             self.merge_live()
         if progress is not None:
