@@ -26,8 +26,8 @@ import numpy as np
 
 from traceml_tui.core import state
 
+from . import figures, live, sidefiles
 from . import index as idx
-from . import live, sidefiles
 
 RankKey = tuple[int, int, int]  # (run_id, rank, attempt)
 _NEWEST_SQL = idx.steps_newest_sql(live.WINDOW_COLUMNS)  # a rank's newest rows, from both step tables
@@ -155,7 +155,7 @@ class Aggregates:
         current. A rank whose figures were left stale is listed in ``stale`` until :meth:`due_stale` hands it
         back, and its row (written in full when its figures were computed) gets only the current columns, in place.
         """
-        full, current = [], []
+        full, current, computed = [], [], []
         every = self.figures_every
         tick = self.tick()
         texts = self._ratio_texts
@@ -179,15 +179,17 @@ class Aggregates:
                     current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now), w.loss,
                                     ratios, steps_per_s, examples_per_s, *key))
                     continue
-            fig = w.figures()
-            parts = _parts_json(fig["step_parts"])
             if every:
                 self._figures[key] = (tick, w.records, len(w.steps))
                 self.stale.pop(key, None)
+            computed.append((key, w, ratios))
+        # Every due rank's figures in one pass on arrays (daemon/figures.py: the window's own, bit for bit).
+        for (key, w, ratios), fig in zip(computed, figures.figures_many([w for _, w, _ in computed])):
             full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now),
                          fig["median_step_ms"],
                          fig["median_input_wait_ms"], fig["median_interval_s"], fig["steps_per_s"],
-                         fig["examples_per_s"], w.loss, ratios, w.ended, w.exit_code, w.end_ts, parts))
+                         fig["examples_per_s"], w.loss, ratios, w.ended, w.exit_code, w.end_ts,
+                         _parts_json(fig["step_parts"])))
         if full:
             self.conn.executemany(
                 "INSERT OR REPLACE INTO rank_live (run_id, rank, attempt, node, records, first_step, last_step,"
@@ -330,13 +332,25 @@ class Aggregates:
         steps, values = live.series_values((), merged)
         slots = np.array(slot, dtype=np.int64)
         buckets = (steps.astype(np.int64) - 1) // np.array(per_width, dtype=np.int64)
-        g_slot, g_bucket, lo, hi, vmin, vmax, vsum, n = _grouped(slots, buckets, steps, values)
+        g_slot, g_bucket, lo, hi, vmin, vmax, vsum, n, size = _grouped(slots, buckets, steps, values)
         m = len(idx.SERIES_METRICS)
-        out = np.empty((len(g_bucket), 3 + 4 * m), dtype=np.float64)
-        out[:, 0], out[:, 1], out[:, 2] = g_bucket, lo, hi
-        vsum[n == 0] = np.nan  # NaN binds as NULL: an empty metric stays NULL after the merge
-        out[:, 3::4], out[:, 4::4], out[:, 5::4], out[:, 6::4] = vmin, vmax, vsum, n
-        self.conn.executemany(SERIES_UPSERT, [(*keys[s_i], *row) for s_i, row in zip(g_slot.tolist(), out.tolist())])
+        # run_id and rank as floats beside the bucket's figures: the INTEGER columns store them as integers (as
+        # they do bucket, steps and counts), and the rows go to SQLite straight from numpy, no tuple per row.
+        key_cols = np.array(keys, dtype=np.float64).reshape(-1, 2)[g_slot]
+        one = size == 1
+        if one.any():
+            # A bucket of one step (a young rank's every bucket): its min, max and sum are its value, its count
+            # 1 where the value is there — bound once (SINGLE_UPSERT), the same stored row.
+            single = np.empty((int(one.sum()), 4 + m), dtype=np.float64)
+            single[:, :2], single[:, 2], single[:, 3], single[:, 4:] = key_cols[one], g_bucket[one], lo[one], vmin[one]
+            self.conn.executemany(SINGLE_UPSERT, single.tolist())
+        if not one.all():
+            many = ~one
+            out = np.empty((int(many.sum()), 5 + 4 * m), dtype=np.float64)
+            out[:, :2], out[:, 2], out[:, 3], out[:, 4] = key_cols[many], g_bucket[many], lo[many], hi[many]
+            vsum[n == 0] = np.nan  # NaN binds as NULL: an empty metric stays NULL after the merge
+            out[:, 5::4], out[:, 6::4], out[:, 7::4], out[:, 8::4] = vmin[many], vmax[many], vsum[many], n[many]
+            self.conn.executemany(SERIES_UPSERT, out.tolist())
         extra_keys, e_slot, e_width, e_steps, e_vals = [], [], [], [], []
         for i, key in enumerate(keys):
             for _, ratios in by_rank[key]:
@@ -352,7 +366,7 @@ class Aggregates:
             steps = np.array(e_steps, dtype=np.float64)
             values = np.array(e_vals, dtype=np.float64).reshape(-1, 1)
             buckets = (steps.astype(np.int64) - 1) // np.array(e_width, dtype=np.int64)
-            g_slot, g_bucket, lo, hi, vmin, vmax, vsum, n = _grouped(slots, buckets, steps, values)
+            g_slot, g_bucket, lo, hi, vmin, vmax, vsum, n, _ = _grouped(slots, buckets, steps, values)
             keep = n[:, 0] > 0
             block = np.column_stack((g_bucket, lo, hi, vmin[:, 0], vmax[:, 0], vsum[:, 0], n[:, 0]))[keep]
             self.conn.executemany(EXTRA_UPSERT, [(*extra_keys[s_i], *row) for s_i, row
@@ -463,7 +477,8 @@ _SERIES_INPUT_COLS = (live.COL_STEP, live.COL_STEP_MS, live.COL_INPUT_WAIT, live
 def _grouped(slots: np.ndarray, buckets: np.ndarray, steps: np.ndarray, values: np.ndarray):
     """Per-(slot, bucket) aggregates, as :func:`live.bucket_aggregates` computes them per bucket.
 
-    Returns ``(slot, bucket, step_lo, step_hi, vmin, vmax, vsum, n)``, one entry per group.
+    Returns ``(slot, bucket, step_lo, step_hi, vmin, vmax, vsum, n, rows)``, one entry per group (``rows``: how
+    many rows it holds).
     """
     order = np.lexsort((buckets, slots))
     sl, b = slots[order], buckets[order]
@@ -475,7 +490,8 @@ def _grouped(slots: np.ndarray, buckets: np.ndarray, steps: np.ndarray, values: 
     vmax = np.fmax.reduceat(v, starts, axis=0)
     vsum = np.add.reduceat(np.where(finite, v, 0.0), starts, axis=0)
     n = np.add.reduceat(finite.astype(np.int64), starts, axis=0)
-    return sl[starts], b[starts], np.minimum.reduceat(s, starts), np.maximum.reduceat(s, starts), vmin, vmax, vsum, n
+    return (sl[starts], b[starts], np.minimum.reduceat(s, starts), np.maximum.reduceat(s, starts), vmin, vmax, vsum, n,
+            np.diff(np.r_[starts, len(sl)]))
 
 
 def _parts_json(parts: Optional[dict]) -> Optional[str]:
@@ -563,6 +579,21 @@ def _series_upsert() -> str:
 
 
 SERIES_UPSERT = _series_upsert()
+
+
+def _single_upsert() -> str:
+    """:data:`SERIES_UPSERT` for a bucket of one step: run_id, rank, bucket, the step, then each metric's value
+    once (NULL: not there); min, max and sum are the value, the count 1 or 0 — the row the full statement
+    stores for it, with a third of the values to bind."""
+    head, _, tail = SERIES_UPSERT.partition(" VALUES (")
+    values = ["?1", "?2", "?3", "?4", "?4"]
+    for k in range(len(idx.SERIES_METRICS)):
+        p = f"?{5 + k}"
+        values += [p, p, p, f"({p} IS NOT NULL)"]
+    return f"{head} VALUES ({', '.join(values)}){tail[tail.index(')') + 1:]}"
+
+
+SINGLE_UPSERT = _single_upsert()
 SMALL_FOLD = 8  # up to this many buckets a fold binds run and rank instead of inlining them
 _series_sql_cache: dict[tuple[int, int], str] = {}
 

@@ -63,6 +63,7 @@ def route_pass(store, items: list, batch, set_aside: Callable[[object, Exception
     add = table.add
     ranks = batch.ranks
     is_not = operator.is_not
+    keeps: dict[tuple, tuple[int, ...]] = {}
     a = 0
     for (run, f, cur, _, _), n in zip(items, counts):
         if not n:
@@ -95,8 +96,11 @@ def route_pass(store, items: list, batch, set_aside: Callable[[object, Exception
                         latest = got
                 else:
                     pairs, text = None, None
-                mask = list(map(is_not, row, _NONES))
-                add(key, tuple(compress(_POSITIONS, mask)), (run_id, *compress(row, mask), text), row, pairs)
+                mask = tuple(map(is_not, row, _NONES))
+                keep = keeps.get(mask)
+                if keep is None:  # the columns a row carries: the same for nearly every row of a pass
+                    keep = keeps[mask] = tuple(compress(_POSITIONS, mask))
+                add(key, keep, (run_id, *compress(row, mask), text), row, pairs)
             batch.rows += n
             batch.records += n
             if n == 1:

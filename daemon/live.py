@@ -178,7 +178,7 @@ class RankWindow:
     """
 
     __slots__ = ("records", "first_step", "last_step", "last_ts", "loss", "ratios", "steps", "ts", "_cpu", "_gpu",
-                 "_unsplit", "examples", "ended", "exit_code", "end_ts", "node", "seen", "fresh")
+                 "_unsplit", "timings", "arrays", "fresh_rows", "examples", "ended", "exit_code", "end_ts", "node", "seen", "fresh")
 
     def __init__(self) -> None:
         self.records = 0
@@ -192,6 +192,12 @@ class RankWindow:
         self._cpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, CPU clock (see cpu)
         self._gpu: deque = deque(maxlen=WINDOW)  # Optional[StepParts] per step, GPU clock (see gpu)
         self._unsplit: deque = deque(maxlen=WINDOW)  # timings (_TIMINGS_OF_ROW layout) of steps not split yet
+        #: every window step's timings (_TIMINGS_OF_ROW layout), split or not: what daemon/figures.py reads
+        self.timings: deque = deque(maxlen=WINDOW)
+        #: daemon/figures.py's copy of ``timings`` and ``ts`` as one float array (one row per window step, NaN for
+        #: None), and how many steps entered the window since it was made (only those are converted next time)
+        self.arrays: Optional[np.ndarray] = None
+        self.fresh_rows = 0
         self.examples: deque = deque(maxlen=WINDOW)
         self.ended: Optional[str] = None  # the rank_end record's status, once it came
         self.exit_code: Optional[int] = None
@@ -220,6 +226,8 @@ class RankWindow:
         self.ts.append(ts)
         self.examples.append(examples)
         self._unsplit.append(timings)  # one that leaves the window before the next split is never split
+        self.timings.append(timings)
+        self.fresh_rows += 1
 
     def _split(self) -> None:
         """Split the steps that entered the window since the last call (the newest WINDOW of them)."""

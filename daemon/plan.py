@@ -55,6 +55,16 @@ class File:
         self.changed = time.monotonic()  # last seen changing (monotonic): a known stream starts as active
         self.hinted = -math.inf  # last named by an inotify hint (monotonic)
 
+    def take(self, cursor: dict) -> None:
+        """Take a committed read's cursor (its ``identity`` … ``offset`` … ``ino`` keys, see ``stream.CURSOR``)."""
+        if len(cursor) == 8:  # a read's whole cursor (the live case): eight stores, not eight setattr calls
+            self.identity, self.generation, self.offset, self.skipping, self.tail, self.size, self.mtime_ns, \
+                self.ino = (cursor["identity"], cursor["generation"], cursor["offset"], cursor["skipping"],
+                            cursor["tail"], cursor["size"], cursor["mtime_ns"], cursor["ino"])
+            return
+        for k, v in cursor.items():
+            setattr(self, k, v)
+
 
 class Run:
     """In-memory mirror of one ``runs`` row: its folder, root, streams (by relative path) and the

@@ -369,8 +369,7 @@ class Ingester:
         self.wal.after_commit()
         self.records_ingested += batch.records
         for f, changes in batch.file_updates.items():
-            for k, v in changes.items():
-                setattr(f, k, v)
+            f.take(changes)
         if self.store.live.due():
             self.merge_live()
         if progress is not None:
@@ -557,6 +556,18 @@ class Ingester:
         """Read one stream from its cursor (``st``: its path's ``stat`` of this pass); True when more data
         may remain. The stream room reads; what it returns is decoded and routed here."""
         streams = self.streams
+        if ((self._batch is None or f not in self._batch.file_updates) and self.cold.worker is None
+                and self.cold.progress is None):
+            # The live case: a small append to a stream this ingester read last (daemon/stream.py).
+            quick = streams.quick_append(f.path, st, f.identity, f.generation, f.offset, f.skipping, f.tail, f.ino)
+            if quick is not None:
+                cur, data = quick
+                self._deferred.append((run, f, cur, data, f.offset))
+                self.begin().file_updates[f] = cur
+                self._deferred_bytes += len(data)
+                if self._deferred_bytes >= stream.READ_BYTES:
+                    self._flush_deferred()
+                return False
         try:
             opened = streams.open(run.root, f.path, st)
         except stream.OpenFailed as exc:
@@ -578,7 +589,7 @@ class Ingester:
             rotated = streams.rotated(run.root, f.path, cur, old_ino, fst.st_dev)
             for piece in rotated or ():
                 self._take(run, f, cur, piece, batch)
-        read = streams.advance(fd, fst, cur, identity, rotated is not None, self.cold.worker is None)
+        read = streams.advance(fd, fst, cur, identity, rotated is not None, self.cold.worker is None, f.path)
         if read.append is not None:
             # A small append of complete lines (the live case): decoded with every other one of the pass and
             # routed before the pass commits (_flush_deferred); its cursor is known now.

@@ -189,6 +189,7 @@ def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int 
 PHASES = (
     ("stat of the streams (Streams.changed)", "daemon.stream", "Streams", "changed"),
     ("reading the streams (Ingester._read_stream)", "daemon.service", "Ingester", "_read_stream"),
+    ("  the live case in one step (Streams.quick_append)", "daemon.stream", "Streams", "quick_append"),
     ("  descriptor (Streams.open)", "daemon.stream", "Streams", "open"),
     ("  identity (Streams.identity: the header re-read)", "daemon.stream", "Streams", "identity"),
     ("  tail check, new bytes, cursor (Streams.advance)", "daemon.stream", "Streams", "advance"),
@@ -203,10 +204,12 @@ PHASES = (
     ("the pass's end before COMMIT (Store.finish)", "daemon.store", "Store", "finish"),
     ("  the new live steps' INSERT (LiveTable.flush)", "daemon.live_table", "LiveTable", "flush"),
     ("  rank_live (write_rank_live_many)", "daemon.aggregates", "Aggregates", "write_rank_live_many"),
-    ("    rolling figures (RankWindow.figures)", "daemon.live", "RankWindow", "figures"),
+    ("    rolling figures on arrays (figures.figures_many)", "daemon.figures", None, "figures_many"),
+    ("    rolling figures one window at a time (RankWindow.figures)", "daemon.live", "RankWindow", "figures"),
     ("    rates (RankWindow.rates)", "daemon.live", "RankWindow", "rates"),
     ("  run rollups (write_run_rollup)", "daemon.aggregates", "Aggregates", "write_run_rollup"),
     ("the merge (Ingester.merge_live)", "daemon.service", "Ingester", "merge_live"),
+    ("  rows moved (LiveTable.move, its fold included)", "daemon.live_table", "LiveTable", "move"),
     ("  its series fold (write_series_many)", "daemon.aggregates", "Aggregates", "write_series_many"),
 )
 

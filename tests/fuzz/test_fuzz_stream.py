@@ -139,3 +139,96 @@ def test_a_small_appends_cursor_is_the_cursor_a_cut_gives(lines, offset, nul_fre
     assert (piece.block, piece.at, piece.offset, piece.skipping, piece.more, piece.held_back, piece.error) == (
         data, offset, size, 0, False, False, None)
     assert piece.tail == stream.tail_of(last)
+
+
+# --------------------------------------------------------------------------- the live case in one step
+
+_ops = st.lists(st.one_of(
+    st.tuples(st.just("append"), st.lists(_line, min_size=1, max_size=4)),  # complete lines
+    st.tuples(st.just("partial"), _line),  # a line not finished yet
+    st.tuples(st.just("rewrite"), st.integers(1, 40), st.binary(min_size=1, max_size=1)),  # the tail in place
+    st.tuples(st.just("truncate"), st.integers(0, 60)),
+    st.tuples(st.just("header"), st.binary(min_size=1, max_size=1)),  # same length, other bytes
+    st.tuples(st.just("replace"), st.lists(_line, max_size=4)),  # another file at the path
+    st.tuples(st.just("nul"), st.integers(1, 3)),  # a NUL region, then data
+), min_size=1, max_size=12)
+
+
+def _apply(path: str, op) -> None:
+    with open(path, "rb") as fh:
+        data = fh.read()
+    kind = op[0]
+    if kind == "append":
+        data += b"".join(line + b"\n" for line in op[1])
+    elif kind == "partial":
+        data += op[1]
+    elif kind == "rewrite" and data:
+        at = max(0, len(data) - op[1])
+        data = data[:at] + op[2] * (len(data) - at - 1) + data[-1:]
+    elif kind == "truncate":
+        data = data[:op[1]]
+    elif kind == "header" and b"\n" in data:
+        data = op[1] * data.index(b"\n") + data[data.index(b"\n"):]
+    elif kind == "replace":
+        tmp = path + ".new"
+        with open(tmp, "wb") as fh:
+            fh.write(b'{"head": 2}\n' + b"".join(line + b"\n" for line in op[1]))
+        os.replace(tmp, path)
+        return
+    elif kind == "nul":
+        data += b"\0" * op[1] + b"x\n"
+    with open(path, "r+b") as fh:  # in place: the same inode (a rewrite, a truncation)
+        fh.seek(0)
+        fh.write(data)
+        fh.truncate(len(data))
+
+
+def _read(streams: stream.Streams, root: str, path: str, cur: dict, quick: bool):
+    """One read of ``path`` from the committed cursor ``cur``, as the service makes it: the live case in one step
+    (``quick``) when it takes it, else the usual open, identity and advance."""
+    st_ = os.stat(path)
+    if quick:
+        got = streams.quick_append(path, st_, cur["identity"], cur["generation"], cur["offset"], cur["skipping"],
+                                   cur["tail"], cur["ino"])
+        if got is not None:
+            return "append", got[0], got[1]
+    opened = streams.open(root, path, st_)
+    if opened is None:
+        return None
+    fd, fst = opened
+    identity = streams.identity(path, fd)
+    if identity is None:
+        return None
+    c = {k: cur[k] for k in stream.CURSOR}
+    read = streams.advance(fd, fst, c, identity, False, True, path)
+    if read.append is not None:
+        return "append", read.cursor, read.append
+    return "cut", read.cursor, read.cut
+
+
+@given(_ops)
+def test_the_live_case_in_one_step_equals_the_usual_read(ops):
+    """:meth:`stream.Streams.quick_append` (bytes of the last read instead of hashes, one call) reads what the
+    usual open, identity and advance read, pass after pass, whatever happens to the file: the same cursor and
+    the same bytes, or it declines and the usual read runs."""
+    root = tempfile.mkdtemp()
+    path = os.path.join(root, "steps-0.jsonl")
+    with open(path, "wb") as fh:
+        fh.write(b'{"head": 1}\n')
+    quick, usual = stream.Streams(), stream.Streams()
+    cur = dict.fromkeys((*stream.CURSOR, "size", "mtime_ns", "ino"))
+    cur["generation"] = 0
+    try:
+        for op in [("append", [b"{}"])] + ops + [("append", [b"{}"])]:
+            _apply(path, op)
+            a = _read(quick, root, path, cur, True)
+            b = _read(usual, root, path, cur, False)
+            assert a == b
+            if a is not None:
+                cur = dict(a[1])
+    finally:
+        quick.reset()
+        usual.reset()
+        for name in os.listdir(root):
+            os.unlink(os.path.join(root, name))
+        os.rmdir(root)
