@@ -128,12 +128,14 @@ def runs(group: str, request: Any) -> tuple[dict[str, subprocess.CompletedProces
     return {run: result() for run, result in results.items()}, context
 
 
-def _run_fits(fits: dict[tuple[str, str], Fit], folder: Path) -> tuple[subprocess.CompletedProcess, dict, dict]:
-    """Run ``fits`` in one forked-fits process; (that process, exit status by fit, fit -> (stdout, stderr) files)."""
+def _run_fits(fits: dict[tuple[str, str], Fit], folder: Path, preload: tuple[str, ...] = ("lightning.pytorch",)
+              ) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    """Run ``fits`` in one forked-fits process that imported ``preload``; (that process, exit status by fit,
+    fit -> (stdout, stderr) files)."""
     names = {key: f"{key[0]}.{key[1]}" for key in fits}
     outputs = {key: (folder / f"{names[key]}.stdout", folder / f"{names[key]}.stderr") for key in fits}
     spec = {
-        "preload": ["lightning.pytorch"], "results": str(folder / "results.json"), "timeout_s": FIT_TIMEOUT_S,
+        "preload": list(preload), "results": str(folder / "results.json"), "timeout_s": FIT_TIMEOUT_S,
         "fits": [{"name": names[key], "script": str(fit.script), "args": list(fit.args), "cwd": str(fit.cwd),
                   "stdout": str(outputs[key][0]), "stderr": str(outputs[key][1])} for key, fit in fits.items()],
     }
