@@ -24,6 +24,7 @@ report = {
     "argv": sys.argv, "path0": sys.path[0], "file": __file__, "name": __name__,
     "main_is_me": sys.modules["__main__"].__dict__ is globals(),
     "frameworks": sorted(m for m in ("transformers", "lightning", "pytorch_lightning", "torch") if m in sys.modules),
+    "traceml": sorted(m for m in sys.modules if m.split(".")[0] == "traceml_tui"),
     "hooks": [type(f).__name__ for f in sys.meta_path if type(f).__name__ == "TrainerFinder"],
 }
 print(json.dumps(report))
@@ -59,6 +60,7 @@ def test_the_script_runs_as_if_started_directly(probe, mode):
     assert booted.returncode == direct.returncode == {"ok": 0, "exit": 7, "raise": 1}[mode]
     seen_direct, seen_booted = json.loads(direct.stdout), json.loads(booted.stdout)
     assert seen_booted.pop("hooks") == ["TrainerFinder"] and seen_direct.pop("hooks") == []
+    assert seen_booted.pop("traceml") and seen_direct.pop("traceml") == []  # (the bootstrap is traceml's)
     assert seen_booted == seen_direct  # argv, sys.path[0], __file__, __name__, no framework imported
     assert seen_booted["argv"] == [str(script), mode, "--flag"] and seen_booted["frameworks"] == []
     if mode == "raise":
@@ -72,19 +74,30 @@ def test_the_environment_kill_switch_installs_no_hook(probe):
     assert booted.returncode == 0 and json.loads(booted.stdout)["hooks"] == []
 
 
-def test_the_environment_kill_switch_reaches_the_ranks_of_traceml_run(probe, tmp_path):
-    """``TRACEML_AUTO_ATTACH=0`` in the launcher's environment: its rank starts through the bootstrap, which
-    installs no import hook, so no trainer the script builds can be attached (the flag's end-to-end run is
-    tests/test_integrations_lightning.py ``flag_off``)."""
+@pytest.mark.parametrize("switch", ["flag", "environment"])
+def test_the_kill_switches_reach_the_ranks_of_traceml_run(probe, tmp_path, switch):
+    """``traceml run --no-auto-attach`` starts the rank as plain ``python SCRIPT`` (no traceml code in it at all);
+    ``TRACEML_AUTO_ATTACH=0`` in the launcher's environment starts it through the bootstrap, which installs no
+    import hook. Either way nothing can attach to a trainer the script builds (the hook is the only way in,
+    docs/trainers.md), the script runs as it would alone, and the rank records nothing."""
     cwd, script = probe
     logs = tmp_path / "logs"
-    done = _run([sys.executable, "-m", "traceml_tui", "run", str(script), "--run-name", "env-off",
-                 "--logs-dir", str(logs)], cwd, TRACEML_AUTO_ATTACH="0", XDG_STATE_HOME=str(tmp_path / "state"))
+    flag, env = (["--no-auto-attach"], {}) if switch == "flag" else ([], {"TRACEML_AUTO_ATTACH": "0"})
+    done = _run([sys.executable, "-m", "traceml_tui", "run", str(script), "--run-name", "off", "--logs-dir", str(logs),
+                 *flag], cwd, XDG_STATE_HOME=str(tmp_path / "state"), **env)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = (logs / "env-off" / "nodes" / "node_0" / "training.stdout.log").read_text()
+    out = (logs / "off" / "nodes" / "node_0" / "training.stdout.log").read_text()
     seen = json.loads(out[out.index("{"):out.rindex("}") + 1])
     assert seen["hooks"] == [] and seen["main_is_me"] and seen["frameworks"] == []
+    assert seen["argv"] == [str(script)]
+    if switch == "flag":
+        assert seen["traceml"] == []  # not even the bootstrap
+    else:
+        # the bootstrap ran (it asked whether to attach) and imported no hook
+        assert "traceml_tui.integrations.support" in seen["traceml"]
+        assert "traceml_tui.integrations.hooks" not in seen["traceml"]
     assert "detected: traceml callback added" not in done.stderr
+    assert not any((logs / "off").glob("ranks/*/*.jsonl"))
 
 
 def test_launcher_starts_ranks_through_the_bootstrap_unless_told_not_to(tmp_path):

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from support import integrations as integrations_support
-from support.integrations import evals, finite, launch, measured_fields, prepare, records, steps
+from support.cli import run_main
+from support.integrations import evals, finite, measured_fields, prepare, records, steps
 
 pytestmark = [
     pytest.mark.slow,
@@ -118,8 +119,9 @@ def test_two_runs_of_one_workload_get_a_verdict(hf):
     for name in ("auto", "explicit"):
         summary = json.loads((runs[name][1] / "final_summary.json").read_text())
         assert summary["step_time"]["global"]["window"]["steps_analyzed"] == UPDATES
-    proc = launch([*TRACEML, "compare", str(runs["auto"][1] / "final_summary.json"),
-                   str(runs["explicit"][1] / "final_summary.json"), "--max-step-time-regression-pct", "50"], work, env)
+    proc = run_main(["compare", str(runs["auto"][1] / "final_summary.json"),  # in this process (support/cli.py)
+                     str(runs["explicit"][1] / "final_summary.json"), "--max-step-time-regression-pct", "50"],
+                    env=env, cwd=work)
     assert proc.returncode in (0, 4), proc.stdout + proc.stderr  # a verdict, never INCONCLUSIVE (3)
 
 

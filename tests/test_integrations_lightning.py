@@ -4,8 +4,10 @@ One set of runs (started in the pool the Hugging Face module's runs share,
 tests/support/integrations.py), many assertions: a 2-rank run of examples/lightning (validation and
 checkpoint every 10 updates, a `hygiene:` validation block); the same fit with traceml's explicit callback
 started without `traceml run` but through the bootstrap (records under ./logs; never instrumented twice);
-the kill switch flag (the environment variable reaching the ranks: tests/test_integrations_bootstrap.py); and two limits (manual optimization, a fit
-that starts its own processes).
+and two limits (manual optimization, a fit that starts its own processes). The one-process fits
+(``direct``, ``manual``) run as forked children of the pool's one Lightning process (``Fit``). The kill
+switches (the flag and the environment variable) are tested with a framework-free probe in
+tests/test_integrations_bootstrap.py: with them the ranks never install the import hook that attaches.
 """
 
 from __future__ import annotations
@@ -34,34 +36,32 @@ UPDATES, EVERY, BATCH = 20, 10, 32
 
 
 def _plan(tmp_path_factory):
-    """The runs by name: ``auto`` (2 ranks), ``direct`` (the script adds the callback; started without
-    `traceml run` but through the bootstrap, whose hook must not add a second one), ``flag_off`` (the kill switch; 4 updates), ``manual``
-    (manual optimization, 6 updates), ``selfspawn`` (Lightning starts its second process itself).
+    """The runs by name: ``auto`` (2 ranks) and ``selfspawn`` (Lightning starts its second process itself)
+    under `traceml run`; the one-process fits ``direct`` (the script adds the callback; no launcher, but the
+    bootstrap's import hook, which must not add a second one) and ``manual`` (manual optimization, 6 updates,
+    no traceml code: the hook attaches; no launcher, so rank 0 writes the summary at exit, docs/run.md).
 
-    ``auto`` and ``direct`` run in a copy of the example (its `traceml.yaml`: guard and hygiene); the other
-    three in a folder with no `traceml.yaml`, since what they test needs neither (no curve refreshes)."""
+    ``auto`` and ``direct`` run in a copy of the example (its `traceml.yaml`: guard and hygiene); the others
+    in folders with no `traceml.yaml`, since what they test needs neither (no curve refreshes)."""
     work = prepare(tmp_path_factory.mktemp("lightning"), "lightning", "lightning_explicit.py")
     plain = tmp_path_factory.mktemp("lightning-plain")
     for script in ("lightning_manual.py", "lightning_selfspawn.py"):
         shutil.copy(SCRIPTS / script, plain / script)
-    shutil.copy(work / "train.py", plain / "train.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
     env.pop("TRACEML_RUN_DIR", None)
     env.pop("TRACEML_AUTO_ATTACH", None)
     runs = {  # the longest first: the pool packs them better
         "auto": (["train.py", "--nproc-per-node", "2", "--args", "--checkpoint-dir", "ckpt-auto"], work),
         "selfspawn": (["lightning_selfspawn.py"], plain),
-        "manual": (["lightning_manual.py", "--args", "6"], plain),
-        "flag_off": (["train.py", "--no-auto-attach", "--args", "--max-steps", "4"], plain),
     }
-    launches = {name: ([*TRACEML, "run", "--run-name", name, *args], cwd, env) for name, (args, cwd) in runs.items()}
+    plan = {name: ([*TRACEML, "run", "--run-name", name, *args], cwd, env) for name, (args, cwd) in runs.items()}
     run_dirs = {name: cwd / "logs" / name for name, (_, cwd) in runs.items()}
-    # No launcher, but the bootstrap's import hook in place: the script's own callback is the only one.
-    direct = work / "direct"
+    direct, manual = work / "direct", plain / "manual"
     direct.mkdir()
-    launches["direct"] = ([sys.executable, "-m", "traceml_tui.integrations.bootstrap", str(work / "lightning_explicit.py")],
-                          direct, env)
-    return launches, (direct, run_dirs)
+    manual.mkdir()
+    plan["direct"] = integrations_support.Fit(work / "lightning_explicit.py", direct)
+    plan["manual"] = integrations_support.Fit(plain / "lightning_manual.py", manual, ("6",))
+    return plan, (direct, run_dirs, {"direct": direct, "manual": manual})
 
 
 if importlib.util.find_spec("lightning") is not None:
@@ -70,10 +70,11 @@ if importlib.util.find_spec("lightning") is not None:
 
 @pytest.fixture(scope="module")
 def pl(request):
-    procs, (direct, run_dirs) = integrations_support.runs(__name__.rpartition(".")[2], request)
+    procs, (direct, run_dirs, fit_folders) = integrations_support.runs(__name__.rpartition(".")[2], request)
     runs = {name: (procs[name], run_dir) for name, run_dir in run_dirs.items()}
-    found = sorted((direct / "logs").iterdir()) if (direct / "logs").is_dir() else []
-    runs["direct"] = (procs["direct"], found[0] if len(found) == 1 else None)
+    for name, folder in fit_folders.items():  # no launcher: the run folder the SDK made under ./logs
+        found = sorted((folder / "logs").iterdir()) if (folder / "logs").is_dir() else []
+        runs[name] = (procs[name], found[0] if len(found) == 1 else None)
     return direct.parent, runs
 
 
@@ -125,19 +126,11 @@ def test_explicit_callback_records_what_the_automatic_path_does_once(pl):
     assert [r["lr"] for r in explicit] == pytest.approx([r["lr"] for r in automatic])
 
 
-def test_kill_switch_records_nothing(pl):
-    _, runs = pl
-    proc, run_dir = runs["flag_off"]
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert DETECTED not in proc.stderr
-    assert "Trainer.fit` stopped" in proc.stderr  # it trained
-    assert not (run_dir / "ranks").exists() or not any((run_dir / "ranks").rglob("*.jsonl"))
-
-
 def test_manual_optimization_is_named_unmeasured_never_split_wrongly(pl):
     _, runs = pl
     proc, run_dir = runs["manual"]
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count(DETECTED) == 1 and run_dir is not None  # attached by the import hook
     for part in ("forward", "backward", "optimizer"):
         assert proc.stderr.count(f"traceml: {part} not measured") == 1, proc.stderr[-3000:]
     unmeasured = {r["stream"]: r["reason"] for r in records(run_dir) if r["kind"] == "unmeasured"}

@@ -90,3 +90,47 @@ def test_the_trainer_runs_launch_once_a_session(tmp_path, monkeypatch):
     integrations._claim(None, "test_integrations_y")  # another module's runs: launched once each
     with pytest.raises(RuntimeError, match=f"xdist_group '{integrations.GROUP}'"):
         integrations._claim(None, "test_integrations_x")
+
+
+
+_SESSION = """
+import json, sys
+import traceml_tui as traceml
+assert traceml.current_run() is None  # nothing of traceml ran in the parent before the fork
+session = traceml.init(sys.argv[1])
+with traceml.trace_step():
+    pass
+print(json.dumps({"path": str(session.path), "argv": sys.argv[1:], "finder": type(sys.meta_path[0]).__name__}))
+if sys.argv[2] == "raise":
+    raise ValueError("boom in the fit")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_forked_fits_run_each_script_as_its_own_process(tmp_path):
+    """The one-process fits (tests/scripts/forked_fits.py): each child runs its script through the bootstrap in
+    its own folder, with its own stdout, stderr, exit status and traceml session, as ``python -m bootstrap``
+    would, and exits as a process does (atexit: the rank's end record); one fit failing never stops the next."""
+    from concurrent.futures import Future
+
+    from support import integrations
+
+    (tmp_path / "fit.py").write_text(_SESSION)
+    fits = {}
+    for name, how in (("raises", "raise"), ("exits", "7"), ("ok", "0")):
+        (tmp_path / name).mkdir()
+        fits[("g", name)] = integrations.Fit(tmp_path / "fit.py", tmp_path / name, (name, how))
+    forked: Future = Future()
+    forked.set_result(integrations._run_fits(fits, tmp_path, preload=("traceml_tui",)))
+    done = {name: integrations._fit_result(forked, "g", name) for _, name in fits}
+    assert {name: proc.returncode for name, proc in done.items()} == {"raises": 1, "exits": 7, "ok": 0}
+    assert "ValueError: boom in the fit" in done["raises"].stderr.splitlines()  # its traceback, as a process prints
+    for (_, name), fit in fits.items():
+        seen = json.loads(done[name].stdout)
+        assert seen == {"path": f"logs/{name}/ranks/rank_0/steps-0.jsonl", "argv": list(fit.args),
+                        "finder": "TrainerFinder"}  # through the bootstrap: the import hook in place
+        rows = [json.loads(line) for line in (fit.cwd / seen["path"]).read_text().splitlines()]
+        assert rows[0]["kind"] == "header" and [r["kind"] for r in rows].count("step") == 1
+        # ended as a process ends: the SDK's exception hook and atexit handler ran in the child
+        assert (rows[-1]["kind"], rows[-1]["status"]) == ("rank_end", "failed" if name == "raises" else "exited")
+        assert (fit.cwd / "logs" / name / "final_summary.json").is_file()  # rank 0 at exit, no launcher

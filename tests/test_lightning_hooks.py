@@ -3,17 +3,20 @@
 The update is timed by wrappers on the LightningModule's own methods; the callback's batch hooks are set to
 None for the fit, and its unused per-batch hooks on the class, only where Lightning's dispatcher skips a
 hook that is not callable; a Lightning whose dispatcher would call it keeps them callable (fail open).
-Lightning is imported only in the subprocess of a real fit (its import costs seconds).
+Lightning is imported only in the process of a real fit (its import costs seconds): the fit is one of the
+trainer runs' one-process fits (tests/support/integrations.py ``Fit``: a forked child of the one process
+that imported Lightning, started through the bootstrap, whose import hook adds nothing to a trainer that
+has the callback already).
 """
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
 
 from traceml_tui.integrations import lightning as pl_adapter
+
+from support import integrations as integrations_support
 
 needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
                                      reason="the lightning extra is not installed")
@@ -70,21 +73,37 @@ print(json.dumps({"skips_none": adapter._dispatcher_skips_none("lightning.pytorc
 """
 
 
+def _plan(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("lightning-hooks")
+    (folder / "fit.py").write_text(_FIT)
+    return {"fit": integrations_support.Fit(folder / "fit.py", folder)}, folder
+
+
+if importlib.util.find_spec("lightning") is not None:
+    integrations_support.register(__name__.rpartition(".")[2], _plan)
+
+
+@pytest.fixture(scope="module")
+def fit(request):
+    procs, folder = integrations_support.runs(__name__.rpartition(".")[2], request)
+    return procs["fit"], folder
+
+
 @pytest.mark.slow
 @needs_lightning
-def test_a_fit_dispatches_no_batch_hook_to_the_callback_and_records_what_lightning_reports(tmp_path, cli_env) -> None:
+@pytest.mark.xdist_group(integrations_support.GROUP)  # one worker runs the trainer runs, once
+def test_a_fit_dispatches_no_batch_hook_to_the_callback_and_records_what_lightning_reports(fit) -> None:
     """The installed dispatcher skips a hook that is not callable, so the unused per-batch hooks are None on the
     class; the update is timed by the module's wrappers: no callback batch hook is dispatched, and the records
     hold Lightning's own batch-end losses summed over each accumulated update (3 micro-batches), every part
     measured."""
-    done = subprocess.run([sys.executable, "-c", _FIT], cwd=tmp_path, env=cli_env, capture_output=True, text=True,
-                          timeout=240, check=False)
+    done, folder = fit
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["skips_none"] and got["callback_subclass"] and got["class_hooks"] == [None] * 3
     assert got["dispatched"] == []
     assert got["wrapped_after"] == [] and got["hooks_after"] == [True, True]  # undone at teardown
-    rows = [r for r in map(json.loads, (tmp_path / got["path"]).read_text().splitlines()) if r["kind"] == "step"]
+    rows = [r for r in map(json.loads, (folder / got["path"]).read_text().splitlines()) if r["kind"] == "step"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     outputs = got["outputs"]
     assert len(outputs) == 12

@@ -5,17 +5,18 @@ The update is one optimizer update: its optimizer part runs from the module's
 scheduler step that Lightning runs right after it; the batch-end hooks that
 follow (a checkpoint save, a slow callback), validation and the next fetch are
 between steps (with gradient accumulation, the batch ends of the update's
-earlier micro-batches are inside it). A real fit in a subprocess (Lightning's import costs seconds):
-the scheduler and a batch-end callback each sleep a known time, and the
-records show where each landed.
+earlier micro-batches are inside it). A real fit per accumulation, each a one-process fit of the
+trainer runs (tests/support/integrations.py ``Fit``: a forked child of the one process that imported
+Lightning; its import costs seconds): the scheduler and a batch-end callback each sleep a known time, and
+the records show where each landed.
 """
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
+
+from support import integrations as integrations_support
 
 needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
                                      reason="the lightning extra is not installed")
@@ -64,14 +65,37 @@ print(json.dumps({"path": str(traceml.current_run().path)}))
 """
 
 
+ACCUMULATIONS = (1, 2)
+
+
+def _plan(tmp_path_factory):
+    plan, folders = {}, {}
+    for accumulate in ACCUMULATIONS:
+        folder = folders[accumulate] = tmp_path_factory.mktemp(f"update-end-{accumulate}")
+        (folder / "fit.py").write_text(_FIT)
+        plan[f"accumulate-{accumulate}"] = integrations_support.Fit(
+            folder / "fit.py", folder, (str(SCHEDULER_S), str(BATCH_END_S), str(accumulate)))
+    return plan, folders
+
+
+if importlib.util.find_spec("lightning") is not None:
+    integrations_support.register(__name__.rpartition(".")[2], _plan)
+
+
+@pytest.fixture(scope="module")
+def fits(request):
+    procs, folders = integrations_support.runs(__name__.rpartition(".")[2], request)
+    return {accumulate: (procs[f"accumulate-{accumulate}"], folders[accumulate]) for accumulate in ACCUMULATIONS}
+
+
 @pytest.mark.slow
 @needs_lightning
-@pytest.mark.parametrize("accumulate", [1, 2])
-def test_the_scheduler_step_is_in_the_update_and_the_batch_end_hooks_are_not(tmp_path, cli_env, accumulate) -> None:
-    done = subprocess.run([sys.executable, "-c", _FIT, str(SCHEDULER_S), str(BATCH_END_S), str(accumulate)],
-                          cwd=tmp_path, env=cli_env, capture_output=True, text=True, timeout=240, check=False)
+@pytest.mark.xdist_group(integrations_support.GROUP)  # one worker runs the trainer runs, once
+@pytest.mark.parametrize("accumulate", ACCUMULATIONS)
+def test_the_scheduler_step_is_in_the_update_and_the_batch_end_hooks_are_not(fits, accumulate) -> None:
+    done, folder = fits[accumulate]
     assert done.returncode == 0, done.stderr[-3000:]
-    path = tmp_path / json.loads(done.stdout.strip().splitlines()[-1])["path"]
+    path = folder / json.loads(done.stdout.strip().splitlines()[-1])["path"]
     rows = [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "step"]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:

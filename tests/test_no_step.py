@@ -21,6 +21,8 @@ import yaml
 
 from traceml_tui.core import coverage
 
+from support.cli import run_main
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 SCRIPT = Path(__file__).parent / "scripts" / "untraced_train.py"
@@ -80,8 +82,9 @@ def test_the_summary_says_the_same(untraced, name):
 def test_compare_of_two_such_runs_is_inconclusive(untraced, tmp_path):
     """What the line promises: `traceml compare` with a threshold exits 3 (INCONCLUSIVE)."""
     (ddp, _), (single, _) = untraced["ddp"], untraced["exits3"]
-    done = _cli(["compare", str(ddp / "final_summary.json"), str(single / "final_summary.json"),
-                 "--max-step-time-regression-pct", "5", "--output", str(tmp_path / "cmp")], dict(os.environ), tmp_path)
+    done = run_main(["compare", str(ddp / "final_summary.json"), str(single / "final_summary.json"),
+                     "--max-step-time-regression-pct", "5", "--output", str(tmp_path / "cmp")], env=dict(os.environ),
+                    cwd=tmp_path)  # in this process (support/cli.py; README "test lanes")
     assert done.returncode == 3, done.stdout + done.stderr
     assert "INCONCLUSIVE" in done.stdout
 

@@ -19,6 +19,8 @@ import pytest
 
 from traceml_tui.core import coverage, records
 
+from support.cli import run_main
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 SCRIPT = Path(__file__).parent / "scripts" / "unmeasured_train.py"
@@ -69,15 +71,21 @@ def test_rank0_prints_the_line_once(dark_run):
     assert "lr not measured" not in stderr  # rank 1's own stream: its records and the summary say it
 
 
-def test_daemon_indexes_the_records(dark_run, tmp_path):
+@pytest.fixture(scope="module")
+def dark_index(dark_run, tmp_path_factory):
+    """The index a real ``traceml daemon --once`` made of the run (read, never written, by the tests)."""
+    run_dir, _proc, env, work = dark_run
+    index = tmp_path_factory.mktemp("dark-index") / "index.sqlite"
+    done = _cli(["daemon", str(run_dir.parent), "--once", "--index", str(index), "--no-inotify"], env, work)
+    assert done.returncode == 0, done.stderr
+    return index
+
+
+def test_daemon_indexes_the_records(dark_index):
     """No ingest error for the new kind; the reader lists each rank's dark streams."""
     from daemon.reader import Reader
 
-    run_dir, _proc, env, work = dark_run
-    index = tmp_path / "index.sqlite"
-    done = _cli(["daemon", str(run_dir.parent), "--once", "--index", str(index), "--no-inotify"], env, work)
-    assert done.returncode == 0, done.stderr
-    with Reader(index) as reader:
+    with Reader(dark_index) as reader:
         (run,) = reader.list_runs()
         assert reader.events.errors(run.run_id) == ()
         assert list(reader.events.unmeasured(run.run_id)) == [
@@ -106,17 +114,17 @@ def test_the_summary_names_the_dark_streams(dark_run):
     assert coverage.NO_STEP_LINE not in proc.stderr  # steps were traced
 
 
-def test_status_says_which_run_has_dark_streams(dark_run, tmp_path):
-    """`traceml status` (table and --json) shows what the summary says, for the same records in the index."""
+def test_status_says_which_run_has_dark_streams(dark_run, dark_index):
+    """`traceml status` (table and --json) shows what the summary says, for the same records in the index
+    (in this process: support/cli.py; README "test lanes")."""
     run_dir, _proc, env, work = dark_run
-    index = tmp_path / "index.sqlite"
-    assert _cli(["daemon", str(run_dir.parent), "--once", "--index", str(index), "--no-inotify"], env, work).returncode == 0
-    as_json = _cli(["status", "--json", "--index", str(index)], env, work)
+    index = dark_index
+    as_json = run_main(["status", "--json", "--index", str(index)], env=env, cwd=work)
     assert as_json.returncode == 0, as_json.stderr
     (run,) = json.loads(as_json.stdout)["runs"]
     summary = json.loads((run_dir / "final_summary.json").read_text())
     assert run["unmeasured"] == summary["integration"]["unmeasured"] == EXPECTED
-    table = _cli(["status", "--index", str(index)], env, work)
+    table = run_main(["status", "--index", str(index)], env=env, cwd=work)
     header, row = table.stdout.splitlines()[:2]
     at = header.index("UNMEASURED")
     assert row[at:].split()[0] == "forward,lr", table.stdout
@@ -130,9 +138,9 @@ def test_status_of_a_run_without_dark_streams_shows_a_dash(real_runs, tmp_path):
     index = tmp_path / "index.sqlite"
     assert _cli(["daemon", str(run.logs_dir), "--once", "--index", str(index), "--no-inotify"], env, tmp_path
                 ).returncode == 0
-    (row,) = json.loads(_cli(["status", "--json", "--index", str(index)], env, tmp_path).stdout)["runs"]
+    (row,) = json.loads(run_main(["status", "--json", "--index", str(index)], env=env, cwd=tmp_path).stdout)["runs"]
     assert row["unmeasured"] == []
-    header, line = _cli(["status", "--index", str(index)], env, tmp_path).stdout.splitlines()[:2]
+    header, line = run_main(["status", "--index", str(index)], env=env, cwd=tmp_path).stdout.splitlines()[:2]
     assert line[header.index("UNMEASURED"):].split()[0] == "-"
 
 

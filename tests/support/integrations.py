@@ -4,6 +4,11 @@ The real runs of all those modules share one pool (:func:`register`, :func:`runs
 fixture that asks starts every selected module's runs, a few at a time, so Lightning's runs train
 while the Hugging Face tests read theirs, and the two cores stay busy between launches.
 
+A run is either a command (``traceml run …``: its own processes) or a :class:`Fit`, a one-process
+Lightning fit. Every selected module's fits run in one process, ``tests/scripts/forked_fits.py``, which
+imports Lightning once and forks a fresh child per fit: importing Lightning is most of a small fit's
+CPU (docs/trainers.md, "The tests, and what they cost").
+
 The pool lives in one process. Under ``pytest -n 2`` every test that reads it is in the xdist group
 :data:`GROUP`, so one worker runs them all and each run is launched once a session (without the group each
 worker that asked started the whole pool again: every real run twice). Under ``--dist loadgroup`` (the
@@ -15,12 +20,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from support.parallel import session_dir
 
@@ -45,14 +54,28 @@ def launch(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
+@dataclass(frozen=True)
+class Fit:
+    """A one-process Lightning fit: ``script args…`` started in ``cwd`` through traceml's bootstrap (as
+    ``python -m traceml_tui.integrations.bootstrap SCRIPT ARGS`` would: the import hook in place, no
+    launcher), run as a forked child of the pool's one Lightning process (``tests/scripts/forked_fits.py``)."""
+
+    script: Path
+    cwd: Path
+    args: tuple[str, ...] = field(default=())
+
+
 #: The ``xdist_group`` of every test module reading the pool (``pytestmark``): one worker, one pool.
 GROUP = "trainer-runs"
 #: Runs at a time: a run spends much of its wall time in single-threaded startup (launcher, torchrun,
 #: imports), so three keep the suite's two cores busy.
 WORKERS = 3
-Plan = dict[str, tuple[list[str], Path, dict]]
+#: Seconds one fit may take in the forked-fits process (the process as a whole: :data:`RUN_TIMEOUT_S`).
+FIT_TIMEOUT_S = 240
+FORKED_FITS = SCRIPTS / "forked_fits.py"
+Plan = dict[str, Union[tuple[list[str], Path, dict], Fit]]
 _builders: dict[str, Callable[[Any], tuple[Plan, Any]]] = {}
-_started: dict[str, tuple[dict[str, Future], Any]] = {}
+_started: dict[str, tuple[dict[str, Callable[[], subprocess.CompletedProcess]], Any]] = {}
 _lock = threading.Lock()
 _pool: Optional[ThreadPoolExecutor] = None
 _claims: Optional[Path] = None
@@ -85,17 +108,55 @@ def runs(group: str, request: Any) -> tuple[dict[str, subprocess.CompletedProces
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="integration-run")
+        plans: dict[str, tuple[Plan, Any]] = {}
         # the asking group first, then the others whose tests were selected
         for name in [group, *sorted(_builders)]:
-            if name in _started or (name != group and not any(m.endswith(name) for m in selected)):
+            if name in _started or name in plans or (name != group and not any(m.endswith(name) for m in selected)):
                 continue
             if request.config.getoption("dist", "no") == "loadgroup":  # where xdist honours the group
                 _claim(factory, name)
-            plan, context = _builders[name](factory)
-            _started[name] = ({run: _pool.submit(launch, cmd, cwd, env) for run, (cmd, cwd, env) in plan.items()},
-                              context)
-    futures, context = _started[group]
-    return {run: future.result() for run, future in futures.items()}, context
+            plans[name] = _builders[name](factory)
+        fits = {(name, run): fit for name, (plan, _) in plans.items() for run, fit in plan.items()
+                if isinstance(fit, Fit)}
+        # the fits first: one process that holds several of them, so among the longest
+        forked = _pool.submit(_run_fits, fits, factory.mktemp("forked-fits")) if fits else None
+        for name, (plan, context) in plans.items():
+            results = {run: partial(_fit_result, forked, name, run) if isinstance(spec, Fit)
+                       else _pool.submit(launch, *spec).result for run, spec in plan.items()}
+            _started[name] = (results, context)
+    results, context = _started[group]
+    return {run: result() for run, result in results.items()}, context
+
+
+def _run_fits(fits: dict[tuple[str, str], Fit], folder: Path, preload: tuple[str, ...] = ("lightning.pytorch",)
+              ) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    """Run ``fits`` in one forked-fits process that imported ``preload``; (that process, exit status by fit,
+    fit -> (stdout, stderr) files)."""
+    names = {key: f"{key[0]}.{key[1]}" for key in fits}
+    outputs = {key: (folder / f"{names[key]}.stdout", folder / f"{names[key]}.stderr") for key in fits}
+    spec = {
+        "preload": list(preload), "results": str(folder / "results.json"), "timeout_s": FIT_TIMEOUT_S,
+        "fits": [{"name": names[key], "script": str(fit.script), "args": list(fit.args), "cwd": str(fit.cwd),
+                  "stdout": str(outputs[key][0]), "stderr": str(outputs[key][1])} for key, fit in fits.items()],
+    }
+    (folder / "spec.json").write_text(json.dumps(spec, indent=1))
+    env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(folder / "state"))
+    for name in ("TRACEML_RUN_DIR", "TRACEML_RUN_NAME", "TRACEML_AUTO_ATTACH", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    proc = launch([sys.executable, "-m", "traceml_tui.integrations.bootstrap", str(FORKED_FITS),
+                   str(folder / "spec.json")], folder, env)
+    results = json.loads((folder / "results.json").read_text()) if (folder / "results.json").is_file() else {}
+    return proc, {key: results.get(name) for key, name in names.items()}, outputs
+
+
+def _fit_result(forked: Future, group: str, run: str) -> subprocess.CompletedProcess:
+    """One fit's outcome as a finished process: its exit status, stdout and stderr."""
+    proc, codes, outputs = forked.result()
+    code = codes[(group, run)]
+    out, err = (path.read_text() if path.is_file() else "" for path in outputs[(group, run)])
+    if code is None:  # the forked-fits process ended before this fit did: its own error says why
+        code, err = proc.returncode or 1, err + "\n[forked-fits process]\n" + proc.stderr[-3000:]
+    return subprocess.CompletedProcess([str(FORKED_FITS), group, run], code, out, err)
 
 
 def records(run_dir: Path, rank: int = 0) -> list[dict]:
