@@ -3,15 +3,16 @@
 Under Lightning, the loss of an update without gradient accumulation, on CPU, is read at the end of the
 ``training_step`` wrapper (torch's dispatch is warm there) instead of when the record is written, so the
 update does not hold the loss tensor and its autograd graph until it ends. The record's loss must be exactly
-the float Lightning hands the batch end. Lightning runs in the subprocess of a real fit.
+the float Lightning hands the batch end. A real fit, one of the trainer runs' one-process fits
+(tests/support/integrations.py ``Fit``: a forked child of the one process that imported Lightning).
 """
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
+
+from support import integrations as integrations_support
 
 needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
                                      reason="the lightning extra is not installed")
@@ -54,15 +55,26 @@ print(json.dumps({**seen, "path": str(traceml.current_run().path)}))
 """
 
 
+def _plan(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loss-read")
+    (folder / "fit.py").write_text(_FIT)
+    return {"fit": integrations_support.Fit(folder / "fit.py", folder)}, folder
+
+
+if importlib.util.find_spec("lightning") is not None:
+    integrations_support.register(__name__.rpartition(".")[2], _plan)
+
+
 @pytest.mark.slow
 @needs_lightning
-def test_a_cpu_loss_is_read_at_the_forward_end_and_recorded_as_lightning_reports_it(tmp_path, cli_env) -> None:
-    done = subprocess.run([sys.executable, "-c", _FIT], cwd=tmp_path, env=cli_env, capture_output=True, text=True,
-                          timeout=240, check=False)
+@pytest.mark.xdist_group(integrations_support.GROUP)  # one worker runs the trainer runs, once
+def test_a_cpu_loss_is_read_at_the_forward_end_and_recorded_as_lightning_reports_it(request) -> None:
+    procs, folder = integrations_support.runs(__name__.rpartition(".")[2], request)
+    done = procs["fit"]
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["held"] == ["float"] * 6  # a number, not the tensor with its graph
-    rows = [r for r in map(json.loads, (tmp_path / got["path"]).read_text().splitlines()) if r["kind"] == "step"]
+    rows = [r for r in map(json.loads, (folder / got["path"]).read_text().splitlines()) if r["kind"] == "step"]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["loss"] for r in rows] == got["outputs"]  # the same float, not an approximation
     assert len(set(got["outputs"])) > 1  # the updates trained: each record has its own update's loss
