@@ -40,10 +40,17 @@ def panel_text(screen, selector: str) -> str:
     return "\n".join(line[0] if isinstance(line, tuple) else line for line in data[1])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fixture_built(tmp_path_factory):
-    """The standard runs and their index, built once for the module (its tests read them, never write)."""
-    return d.build_fixture(tmp_path_factory.mktemp("tui-fixture"))
+    """The standard runs and their index, built once for every worker of the session (its tests read them,
+    never write; session scope lets them spread over the workers: support/parallel.py)."""
+    from support.parallel import built_once, changed_since_built
+
+    folder = built_once(tmp_path_factory, "tui-fixture", d.build_fixture)
+    yield folder / "logs", folder / "state" / "index.sqlite"
+    changed = changed_since_built(folder)
+    assert not changed, "tests changed the shared fixture runs (copy them before changing them):\n" + "\n".join(
+        changed[:20])
 
 
 @pytest.fixture
