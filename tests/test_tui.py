@@ -153,6 +153,10 @@ async def test_run_appended_during_test_shows_new_steps_without_input(tmp_path):
     app = create_app(source, poll_interval=0.02)
     try:
         async with app.run_test(size=(100, 24)) as pilot:
+            for _ in range(400):  # a loaded machine may not have composed the Runs screen yet (bounded wait)
+                if pilot.app.screen.query(RunsTable):
+                    break
+                await pilot.pause(0.02)
             table = pilot.app.screen.query_one(RunsTable)
             for _ in range(300):
                 await pilot.pause(0.02)
