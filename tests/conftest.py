@@ -99,14 +99,21 @@ def real_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     assert not changed, "tests changed shared real runs (copy a run before changing it):\n" + "\n".join(changed[:20])
 
 
-@pytest.fixture(scope="module")
-def committed_index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(root, index): the committed real runs (tests/fixtures/runs) copied and indexed by the real ingester once
-    per test module (``support.fixture_runs.build_real_index``), for the screen tests that only read them. A
-    test that changes the runs or the index builds its own copy."""
+@pytest.fixture(scope="session")
+def committed_index(tmp_path_factory: pytest.TempPathFactory):
+    """(root, index): the committed real runs (tests/fixtures/runs) copied and indexed by the real ingester
+    (``support.fixture_runs.build_real_index``) once per session for every worker (``support.parallel.built_once``),
+    for the screen tests that only read them; session scope lets those tests spread over the workers (README,
+    "test lanes"). A test that changes the runs or the index builds its own copy; the session fails the last
+    test of a worker that used the index when a file under it changed."""
     from support import fixture_runs
+    from support.parallel import built_once, changed_since_built
 
-    return fixture_runs.build_real_index(tmp_path_factory.mktemp("committed-index"))
+    folder = built_once(tmp_path_factory, "committed-index", fixture_runs.build_real_index)
+    yield folder / "logs", folder / "state" / "index.sqlite"
+    changed = changed_since_built(folder)
+    assert not changed, "tests changed the shared committed index (copy it before changing it):\n" + "\n".join(
+        changed[:20])
 
 
 @pytest.fixture

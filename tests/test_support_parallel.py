@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from support import python_env
+from support.parallel import built_once, changed_since_built
 
 CONFTEST = '''
 import pytest
@@ -26,7 +27,7 @@ import os
 
 import pytest
 
-from support.parallel import session_dir
+from support.parallel import built_once, session_dir
 
 
 def _note(name, text):
@@ -43,14 +44,25 @@ def _where(tmp_path_factory):
     _note("shared", os.environ.get("PYTEST_XDIST_WORKER", "-") + " " + str(session_dir(tmp_path_factory, "shared")))
 
 
+def _build(folder):
+    _note("built", os.environ.get("PYTEST_XDIST_WORKER", "-"))
+    (folder / "data.txt").write_text("made once")
+
+
+@pytest.fixture(scope="session")
+def thing(tmp_path_factory):
+    return built_once(tmp_path_factory, "thing", _build)
+
+
 @pytest.mark.parametrize("i", range(12))
 def test_uses_the_module_fixture(made, tmp_path_factory, i):
     _where(tmp_path_factory)
 
 
 @pytest.mark.parametrize("i", range(12))
-def test_plain(tmp_path_factory, i):
+def test_plain(tmp_path_factory, thing, i):
     _where(tmp_path_factory)
+    _note("thing", os.environ.get("PYTEST_XDIST_WORKER", "-") + " " + str(thing) + " " + (thing / "data.txt").read_text())
 '''
 
 
@@ -80,6 +92,34 @@ def test_a_module_fixture_is_made_once_and_the_workers_share_one_session_folder(
     assert {worker for worker, _ in shared} == {"gw0", "gw1"}
     (folder,) = {path for _, path in shared}  # one folder for both workers …
     assert Path(folder) == project / "tmp" / "shared"  # … in the session's basetemp (pytest empties it each session)
+    # a session-scoped fixture built with built_once: built by one worker, the same folder for both
+    assert len((notes / "built").read_text().split()) == 1
+    things = [line.split(" ", 1) for line in (notes / "thing").read_text().splitlines()]
+    assert {worker for worker, _ in things} == {"gw0", "gw1"}
+    assert {rest for _, rest in things} == {f"{project / 'tmp' / 'built-once' / 'thing'} made once"}
+
+
+def test_a_folder_built_once_says_which_files_a_test_changed(tmp_path_factory) -> None:
+    """The read-only agreement of a shared folder (support/parallel.py): asked again it is not rebuilt; a file
+    changed, added or removed under it is named; SQLite's scratch files beside an index are not."""
+    builds = []
+
+    def build(folder: Path) -> None:
+        builds.append(folder)
+        (folder / "state").mkdir()
+        (folder / "state" / "index.sqlite").write_bytes(b"index")
+        (folder / "a.txt").write_text("a")
+        (folder / "b.txt").write_text("b")
+
+    folder = built_once(tmp_path_factory, "agreement", build)
+    assert built_once(tmp_path_factory, "agreement", build) == folder and builds == [folder]
+    (folder / "state" / "index.sqlite-wal").write_bytes(b"wal")  # a reader of a WAL index maps these
+    (folder / "state" / "index.sqlite-shm").write_bytes(b"shm")
+    assert changed_since_built(folder) == []
+    (folder / "a.txt").write_text("changed, and longer")
+    (folder / "b.txt").unlink()
+    (folder / "c.txt").write_text("c")
+    assert changed_since_built(folder) == ["a.txt: changed", "b.txt: removed", "c.txt: added"]
 
 
 LANES_CONFTEST = '''

@@ -40,10 +40,17 @@ def panel_text(screen, selector: str) -> str:
     return "\n".join(line[0] if isinstance(line, tuple) else line for line in data[1])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fixture_built(tmp_path_factory):
-    """The standard runs and their index, built once for the module (its tests read them, never write)."""
-    return d.build_fixture(tmp_path_factory.mktemp("tui-fixture"))
+    """The standard runs and their index, built once for every worker of the session (its tests read them,
+    never write; session scope lets them spread over the workers: support/parallel.py)."""
+    from support.parallel import built_once, changed_since_built
+
+    folder = built_once(tmp_path_factory, "tui-fixture", d.build_fixture)
+    yield folder / "logs", folder / "state" / "index.sqlite"
+    changed = changed_since_built(folder)
+    assert not changed, "tests changed the shared fixture runs (copy them before changing them):\n" + "\n".join(
+        changed[:20])
 
 
 @pytest.fixture
@@ -146,6 +153,10 @@ async def test_run_appended_during_test_shows_new_steps_without_input(tmp_path):
     app = create_app(source, poll_interval=0.02)
     try:
         async with app.run_test(size=(100, 24)) as pilot:
+            for _ in range(400):  # a loaded machine may not have composed the Runs screen yet (bounded wait)
+                if pilot.app.screen.query(RunsTable):
+                    break
+                await pilot.pause(0.02)
             table = pilot.app.screen.query_one(RunsTable)
             for _ in range(300):
                 await pilot.pause(0.02)

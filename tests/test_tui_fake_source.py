@@ -36,9 +36,10 @@ aio = d.aio
 OPTIONAL_MEMBERS = {"can_take_over", "take_over"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def real(tmp_path_factory) -> RealSnapshots:
-    """The real reader's snapshots of the committed runs, taken once for this module."""
+    """The real reader's snapshots of the committed runs, taken once per worker (session scope, so this
+    module's tests spread over the workers: support/parallel.py)."""
     return capture(tmp_path_factory.mktemp("fake-source"))
 
 
