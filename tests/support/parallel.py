@@ -1,7 +1,7 @@
 """The test suite on several pytest-xdist workers (README, "test lanes"): what the workers share and which
 tests stay together.
 
-``pytest -n 2 --dist loadgroup`` runs the tests in two worker processes. Session- and module-scoped fixtures
+``pytest -n 4 --dist loadgroup`` runs the tests in four worker processes. Session- and module-scoped fixtures
 are set up once *per worker*; what is too costly to make twice is made once in a folder every worker of the
 session shares (:func:`session_dir`, under a lock: :mod:`support.shared_runs`), and a module whose tests
 share a module-scoped fixture is kept on one worker (:func:`group_module_fixtures`).
