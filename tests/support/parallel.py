@@ -96,8 +96,11 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
 def changed_since_built(folder: Path) -> list[str]:
     """``"<path>: changed|added|removed"`` for each file of a :func:`built_once` folder that differs from
     what its build left (a test wrote into a folder the workers share instead of into a copy of it)."""
-    before = json.loads(folder.with_name(f"{folder.name}.json").read_text())
-    now = tree_fingerprint(folder)
+    return fingerprint_changes(json.loads(folder.with_name(f"{folder.name}.json").read_text()), tree_fingerprint(folder))
+
+
+def fingerprint_changes(before: dict[str, list[int]], now: dict[str, list[int]]) -> list[str]:
+    """``"<path>: changed|added|removed"`` for each path whose fingerprint differs between ``before`` and ``now``."""
     out = []
     for path in sorted(set(before) | set(now)):
         if path not in now:

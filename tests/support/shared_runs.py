@@ -25,6 +25,7 @@ from typing import Optional
 
 from filelock import FileLock, Timeout
 
+from support.parallel import fingerprint_changes
 from support.realruns import BUILDERS, CaseBuildError, RealRun, RealRuns, build_case
 
 
@@ -156,13 +157,5 @@ class SharedRealRuns(RealRuns):
         out = []
         for case, run in sorted(self.built().items()):
             data = self._read(case) or {}
-            before = data.get("files", {})
-            now = fingerprint(run)
-            for path in sorted(set(before) | set(now)):
-                if path not in now:
-                    out.append(f"{path}: removed")
-                elif path not in before:
-                    out.append(f"{path}: added")
-                elif now[path] != before[path]:
-                    out.append(f"{path}: changed")
+            out.extend(fingerprint_changes(data.get("files", {}), fingerprint(run)))
         return out
