@@ -353,11 +353,16 @@ def test_a_thousand_steps_without_a_hang_write_no_hang_record(tmp_path, cli_env)
 @pytest.fixture
 def fr_dumps(tmp_path_factory, cli_env) -> Path:
     """Real flight-recorder dumps of a 2-rank gloo run: r0 inside all_reduce #4, r1 never issued it."""
-    folder = tmp_path_factory.mktemp("fr")
     env = dict(cli_env, TORCH_FR_BUFFER_SIZE="100")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           str(realruns.SCRIPTS / "fr_dump.py"), str(folder / "fr_")], capture_output=True, text=True,
-                          env=env, cwd=folder, timeout=300)
+    for _attempt in range(2):
+        folder = tmp_path_factory.mktemp("fr")
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                               str(realruns.SCRIPTS / "fr_dump.py"), str(folder / "fr_")], capture_output=True,
+                              text=True, env=env, cwd=folder, timeout=300)
+        # torch 2.13's gloo sometimes aborts a rank at interpreter exit ("terminate called without an active
+        # exception", docs/trainers.md): not this test's subject, so such a run is made once more
+        if proc.returncode == 0 or "terminate called without an active exception" not in proc.stderr:
+            break
     assert proc.returncode == 0, proc.stderr[-3000:]
     return folder
 
