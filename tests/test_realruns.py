@@ -266,15 +266,32 @@ def test_nothing_built_is_left_running(real_runs) -> None:
     # in the shared root right now (support/shared_runs.py); those builds have not returned yet.
     roots = [str(work) + os.sep for work in real_runs.finished()]
     assert str(real_runs["hung"].work_dir) + os.sep in roots
+    # Other workers' tests read those folders too (e.g. `traceml daemon --once` over a finished case) while this
+    # test looks; their processes are children of a live worker, not leftovers. A leftover of a build is an orphan
+    # (its launcher is gone) or a child of this worker.
+    others = _other_workers()
     leftovers = []
     for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
         try:
             text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "") + os.sep
+            if not any(root in text for root in roots):
+                continue
+            if others & {parent.pid for parent in proc.parents()}:
+                continue
         except psutil.Error:
             continue
-        if any(root in text for root in roots):
-            leftovers.append((proc.info["pid"], text[:200]))
+        leftovers.append((proc.info["pid"], text[:200]))
     assert leftovers == []
+
+
+def _other_workers() -> set[int]:
+    """The pids of the other pytest-xdist workers of this session (none when not under xdist)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return set()
+    try:
+        return {p.pid for p in psutil.Process(os.getppid()).children() if p.pid != os.getpid()}
+    except psutil.Error:
+        return set()
 
 
 def _alive(pid: int) -> bool:
