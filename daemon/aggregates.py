@@ -19,7 +19,7 @@ import math
 import sqlite3
 import time
 from itertools import chain
-from typing import Optional
+from typing import Optional, Sequence
 
 import msgspec
 import numpy as np
@@ -301,42 +301,60 @@ class Aggregates:
     def write_series_many(self, items: list[tuple[int, int, list, dict]]) -> None:
         """Fold many small batches at once: ``items`` are ``(run_id, rank, cols, ratios)`` as
         :meth:`write_series` takes them. Same buckets and values as one :meth:`write_series` per item, but
-        one vectorised pass and one statement for all of them: a live pass that read one line from each
-        of a thousand ranks pays numpy's per-call overhead once, not per rank.
+        one vectorised pass and one statement for all of them (:meth:`write_series_columns`): a live pass that
+        read one line from each of a thousand ranks pays numpy's per-call overhead once, not per rank.
         """
         if not items:
             return
-        by_rank: dict[tuple[int, int], list] = {}
-        for run_id, rank, cols, ratios in items:
-            by_rank.setdefault((run_id, rank), []).append((cols, ratios))
-        keys = list(by_rank)
+        keys: list = []
+        merged: list[list] = [[] for _ in range(live.COL_DATA_IN_STEP + 1)]
+        ratios: list = []
+        for run_id, rank, cols, pairs_of in items:
+            key = (run_id, rank)
+            keys.extend([key] * len(cols[live.COL_STEP]))
+            for c in _SERIES_INPUT_COLS:
+                merged[c].extend(cols[c])
+            for name, pairs in (pairs_of or {}).items():
+                ratios.extend((key, name, step, ratio) for step, ratio in pairs)
+        self.write_series_columns(keys, merged, ratios)
+
+    def write_series_columns(self, keys: list, cols: Sequence[Sequence], ratios: list) -> None:
+        """Fold rows of many ranks into the series at once: ``keys[i]`` is row ``i``'s ``(run_id, rank, …)``,
+        ``cols`` the rows' step-row columns (``zip(*rows)``), ``ratios`` their loss components' ratios as
+        ``(key, name, step, ratio)`` (``key`` as in ``keys``). The same buckets and values as
+        :meth:`write_series` per rank: the rows are grouped by rank and bucket with numpy, each bucket bound
+        once (a bucket of one step by :data:`SINGLE_UPSERT`); the live table's merge folds its whole log of
+        waiting rows with one call (daemon/live_table.py)."""
+        if not keys:
+            return
+        # Row -> rank slot: the distinct keys first (a dict per row), then each key's (run, rank).
+        key_slot: dict = {}
+        slot_of_key = [key_slot.setdefault(k, len(key_slot)) for k in keys]
+        rank_slot: dict[tuple[int, int], int] = {}
+        key_to_rank = np.array([rank_slot.setdefault((k[0], k[1]), len(rank_slot)) for k in key_slot],
+                               dtype=np.int64)
+        slots = key_to_rank[np.array(slot_of_key, dtype=np.int64)]
+        ranks = list(rank_slot)
+        steps, values = live.series_values((), cols)
+        top = np.full(len(ranks), -np.inf)
+        np.maximum.at(top, slots, steps)
         widths = []
-        for run_id, rank in keys:  # widths first: a wider bucket merges the stored ones, as write_series does
-            top = max(max(cols[live.COL_STEP]) for cols, _ in by_rank[(run_id, rank)])
+        for (run_id, rank), high in zip(ranks, top.tolist()):  # widths first: a wider bucket merges the stored ones
             current = self._width(run_id, rank)
-            width = live.series_width(int(top), current or 1)
+            width = live.series_width(int(high), current or 1)
             if width != current:
                 if current:
                     self.merge_series(run_id, rank, width // current)
                 self.conn.execute("INSERT OR REPLACE INTO series_width VALUES (?, ?, ?)", (run_id, rank, width))
                 self._widths[(run_id, rank)] = width
             widths.append(width)
-        slot, per_width, merged = [], [], [[] for _ in range(live.COL_DATA_IN_STEP + 1)]
-        for i, key in enumerate(keys):
-            for cols, _ in by_rank[key]:
-                n = len(cols[live.COL_STEP])
-                slot.extend([i] * n)
-                per_width.extend([widths[i]] * n)
-                for c in _SERIES_INPUT_COLS:
-                    merged[c].extend(cols[c])
-        steps, values = live.series_values((), merged)
-        slots = np.array(slot, dtype=np.int64)
-        buckets = (steps.astype(np.int64) - 1) // np.array(per_width, dtype=np.int64)
+        width_of = np.array(widths, dtype=np.int64)
+        buckets = (steps.astype(np.int64) - 1) // width_of[slots]
         g_slot, g_bucket, lo, hi, vmin, vmax, vsum, n, size = _grouped(slots, buckets, steps, values)
         m = len(idx.SERIES_METRICS)
         # run_id and rank as floats beside the bucket's figures: the INTEGER columns store them as integers (as
         # they do bucket, steps and counts), and the rows go to SQLite straight from numpy, no tuple per row.
-        key_cols = np.array(keys, dtype=np.float64).reshape(-1, 2)[g_slot]
+        key_cols = np.array(ranks, dtype=np.float64).reshape(-1, 2)[g_slot]
         one = size == 1
         if one.any():
             # A bucket of one step (a young rank's every bucket): its min, max and sum are its value, its count
@@ -351,25 +369,20 @@ class Aggregates:
             vsum[n == 0] = np.nan  # NaN binds as NULL: an empty metric stays NULL after the merge
             out[:, 5::4], out[:, 6::4], out[:, 7::4], out[:, 8::4] = vmin[many], vmax[many], vsum[many], n[many]
             self.conn.executemany(SERIES_UPSERT, out.tolist())
-        extra_keys, e_slot, e_width, e_steps, e_vals = [], [], [], [], []
-        for i, key in enumerate(keys):
-            for _, ratios in by_rank[key]:
-                for name, pairs in (ratios or {}).items():
-                    extra_keys.append((*key, "ratio/" + name))
-                    j = len(extra_keys) - 1
-                    e_slot.extend([j] * len(pairs))
-                    e_width.extend([widths[i]] * len(pairs))
-                    e_steps.extend(p[0] for p in pairs)
-                    e_vals.extend(p[1] for p in pairs)
-        if e_slot:
+        if ratios:
+            extra_slot: dict = {}
+            e_slot = [extra_slot.setdefault((k[0], k[1], name), len(extra_slot)) for k, name, _, _ in ratios]
+            extra_keys = list(extra_slot)
+            e_width = width_of[np.array([rank_slot[(k[0], k[1])] for k in extra_keys], dtype=np.int64)]
             slots = np.array(e_slot, dtype=np.int64)
-            steps = np.array(e_steps, dtype=np.float64)
-            values = np.array(e_vals, dtype=np.float64).reshape(-1, 1)
-            buckets = (steps.astype(np.int64) - 1) // np.array(e_width, dtype=np.int64)
+            steps = np.fromiter((r[2] for r in ratios), dtype=np.float64, count=len(ratios))
+            values = np.fromiter((r[3] for r in ratios), dtype=np.float64, count=len(ratios)).reshape(-1, 1)
+            buckets = (steps.astype(np.int64) - 1) // e_width[slots]
             g_slot, g_bucket, lo, hi, vmin, vmax, vsum, n, _ = _grouped(slots, buckets, steps, values)
             keep = n[:, 0] > 0
             block = np.column_stack((g_bucket, lo, hi, vmin[:, 0], vmax[:, 0], vsum[:, 0], n[:, 0]))[keep]
-            self.conn.executemany(EXTRA_UPSERT, [(*extra_keys[s_i], *row) for s_i, row
+            names = [(run_id, rank, "ratio/" + name) for run_id, rank, name in extra_keys]
+            self.conn.executemany(EXTRA_UPSERT, [(*names[s_i], *row) for s_i, row
                                                  in zip(g_slot[keep].tolist(), block.tolist())])
 
     def rebuild_step_series(self, run_id: int, rank: int, chunk: int = 65_536) -> None:

@@ -21,27 +21,13 @@ Rule 2 is unchanged: the rows join the pass's one open transaction with their fi
 
 from __future__ import annotations
 
-import operator
-from itertools import compress, repeat
 from typing import Callable, Optional
 
 import msgspec
 
 from . import decode, live
 
-_NONES = repeat(None)  # map(operator.is_not, row, _NONES): which values of a row are not NULL
-_POSITIONS = range(64)  # column positions of a step row (more than it has)
 _encode = msgspec.json.Encoder().encode
-_STEP = live.COL_STEP
-
-
-def _ratios_of(rec) -> tuple[dict, dict, Optional[str]]:
-    """One step record's component ratios: ``{name: ratio}`` (nulls left out: the window's newest ratios), the
-    same as ``{name: [(step, ratio)]}`` (the series fold's pairs) and as the live table's JSON text (None
-    without any)."""
-    latest = {name: c.ratio for name, c in rec.components.items() if c.ratio is not None}
-    step = rec.step
-    return latest, {name: [(step, r)] for name, r in latest.items()}, _encode(latest).decode() if latest else None
 
 
 def route_pass(store, items: list, batch, set_aside: Callable[[object, Exception], None]) -> bool:
@@ -60,10 +46,8 @@ def route_pass(store, items: list, batch, set_aside: Callable[[object, Exception
     agg = store.agg
     windows = agg.windows
     shared = table.shared_inserts
-    add = table.add
     ranks = batch.ranks
-    is_not = operator.is_not
-    keeps: dict[tuple, tuple[int, ...]] = {}
+    new = _NewSteps(rows)
     a = 0
     for (run, f, cur, _, _), n in zip(items, counts):
         if not n:
@@ -76,31 +60,17 @@ def route_pass(store, items: list, batch, set_aside: Callable[[object, Exception
             w = windows.get(key) or agg.window(key)
             last = w.last_step
             if n == 1:
-                row = rows[a]
-                new = shared and (last is None or row[_STEP] > last)
+                fresh = shared and (last is None or first.step > last)
             else:
                 block = recs[a:b]
-                new = shared and (last is None or first.step > last) and all(
+                fresh = shared and (last is None or first.step > last) and all(
                     r.rank == first.rank and r.attempt == first.attempt for r in block) and all(
                     x.step < y.step for x, y in zip(block, block[1:]))
-            if not new:  # a step the rank may hold already, or ranks mixed: the block's own Prepared, routed
+            if not fresh:  # a step the rank may hold already, or ranks mixed: the block's own Prepared, routed
+                new.emit(table)  # the pass's new steps so far first, as the per-block path inserts them
                 store.route(run, f, cur, _prepared(recs[a:b], rows[a:b]), batch, append=True)
                 continue
-            latest = None
-            for i in range(a, b):
-                row = rows[i]
-                rec = recs[i]
-                if rec.components:
-                    got, pairs, text = _ratios_of(rec)
-                    if i >= b - decode.WINDOW_TAIL:  # the newest ratios: of the block's last records, as decode's
-                        latest = got
-                else:
-                    pairs, text = None, None
-                mask = tuple(map(is_not, row, _NONES))
-                keep = keeps.get(mask)
-                if keep is None:  # the columns a row carries: the same for nearly every row of a pass
-                    keep = keeps[mask] = tuple(compress(_POSITIONS, mask))
-                add(key, keep, (run_id, *compress(row, mask), text), row, pairs)
+            latest = new.take(recs, a, b, run_id, key)
             batch.rows += n
             batch.records += n
             if n == 1:
@@ -115,7 +85,70 @@ def route_pass(store, items: list, batch, set_aside: Callable[[object, Exception
             raise
         finally:
             a = b
+    new.emit(table)
     return True
+
+
+class _NewSteps:
+    """The new steps of a pass (each past its rank's newest stored step), gathered for one
+    ``LiveTable.add_many``: the columns a pass's rows carry are found once for all of them (a row per record
+    was masked on its own before), and the values built in C (``zip``)."""
+
+    __slots__ = ("rows", "at", "keys", "runs", "texts", "ratios")
+
+    def __init__(self, rows: list) -> None:
+        self.rows = rows  # the pass's row tuples (``live.row_tuples``)
+        self.at: list[int] = []  # which of them are new steps, in arrival order
+        self.keys: list = []
+        self.runs: list[int] = []
+        self.texts: list[Optional[str]] = []  # each one's ratios as the live table keeps them (JSON; None)
+        self.ratios: list[tuple] = []  # (key, name, step, ratio) of their component ratios (the series fold's)
+
+    def take(self, recs: list, a: int, b: int, run_id: int, key: tuple) -> Optional[dict]:
+        """Records ``a``..``b`` (one rank's block, new steps); returns the block's newest ratios (of its last
+        records, as ``decode`` takes them) or None when none of those has components."""
+        latest = None
+        texts = self.texts
+        tail = b - decode.WINDOW_TAIL
+        for i in range(a, b):
+            comps = recs[i].components
+            if comps:
+                got = {name: c.ratio for name, c in comps.items() if c.ratio is not None}
+                if got:
+                    texts.append(_encode(got).decode())
+                    step = recs[i].step
+                    self.ratios.extend([(key, name, step, ratio) for name, ratio in got.items()])
+                else:
+                    texts.append(None)
+                if i >= tail:
+                    latest = got
+            else:
+                texts.append(None)
+        n = b - a
+        if n == 1:
+            self.at.append(a)
+            self.keys.append(key)
+            self.runs.append(run_id)
+        else:
+            self.at.extend(range(a, b))
+            self.keys.extend([key] * n)
+            self.runs.extend([run_id] * n)
+        return latest
+
+    def emit(self, table) -> None:
+        """Hand what was gathered to the live table (its shared INSERT at the pass's end) and start again."""
+        if not self.at:
+            return
+        rows = self.rows
+        picked = [rows[i] for i in self.at]
+        cols = list(zip(*picked))
+        n = len(picked)
+        # The columns not NULL in every new row (rank, attempt and step always): binding None costs an adapter
+        # lookup per value, and an omitted column is stored NULL all the same.
+        keep = tuple(j for j, col in enumerate(cols) if col[0] is not None or col.count(None) != n)
+        values = list(zip(self.runs, *[cols[j] for j in keep], self.texts))
+        table.add_many(keep, values, self.keys, picked, self.ratios)
+        self.at, self.keys, self.runs, self.texts, self.ratios = [], [], [], [], []
 
 
 def _prepared(recs: list, rows: list) -> decode.Prepared:

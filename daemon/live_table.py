@@ -104,19 +104,23 @@ class LiveTable:
         #: False once a flush found a step it was told is new stored already (a broken assumption, never seen):
         #: every live row is then inserted on its own and counted exactly, from the retried pass on
         self.shared_inserts = True
-        #: The waiting rows' row tuples and ratio pairs per key, kept as they were inserted so that a merge
-        #: folds them without reading them back; ``_remembered`` says whether they are exactly what waits (not
-        #: after a reload, nor after an insert that skipped rows): else the merge reads the table
-        self._rows: dict[RankKey, list[tuple]] = {}
-        self._ratios: dict[RankKey, dict[str, list]] = {}
+        #: The waiting rows' row tuples and ratios, logged as they were inserted (one entry per row, in arrival
+        #: order: a list append per row rather than a list per rank), so that a merge folds them without reading
+        #: them back; ``_remembered`` says whether they are exactly what waits (not after a reload, nor after an
+        #: insert that skipped rows): else the merge reads the table. ``_log_ratios`` holds ``(key, name, step,
+        #: ratio)`` per component ratio of a logged row; ``_groups`` the log's entries per key, made at a merge.
+        self._log_keys: list[RankKey] = []
+        self._log_rows: list[tuple] = []
+        self._log_ratios: list[tuple] = []
+        self._groups: Optional[dict[RankKey, tuple[list[int], list[int]]]] = None
+        self._sliced = False  # a merge's slice moved some of the logged keys (their rows stay in the log)
         self._remembered = True
 
     def load(self) -> None:
         """What waits in the table as committed (at open, and after a rollback: memory may be ahead)."""
         self._buffer.clear()
         self._buffered = 0
-        self._rows.clear()
-        self._ratios.clear()
+        self._forget()
         self.pending = {(r[0], r[1], r[2]): r[3] for r in self.conn.execute(
             f"SELECT run_id, rank, attempt, count(*) FROM {idx.LIVE_TABLE} GROUP BY run_id, rank, attempt")}
         self.rows = sum(self.pending.values())
@@ -155,16 +159,86 @@ class LiveTable:
                 " AND attempt = ?2 AND step = ?3)")
         return sql
 
+    def _forget(self) -> None:
+        self._log_keys.clear()
+        self._log_rows.clear()
+        self._log_ratios.clear()
+        self._groups = None
+        self._sliced = False
+
     def _remember(self, key: RankKey, rows: Sequence[tuple], ratios: Optional[dict]) -> None:
-        kept = self._rows.get(key)
-        if kept is None:
-            self._rows[key] = list(rows)
-        else:
-            kept.extend(rows)
+        self._groups = None
+        self._log_keys.extend([key] * len(rows))
+        self._log_rows.extend(rows)
         if ratios:
-            pairs = self._ratios.setdefault(key, {})
+            log = self._log_ratios
             for name, more in ratios.items():
-                pairs.setdefault(name, []).extend(more)
+                log.extend((key, name, step, ratio) for step, ratio in more)
+
+    def add_many(self, keep: tuple[int, ...], values: list[tuple], keys: list[RankKey], rows: list[tuple],
+                 ratios: list[tuple]) -> None:
+        """New steps of many ranks at once (a pass on columns, ``daemon/columns.py``): ``values`` as :meth:`add`
+        takes each (run_id, the ``keep`` columns, its ratio text), ``keys`` and ``rows`` each one's rank and row
+        tuple, ``ratios`` their ``(key, name, step, ratio)`` component ratios. Each is newer than every step its
+        rank has stored, hence stored by this transaction (see :meth:`add`)."""
+        if not values:
+            return
+        rows_of = self._buffer.get(keep)
+        if rows_of is None:
+            rows_of = self._buffer[keep] = []
+        rows_of.extend(values)
+        n = len(values)
+        self._buffered += n
+        self._groups = None
+        self._log_keys.extend(keys)
+        self._log_rows.extend(rows)
+        self._log_ratios.extend(ratios)
+        pending = self.pending
+        get = pending.get
+        for key in keys:
+            pending[key] = get(key, 0) + 1
+        if not self.rows:
+            self.since = self.tick()
+        self.rows += n
+
+    def _drop_logged(self, gone: set) -> None:
+        """The log without the rows of the keys ``gone`` (moved on their own, before a merge: a cold block or a
+        new generation of a rank with waiting rows). A merge's slices leave the log as it is: their keys are
+        never asked for again, and the log is emptied once nothing waits."""
+        keep = [i for i, k in enumerate(self._log_keys) if k not in gone]
+        self._log_rows = [self._log_rows[i] for i in keep]
+        self._log_keys = [self._log_keys[i] for i in keep]
+        self._log_ratios = [r for r in self._log_ratios if r[0] not in gone]
+        self._groups = None
+
+    def _logged(self, moved: Sequence[RankKey]) -> tuple[list[tuple], list[RankKey], list[tuple]]:
+        """The logged rows of the keys ``moved`` (their row tuples, keys and component ratios): the whole log in
+        arrival order when they are every waiting key, else key by key in ``moved``'s order, each key's in
+        arrival order (the fold groups them by rank and bucket either way)."""
+        if not self._sliced and len(moved) == len(self.pending):  # every waiting key: the whole log
+            return self._log_rows, self._log_keys, self._log_ratios
+        groups = self._groups
+        if groups is None:
+            groups = self._groups = {}
+            for i, key in enumerate(self._log_keys):
+                got = groups.get(key)
+                if got is None:
+                    got = groups[key] = ([], [])
+                got[0].append(i)
+            for i, entry in enumerate(self._log_ratios):
+                got = groups.get(entry[0])
+                if got is not None:
+                    got[1].append(i)
+        rows, keys, ratios = [], [], []
+        log_rows, log_ratios = self._log_rows, self._log_ratios
+        for key in moved:
+            got = groups.get(key)
+            if got is None:
+                continue
+            rows.extend(log_rows[i] for i in got[0])
+            keys.extend([key] * len(got[0]))
+            ratios.extend(log_ratios[i] for i in got[1])
+        return rows, keys, ratios
 
     def add(self, key: RankKey, keep: tuple[int, ...], value: tuple, row: tuple, ratios: Optional[dict]) -> None:
         """One new step of a rank (``value``: run_id, the ``keep`` columns, its ratio text; ``row``: its row
@@ -267,15 +341,14 @@ class LiveTable:
                 items.extend(_fold_items(conn.execute(read_sql, params).fetchall()))
             conn.execute(move_sql, params)
             conn.execute(delete_sql, delete_params)
-        for k in moved:
-            rows = self._rows.pop(k, None)
-            ratios = self._ratios.pop(k, None)
-            if remembered and rows:
-                items.append((k[0], k[1], list(zip(*rows)), ratios or {}))
-        agg.write_series_many(items)
+        if remembered:
+            rows, keys_of_rows, ratios = self._logged(moved)
+            if rows:
+                agg.write_series_columns(keys_of_rows, list(zip(*rows)), ratios)
+        else:
+            agg.write_series_many(items)
         if keys is None and span is None:
-            self._rows.clear()
-            self._ratios.clear()
+            self._forget()
             self._remembered = True  # nothing waits: what comes next is remembered as it is inserted
             self.pending.clear()
             self.rows = 0
@@ -285,9 +358,12 @@ class LiveTable:
                 self.rows -= self.pending.pop(k)
             if not self.rows:
                 self.since = None
-                self._rows.clear()
-                self._ratios.clear()
+                self._forget()
                 self._remembered = True  # nothing waits: what comes next is remembered as it is inserted
+            elif span is not None:
+                self._sliced = True
+            elif moved and remembered:
+                self._drop_logged(set(moved))
         return {k[0] for k in moved}
 
 
