@@ -1,7 +1,8 @@
 """Live ingest under load: the daemon's CPU and the append → visible lag while many ranks write.
 
 Run: python tests/benchmarks/bench_live_load.py [--seconds 20] [--only small,cluster,cluster_poll,busy,cluster100,idle]
-     python tests/benchmarks/bench_live_load.py --in-process   (one live pass, in this process: CPU per record)
+     python tests/benchmarks/bench_live_load.py --in-process   (one live pass, in this process: CPU per record, at
+                                                               20 × 64 × 1, 20 × 64 × 5 and 100 × 64 × 1)
      python tests/benchmarks/bench_live_load.py --phases       (where that pass's CPU goes, at 20 × 64 and 100 × 64)
 
 A live ``traceml daemon`` (its own process) watches R runs × K ranks while writer processes append
@@ -145,14 +146,14 @@ def cold_cost(tmp: Path, total: int = 100_000) -> float:
     return used / max(1, got)
 
 
-def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int = 20) -> float:
+def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int = 20, runs: int = 20) -> float:
     """CPU seconds per record of one live pass without the writers' noise: one ``Ingester`` in this process
-    over 20 runs × 64 ranks with the live daemon's settings (``live_settings``) on a simulated clock
+    over ``runs`` runs × 64 ranks with the live daemon's settings (``live_settings``) on a simulated clock
     ``seconds_per_pass`` apart; each pass appends ``lines`` lines to every stream, then reads them all
-    (``poll``) and commits (``commit_pass``). Only the pass is timed."""
-    root = tmp / f"inproc{lines}"
-    streams = make_runs(root, 20, 64)
-    ing = Ingester(tmp / f"inproc{lines}.sqlite", [str(root)], use_inotify=False)
+    (``poll``) and commits (``commit_pass``). Only the pass is timed (its merges included)."""
+    root = tmp / f"inproc{runs}x{lines}"
+    streams = make_runs(root, runs, 64)
+    ing = Ingester(tmp / f"inproc{runs}x{lines}.sqlite", [str(root)], use_inotify=False)
     try:
         ing.run_once()
         ing.live_settings()
@@ -404,11 +405,13 @@ def main() -> None:
         print(f"baseline (this run): cold ingest costs {cost * 1e6:.1f} µs of CPU per record (run_once, 100k records)")
         print()
         if args.in_process:
-            print("| live pass over 20 × 64 streams | CPU per record | × cold |")
+            print("| live pass | CPU per record | × cold |")
             print("|---|---|---|")
-            for lines, gap, label in ((1, 1.0, "1 line per stream, passes 1 s apart (the 1/s load)"),
-                                      (5, 0.5, "5 lines per stream, passes 0.5 s apart (the 10/s load)")):
-                per = in_process_cost(tmp, lines, gap)
+            for runs, lines, gap, label in (
+                    (20, 1, 1.0, "20 × 64 streams, 1 line per stream, passes 1 s apart (the 1/s load)"),
+                    (20, 5, 0.5, "20 × 64 streams, 5 lines per stream, passes 0.5 s apart (the 10/s load)"),
+                    (100, 1, 1.0, "100 × 64 streams, 1 line per stream, passes 1 s apart")):
+                per = in_process_cost(tmp, lines, gap, runs=runs)
                 print(f"| {label} | {per * 1e6:.1f} µs | {per / cost:.1f} |", flush=True)
             return
         print("| load | runs × ranks × rate | records/s | daemon CPU | at cold cost | append → visible (probe) "
