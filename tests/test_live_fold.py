@@ -18,9 +18,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon import aggregates
+from daemon import aggregates, live
 from daemon import index as idx
-from daemon import live
 
 _timing = st.one_of(st.none(), st.floats(-5, 1e4, allow_nan=False), st.just(math.nan), st.just(math.inf))
 _value = st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False))
