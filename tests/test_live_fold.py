@@ -20,6 +20,9 @@ from hypothesis import strategies as st
 
 from daemon import aggregates, live
 from daemon import index as idx
+from daemon.service import Ingester
+
+from support.daemon_files import append_raw, header_line, step_line
 
 _timing = st.one_of(st.none(), st.floats(-5, 1e4, allow_nan=False), st.just(math.nan), st.just(math.inf))
 _value = st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False))
@@ -103,3 +106,71 @@ def test_one_fold_of_many_ranks_equals_a_fold_per_rank(tmp_path: Path, batches):
     finally:
         for c in conns:
             c.close()
+
+
+def _by_name(index: Path) -> dict:
+    """Step rows and series of an index by run name (run ids differ between two indexes); sums apart."""
+    conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
+    try:
+        names = dict(conn.execute("SELECT run_id, name FROM runs"))
+        metric_cols = ", ".join(f"{m}_min, {m}_max, {m}_n" for m in idx.SERIES_METRICS)
+        return {
+            "rows": sorted((names[r[0]], *r[1:]) for r in conn.execute("SELECT * FROM steps")),
+            "series": sorted((names[r[0]], *r[1:]) for r in conn.execute(
+                f"SELECT run_id, rank, bucket, step_lo, step_hi, {metric_cols} FROM series")),
+            "extra": sorted((names[r[0]], *r[1:]) for r in conn.execute(
+                "SELECT run_id, rank, metric, bucket, step_lo, step_hi, vmin, vmax, n FROM series_extra")),
+            "waiting": conn.execute(f"SELECT count(*) FROM {idx.LIVE_TABLE}").fetchone()[0],
+        }
+    finally:
+        conn.close()
+
+
+def test_a_rank_moved_on_its_own_leaves_the_log_and_the_merge_folds_the_others_once(tmp_path: Path):
+    """Three ranks' rows wait in the live table, remembered in its log; one rank gets a block too large for the
+    live path, so its waiting rows are moved (and folded) on their own first. The merge that follows folds the
+    other ranks' logged rows and that rank's later ones, each once: the step rows and series equal a cold
+    ingest of the same files."""
+    root = tmp_path / "logs"
+    paths = [root / "r" / "ranks" / f"rank_{k}" / "steps-0.jsonl" for k in range(3)]
+    for k, path in enumerate(paths):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(header_line("r", k, uuid=f"u{k}"))
+    index = tmp_path / "live.sqlite"
+    ing = Ingester(index, [str(root)], use_inotify=False)
+    try:
+        ing.open()
+        ing.live_settings()
+        ing.store.live.merge_every = math.inf
+        ing.store.live.merge_rows = 1 << 40
+
+        def live_pass() -> None:
+            ing.scan()
+            ing.poll(ing.plan.everything())
+            ing.commit_pass()
+
+        for s in range(1, 9):
+            for k, path in enumerate(paths):
+                append_raw(path, step_line("r", k, s, step_ms=10.0 * s + k, ratio=0.01 * s))
+            live_pass()
+        assert ing.store.live.rows == 24
+        big = b"".join(step_line("r", 0, s, step_ms=999.0, ratio=0.9) for s in range(5, 1500))
+        assert len(big) > 64 * 1024  # read as a cut, not as a live append
+        append_raw(paths[0], big)
+        live_pass()
+        assert ing.store.live.rows == 16  # rank 0's waiting rows moved on their own, the others still wait
+        for s in range(1500, 1504):
+            for k, path in enumerate(paths):
+                append_raw(path, step_line("r", k, s if k == 0 else s - 1490, step_ms=5.0, ratio=0.5))
+            live_pass()
+        ing.merge_live()
+    finally:
+        ing.close()
+    cold = Ingester(tmp_path / "cold.sqlite", [str(root)], use_inotify=False)
+    try:
+        cold.run_once()
+    finally:
+        cold.close()
+    got, want = _by_name(index), _by_name(tmp_path / "cold.sqlite")
+    assert got["waiting"] == 0 and got["rows"] and got["extra"]
+    assert got == want
