@@ -81,7 +81,7 @@ def _series(conn: sqlite3.Connection) -> dict:
             for t, key in (("series", "1, 2, 3"), ("series_extra", "1, 2, 3, 4"), ("series_width", "1, 2"))}
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=_batches())
 def test_one_fold_of_many_ranks_equals_a_fold_per_rank(tmp_path: Path, batches):
     """Batch after batch, the flat fold of all ranks together, and ``write_series_many``'s items, leave the
