@@ -4,9 +4,10 @@ A live daemon's pass reads a line or a few from each of a thousand streams. Bloc
 through the decoder's per-block grouping (``decode.prepare_block``: rows, ratio pairs, newest ratios), then the
 store's per-block routing (``Store.route``), a dozen Python calls per record. Here the pass's appends are
 decoded together (``decode.steps_of_blocks``), every rank's row tuples are built in one loop
-(``live.row_tuples``), and one loop routes them: a new step of a rank (past its newest stored one) goes to the
-live table's shared ``INSERT`` of the pass (``LiveTable.add``) and into its rank window, with its ratios, without
-the per-block ``Prepared``.
+(``live.row_tuples``), and one loop routes them: a new step of a rank (past its newest stored one) goes into its
+rank window, with its ratios, without the per-block ``Prepared``, and is gathered with the pass's other new steps
+(:class:`_NewSteps`) for the live table's shared ``INSERT`` of the pass, handed over in one call
+(``LiveTable.add_many``: one column mask for them all, their values built in C).
 
 What the column path takes is the common shape only: every line of the pass a step record on the decoder's
 fast path, streams of a first generation, the live table on (``Ingester.live_settings``). A block whose steps
