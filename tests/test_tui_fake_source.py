@@ -72,11 +72,9 @@ def headline_text(screen: RunScreen) -> str:
 
 async def wait_for(pilot, condition, limit: int = 1000) -> None:
     """Wait (bounded, never a fixed sleep) until ``condition()`` holds; fail saying so otherwise."""
-    for _ in range(limit):
-        if condition():
-            await pilot.pause()
-            return
-        await pilot.pause(0.02)
+    if await d.until(pilot, condition, limit):
+        await pilot.pause()
+        return
     raise AssertionError("the condition never held")
 
 
