@@ -290,11 +290,17 @@ async def test_age_and_duration_columns_from_the_reader_sortable_by_the_picker(c
             assert done.duration_s == pytest.approx(done.last_ts - done.first_ts) and done.duration_s > 0
             for label, key in (("Age", lambda r: r.age_s), ("Duration", lambda r: r.duration_s)):
                 await pilot.press("O")
-                await d.until(pilot, lambda: isinstance(app.screen, SortPicker), 200)
+                for _ in range(200):
+                    if isinstance(app.screen, SortPicker):
+                        break
+                    await pilot.pause(0.02)
                 options = app.screen.query_one(SortList)
                 ids = [options.get_option_at_index(i).id for i in range(options.option_count)]
                 await pilot.press("g", *["j"] * ids.index(label), "enter")
-                await d.until(pilot, lambda: app.screen is screen and screen.sort_column == labels.index(label), 200)  # noqa: B023
+                for _ in range(200):
+                    if app.screen is screen and screen.sort_column == labels.index(label):
+                        break
+                    await pilot.pause(0.02)
                 await pilot.pause(0.1)
                 order = [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
                 assert order == sorted(order, key=lambda n: key(runs[n])), (label, order)

@@ -153,13 +153,21 @@ async def test_run_appended_during_test_shows_new_steps_without_input(tmp_path):
     app = create_app(source, poll_interval=0.02)
     try:
         async with app.run_test(size=(100, 24)) as pilot:
-            # a loaded machine may not have composed the Runs screen yet (bounded wait)
-            await d.until(pilot, lambda: pilot.app.screen.query(RunsTable))
+            for _ in range(400):  # a loaded machine may not have composed the Runs screen yet (bounded wait)
+                if pilot.app.screen.query(RunsTable):
+                    break
+                await pilot.pause(0.02)
             table = pilot.app.screen.query_one(RunsTable)
-            await d.until(pilot, lambda: table.row_count and column_of(table, "Step")[0].startswith("10"), 300)
+            for _ in range(300):
+                await pilot.pause(0.02)
+                if table.row_count and column_of(table, "Step")[0].startswith("10"):
+                    break
             assert column_of(table, "Step")[0] == "10/10"
             d.append_steps(run, "live", 0, 11, 25)
-            await d.until(pilot, lambda: column_of(table, "Step")[0].startswith("25"), 300)
+            for _ in range(300):
+                await pilot.pause(0.02)
+                if column_of(table, "Step")[0].startswith("25"):
+                    break
             assert column_of(table, "Step")[0] == "25"  # past its declared 10: no end shown
     finally:
         source.close()
@@ -317,7 +325,10 @@ async def test_alert_when_a_run_fails_during_the_session(tmp_path):
 
         os.close(fd)
         d.ingest(index, [root])
-        await d.until(pilot, lambda: app.runs_snapshot.rows[0].status == "failed", 200)
+        for _ in range(200):
+            await pilot.pause(0.02)
+            if app.runs_snapshot.rows[0].status == "failed":
+                break
         await pilot.pause()
         assert [n.message for n in app._notifications] == ["run live failed — rank 1 failed first"]
         await pilot.press("a")  # alerts off: the toggle itself is the only new notification
@@ -479,8 +490,10 @@ async def test_refresh_updates_rows_in_place_keeping_cursor_and_scroll(tmp_path)
         for last in (6, 9, 12):  # three refreshes with new data
             d.append_steps(live, "live", 0, last - 2, last, t0=d.T0 + 100)
             d.ingest(index, [root])
-            # past the declared 3: no "/3"
-            await d.until(pilot, lambda: column_of(table, "Step")[0] == str(last), 300)  # noqa: B023 - awaited here
+            for _ in range(300):
+                await pilot.pause(0.02)
+                if column_of(table, "Step")[0] == str(last):  # past the declared 3: no "/3"
+                    break
             assert column_of(table, "Run")[0] == "live"  # moved to the top (latest activity first)
             assert column_of(table, "Step")[0] == str(last)
             assert table.scroll_x == scroll_x and table.cursor_row - table.scroll_y == on_screen

@@ -72,9 +72,11 @@ def headline_text(screen: RunScreen) -> str:
 
 async def wait_for(pilot, condition, limit: int = 1000) -> None:
     """Wait (bounded, never a fixed sleep) until ``condition()`` holds; fail saying so otherwise."""
-    if await d.until(pilot, condition, limit):
-        await pilot.pause()
-        return
+    for _ in range(limit):
+        if condition():
+            await pilot.pause()
+            return
+        await pilot.pause(0.02)
     raise AssertionError("the condition never held")
 
 

@@ -37,7 +37,10 @@ def test_collapsed_field_is_flagged_on_the_run_screen(tmp_path: Path) -> None:
         async with app.run_test(size=(120, 60)) as pilot:
             await d.settle(pilot)
             pilot.app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == "latent"))
-            await d.until(pilot, lambda: pilot.app.screen.query("#fields"), 100)
+            for _ in range(100):
+                await pilot.pause(0.02)
+                if pilot.app.screen.query("#fields"):
+                    break
             panel = pilot.app.screen.query_one("#fields", InfoPanel)
             return str(panel.render())
 

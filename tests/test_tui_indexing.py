@@ -54,9 +54,11 @@ def test_runs_fill_in_newest_first_while_the_header_shows_indexing(tmp_path, mon
     async def body() -> None:
         async with app.run_test(size=(120, 30)) as pilot:
             screen = pilot.app.screen
-            await d.until(pilot, lambda: held.is_set() and screen.snapshot is not None and screen.snapshot.indexing
-                          and any(r.step for r in screen.snapshot.rows), 1000)
-            await pilot.pause()
+            for _ in range(1000):
+                await pilot.pause(0.02)
+                snap = screen.snapshot
+                if held.is_set() and snap is not None and snap.indexing and any(r.step for r in snap.rows):
+                    break
             snap = screen.snapshot
             steps = {r.name: r.step for r in snap.rows}
             assert screen.sub_title.startswith("runs · indexing ") and " records" in screen.sub_title
@@ -64,10 +66,12 @@ def test_runs_fill_in_newest_first_while_the_header_shows_indexing(tmp_path, mon
             assert not steps.get("exp0")  # the oldest is not read yet
             assert screen.query_one(RunsTable).row_count >= 1
             release.set()
-            await d.until(pilot, lambda: screen.snapshot is not None and screen.snapshot.indexing is None
-                          and all(r.step == STEPS for r in screen.snapshot.rows) and len(screen.snapshot.rows) == RUNS,
-                          1500)
-            await pilot.pause()
+            for _ in range(1500):
+                await pilot.pause(0.02)
+                snap = screen.snapshot
+                if snap is not None and snap.indexing is None and all(r.step == STEPS for r in snap.rows) \
+                        and len(snap.rows) == RUNS:
+                    break
             assert {r.name: r.step for r in screen.snapshot.rows} == {n: STEPS for n in names}
             assert screen.sub_title == "runs"
 

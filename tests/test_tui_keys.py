@@ -55,7 +55,11 @@ def footer_words(app) -> list[str]:
 
 async def wait_for(pilot, condition, limit: int = 400) -> None:
     """Wait until ``condition()`` holds (bounded; never a fixed sleep)."""
-    assert await d.until(pilot, condition, limit)
+    for _ in range(limit):
+        if condition():
+            return
+        await pilot.pause(0.02)
+    assert condition()
 
 
 async def open_first_run(pilot) -> RunScreen:

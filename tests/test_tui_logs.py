@@ -58,7 +58,11 @@ def _run_id(app, name: str) -> int:
 
 async def _until(pilot, predicate, limit: int = 400) -> None:
     """Wait (bounded, never a fixed sleep) until ``predicate()`` holds; fail the test when it never does."""
-    assert await d.until(pilot, predicate, limit)
+    for _ in range(limit):
+        if predicate():
+            return
+        await pilot.pause(0.02)
+    assert predicate()
 
 
 async def _log_screen(pilot) -> LogScreen:

@@ -72,8 +72,11 @@ def test_the_chart_chooser_reaches_the_refresh_worker_through_a_message(committe
             assert isinstance(pilot.app.screen, RunScreen)
             before = pilot.app.screen.detail.chart_metric
             await pilot.press("c")
-            await d.until(pilot, lambda: pilot.app.screen.detail is not None
-                          and pilot.app.screen.detail.chart_metric != before, 200)
+            for _ in range(200):
+                detail = pilot.app.screen.detail
+                if detail is not None and detail.chart_metric != before:
+                    break
+                await pilot.pause(0.02)
             return before, pilot.app.screen.detail.chart_metric
 
     try:

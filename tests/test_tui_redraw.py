@@ -58,7 +58,10 @@ def repaints(monkeypatch):
 async def run_first(pilot) -> RunScreen:
     await d.settle(pilot)
     await pilot.press("enter")
-    await d.until(pilot, lambda: isinstance(pilot.app.screen, RunScreen))
+    for _ in range(400):
+        if isinstance(pilot.app.screen, RunScreen):
+            break
+        await pilot.pause(0.02)
     await d.settle(pilot, 4)
     return pilot.app.screen
 

@@ -220,7 +220,10 @@ def test_runs_screen_80x24_marked_sorted_scrolled_no_color(snap_compare, source,
 
 def _wait_for(predicate):
     async def wait(pilot) -> None:
-        await d.until(pilot, lambda: predicate(pilot.app.screen))
+        for _ in range(400):
+            if predicate(pilot.app.screen):
+                break
+            await pilot.pause(0.02)
         await pilot.pause()
     return wait
 

@@ -46,7 +46,11 @@ def watch_source(index: Path, root: Path, **kw) -> IndexSource:
 
 
 async def wait_for(pilot, predicate, rounds: int = 1500) -> bool:
-    return await d.until(pilot, predicate, rounds)
+    for _ in range(rounds):
+        if predicate():
+            return True
+        await pilot.pause(0.02)
+    return predicate()
 
 
 # --------------------------------------------------------------------------- the rule

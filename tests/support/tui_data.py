@@ -219,38 +219,14 @@ def aio(fn):
     return wrapper
 
 
-#: How often a pilot's wait looks at its condition (seconds).
-POLL_S = 0.02
-
-
-async def until(pilot, condition, limit: int = 400) -> bool:
-    """Let the App run until ``condition()`` holds, looking every :data:`POLL_S` at most ``limit`` times;
-    returns whether it held (the caller asserts). Bounded, never a fixed sleep.
-
-    It sleeps with ``asyncio.sleep``, not ``pilot.pause(delay)``: ``run_test`` runs the App in this event
-    loop, so a plain sleep lets it work, while each ``pilot.pause`` first sends every widget of the screen a
-    message and waits for all of them, then forces a screen update — 2–3 ms of CPU each time, fifty times a
-    second, about a tenth of a core for as long as a test waits (README, "test lanes"). Once the condition
-    holds after a wait, one ``pilot.pause(POLL_S)`` leaves the screen at least as far along as a loop of
-    pauses would have (layout and scroll limits included).
-    """
-    for tries in range(limit):
-        if condition():
-            if tries:
-                await pilot.pause(POLL_S)
-            return True
-        await asyncio.sleep(POLL_S)
-    await pilot.pause(POLL_S)
-    return bool(condition())
-
-
 async def settle(pilot, rounds: int = 2, limit: int = 400) -> None:
-    """Wait until the App has applied ``rounds`` more snapshots (bounded; never a fixed sleep), then until
-    the screen has processed what they brought."""
+    """Wait until the App has applied ``rounds`` more snapshots (bounded; never a fixed sleep)."""
     app = pilot.app
     target = app.refreshes + rounds
-    if await until(pilot, lambda: app.refreshes >= target, limit):
-        await pilot.pause(POLL_S)  # as the last round of a pause loop did: what the snapshot started, drawn
+    for _ in range(limit):
+        if app.refreshes >= target:
+            break
+        await pilot.pause(0.02)
     await pilot.pause()
 
 
