@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("trackio", reason="trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
+from support.lanes import needs
+
+pytestmark = needs("trackio", "trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
 
 PROJECT = "vanguard-hal"
 REG = ["--project", PROJECT, "--group", "qc", "--description", "Are the QC figures healthy? reference run"]

@@ -18,8 +18,9 @@ import pytest
 import yaml
 
 from support.cli import run_main
+from support.lanes import needs
 
-pytest.importorskip("trackio", reason="trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
+pytestmark = needs("trackio", "trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = yaml.safe_load((REPO / "examples" / "hygiene" / "traceml.yaml").read_text())

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("trackio", reason="trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
+from support.lanes import needs
+
+pytestmark = needs("trackio", "trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
 
 PROJECT = "vanguard-hal"
 REG = ["--project", PROJECT, "--group", "ablations", "--description", "Does the scale-free loss fall? reference run"]

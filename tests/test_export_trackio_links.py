@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("trackio", reason="trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
+from support.lanes import needs
+
+pytestmark = needs("trackio", "trackio not installed: pip install 'trackio==0.43.0' (the [trackio] extra)")
 
 PROJECT = "vanguard-hal"
 TRAIN = textwrap.dedent(

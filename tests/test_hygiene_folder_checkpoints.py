@@ -21,6 +21,10 @@ from traceml_tui.core.rundir import RunDir
 from traceml_tui.hygiene import backlog, folders
 from traceml_tui.hygiene.checkpoints import publish_checkpoint
 
+from support.lanes import IMPORTS_TORCH
+
+pytestmark = IMPORTS_TORCH  # the folders are written by torch in this process
+
 DIGEST = "sha256:test"
 
 

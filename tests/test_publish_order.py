@@ -15,7 +15,9 @@ import pytest
 
 from traceml_tui.core.rundir import RunDir
 
-pytest.importorskip("torch")
+from support.lanes import needs
+
+pytestmark = needs("torch")  # the scripts import it; this process does not
 
 SCRIPT = textwrap.dedent(
     """

@@ -19,12 +19,12 @@ import yaml
 from traceml_tui.core import records
 from traceml_tui.core.atomic import atomic_write_json
 from traceml_tui.core.rundir import RunDir
+from traceml_tui.sdk import recovery
 
 from support import realruns
+from support.lanes import IMPORTS_TORCH, needs
 
-torch = pytest.importorskip("torch")
-
-from traceml_tui.sdk import recovery  # noqa: E402 - after the torch skip: saves are torch files
+pytestmark = needs("torch")  # saves are torch files (imported where used: README, "test lanes")
 
 SCRIPT = realruns.SCRIPTS / "resume_train.py"
 STEPS = 40
@@ -93,6 +93,8 @@ def runs(tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 def test_interrupted_and_resumed_run_ends_bit_identical(runs: dict) -> None:
+    import torch
+
     assert runs["interrupted_rc"] != 0 and STEPS > runs["interrupted_at"] >= 20
     straight = torch.load(runs["work"] / "straight.pt")
     resumed = torch.load(runs["work"] / "cut.pt")
@@ -131,6 +133,7 @@ def _save(run_dir: Path, step: int) -> Path:
     return recovery.write_save(run_dir, 0, step, 0, {"format": recovery.FORMAT, "step": step})
 
 
+@IMPORTS_TORCH
 def test_a_save_a_pending_request_refers_to_is_never_pruned(tmp_path: Path) -> None:
     """The validation request format is a contract an external publisher may write too (docs/hygiene.md)."""
     run_dir = tmp_path / "run"
@@ -152,6 +155,7 @@ def test_a_save_a_pending_request_refers_to_is_never_pruned(tmp_path: Path) -> N
     assert [s.step for s in recovery.list_saves(run_dir, 0)] == [20, 25]
 
 
+@IMPORTS_TORCH
 def test_an_unreadable_newest_save_falls_back_to_the_older_one(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     _save(run_dir, 5)
@@ -181,7 +185,10 @@ def test_resume_with_changed_split_code_is_refused_before_training(runs: dict, t
     assert recorded["count"] == 128 and len(recorded["members"]) == 128 and recorded["policy"].startswith("fixed")
 
 
+@IMPORTS_TORCH
 def test_an_extra_the_safe_loader_would_refuse_is_refused_at_the_call() -> None:
+    import torch
+
     recovery.check_extras({"gen": torch.Generator().get_state(), "pos": [1, (2, "a")], "x": None})
     with pytest.raises(recovery.RecoveryError) as err:
         recovery.check_extras({"pos": [1, {"gen": torch.Generator()}]})
@@ -189,6 +196,7 @@ def test_an_extra_the_safe_loader_would_refuse_is_refused_at_the_call() -> None:
                               "strings, lists, tuples and dicts (a generator: pass its get_state())")
 
 
+@IMPORTS_TORCH
 def test_ranks_restore_the_newest_update_every_visible_rank_saved(tmp_path: Path) -> None:
     """Rank 1 was interrupted before its save of update 10: both ranks continue from update 5."""
     run_dir = tmp_path / "run"

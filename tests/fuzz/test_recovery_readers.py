@@ -10,13 +10,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-torch = pytest.importorskip("torch")
+from traceml_tui.sdk import recovery, split
 
-from traceml_tui.sdk import recovery, split  # noqa: E402 - after the torch skip
+from support.lanes import IMPORTS_TORCH, needs
+
+pytestmark = [needs("torch"), IMPORTS_TORCH]  # saves are torch files: the reader imports it
 
 
 @given(st.binary(max_size=2048))

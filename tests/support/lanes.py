@@ -7,13 +7,30 @@ and tests/conftest.py refuses the session naming them.
 
 The fast lane also searches less: hypothesis runs the ``fast`` profile there (fewer examples per property,
 tests/fuzz/conftest.py) unless ``HYPOTHESIS_PROFILE`` names another; the whole suite keeps the ``ci`` counts.
+
+Every worker collects every test module, the ones the lane deselects too, so a module that imports an optional
+package at its top pays that import once per worker: torch is 2.5 s of CPU, trackio 1 s. A module that only
+needs the package to be installed says so with :func:`needs` (checked without importing it), and the tests that
+import torch in the test process share one worker (:data:`IMPORTS_TORCH`), so one worker pays for it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable
 
 import pytest
+
+#: The ``xdist_group`` of the tests that import torch in the test process (not only in a script they run):
+#: ``--dist loadgroup`` gives them one worker, the only one that imports torch (README, "test lanes").
+IMPORTS_TORCH = pytest.mark.xdist_group("imports-torch")
+
+
+def needs(package: str, reason: str = "") -> pytest.MarkDecorator:
+    """Skip the marked tests when ``package`` is not installed, found without importing it (unlike
+    ``pytest.importorskip`` at a module's top, which imports it while the module is collected)."""
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None,
+                              reason=reason or f"{package} is not installed")
 
 
 def real_runs_outside_slow(items: Iterable[pytest.Item]) -> list[str]:
