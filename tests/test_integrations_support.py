@@ -11,6 +11,8 @@ import pytest
 
 from traceml_tui.integrations.support import eval_metrics, examples_in
 
+from support.lanes import IMPORTS_TORCH
+
 _FAILING_HOOK = """
 from traceml_tui.integrations.support import guarded
 
@@ -70,6 +72,7 @@ def test_examples_in_without_tensors_is_none(batch, expected):
     assert examples_in(batch) == expected
 
 
+@IMPORTS_TORCH  # torch in this process: on the one worker that pays for it (support/lanes.py)
 def test_examples_in_reads_the_leading_size_of_the_first_tensor():
     torch = pytest.importorskip("torch")
     x = torch.zeros(6, 3)
