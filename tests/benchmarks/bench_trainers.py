@@ -20,7 +20,9 @@ switch.
 Clock: the CPU time of the training thread (``time.thread_time``; one torch
 thread, no loader workers, so all of a step's work — the trainer's and
 traceml's — runs there). On a shared machine wall-clock intervals mostly
-measure the neighbours' load; the wall-clock figures are printed beside. A
+measure the neighbours' load; the wall-clock figures are printed beside, and
+the process's CPU time (``proc``: every thread, so the SDK's watchdog thread,
+which writes a quiet rank's held step records, cannot hide work there). A
 block's step time is the median interval between update ends; the overhead is
 the median over cycles of (traced block − untraced block of the same cycle),
 in µs and as a share of the step.
@@ -79,7 +81,7 @@ class Modes:
         # a first block with traceml installs what it installs lazily (not counted); then the cycles, the
         # order rotated each cycle so that no mode always follows the same one
         self.plan = ["traced"] + [names[(c + i) % len(names)] for c in range(cycles) for i in range(len(names))]
-        self.ends: list[tuple[float, float]] = []
+        self.ends: list[tuple[float, float, float]] = []
         self.current = "traced"
 
     def mode_at(self, update: int) -> str | None:
@@ -90,7 +92,7 @@ class Modes:
         return self.plan[index] if index < len(self.plan) else "none"
 
     def note_end(self) -> None:
-        self.ends.append((time.thread_time(), time.perf_counter()))
+        self.ends.append((time.thread_time(), time.perf_counter(), time.process_time()))
 
     def mark(self, update: int) -> None:
         """Under callgrind: dump its counters before a block's first counted update and at the block's end."""
@@ -100,9 +102,9 @@ class Modes:
             subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], capture_output=True, check=False)
         if update % self.block in (0, SETTLE) and update <= len(self.plan) * self.block:
             os.getppid()  # callgrind runs with --dump-before=getppid
-    def figures(self) -> dict[str, list[tuple[float, float]]]:
-        """mode -> per-block (CPU, wall) median update interval, in plan order."""
-        out: dict[str, list[tuple[float, float]]] = {name: [] for name in self.names}
+    def figures(self) -> dict[str, list[tuple[float, float, float]]]:
+        """mode -> per-block (CPU, wall, process CPU) median update interval, in plan order."""
+        out: dict[str, list[tuple[float, float, float]]] = {name: [] for name in self.names}
         for index, mode in enumerate(self.plan):
             if index == 0:
                 continue
@@ -110,8 +112,7 @@ class Modes:
             pairs = [(self.ends[i - 1], self.ends[i]) for i in range(max(first, 1), min(last, len(self.ends)))]
             if len(pairs) < 3:
                 continue
-            out[mode].append((statistics.median(b[0] - a[0] for a, b in pairs),
-                              statistics.median(b[1] - a[1] for a, b in pairs)))
+            out[mode].append(tuple(statistics.median(b[k] - a[k] for a, b in pairs) for k in range(3)))
         return out
 
 
@@ -154,7 +155,7 @@ def report(name: str, modes: Modes, reference: str | None = None) -> bool:
         if arm is None:
             continue
         label = name if arm == "traced" else f"{name}, {reference} (reference)"
-        for clock, index in (("CPU", 0), ("wall", 1)):
+        for clock, index in (("CPU", 0), ("wall", 1), ("proc", 2)):
             bare = [t[index] for t in figures["none"]]
             other = [t[index] for t in figures[arm]]
             base = statistics.median(bare)
