@@ -225,7 +225,10 @@ class Watchdog:
             now = perf_counter()
             wait: Optional[float] = hang_at - now
             if window is not None:
-                look = window.watch(now, session.prev_end)  # writes the held records of a rank gone quiet
+                try:
+                    look = window.watch(now, session.prev_end)  # writes the held records of a rank gone quiet
+                except OSError:  # a full disk: those records are lost, the hang looks go on
+                    look = window.window_s
                 if look is not None:
                     wait = min(wait, look)  # type: ignore[type-var]
             if wait == float("inf"):
