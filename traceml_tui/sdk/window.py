@@ -20,7 +20,8 @@ warm and the records share one system call. The rules:
   trainer callbacks' train end, a recovery save, the exit, the exception hook,
   SIGTERM); and by the SDK's watchdog thread once no update ended for
   :data:`WINDOW_S` (a rank that stops stepping — a hang, a long evaluation, a
-  crash in a C extension — has every finished step on disk a window later).
+  crash in a C extension — has every finished step on disk a window and at
+  most one look, :data:`LOOK_S`, later).
 
 A SIGKILL (or any death that runs no Python) loses at most the step records of
 the last :data:`WINDOW_S` of updates. One lock guards the held records and the
@@ -43,6 +44,11 @@ import msgspec
 #: Seconds a step record may be held before it is written (the one place this figure is decided).
 WINDOW_S = 0.020
 WINDOW_ENV = "TRACEML_WRITE_WINDOW_MS"
+#: Seconds between the watchdog thread's looks while the rank steps. Each look takes the GIL; at one look per
+#: window a Hugging Face update of 10 ms paid about 50 µs of CPU for them (docs/trainers.md, "Overhead"), at
+#: one per 0.1 s nothing measurable. A rank that stops stepping has its held records on disk a window plus
+#: at most one look later.
+LOOK_S = 0.1
 
 #: Encodes step records; the default settings, as ``records.encode`` (a test holds the two byte for byte equal).
 ENCODER = msgspec.json.Encoder()
@@ -119,14 +125,12 @@ class WriteWindow:
             if self.closed:
                 return None
             quiet = last_end is None or now - last_end >= self.window_s
+            if not quiet:
+                return LOOK_S  # the rank steps: its own update ends write what is due
             if self.held:
-                if not quiet:
-                    return last_end + self.window_s - now  # type: ignore[operator]
                 self._flush(now)
-            if quiet:
-                self.idle = self.wake is not None  # (add() wakes the thread that sleeps on ``wake``)
-                return None
-            return last_end + self.window_s - now  # type: ignore[operator]
+            self.idle = self.wake is not None  # (add() wakes the thread that sleeps on ``wake``)
+            return None
 
     # -- both -----------------------------------------------------------------------------------
     def _flush(self, now: float, line: bytes = b"") -> None:
