@@ -14,8 +14,8 @@ apart (the same traced loop with the DataLoader untimed).
 The watchdog thread's cost is the last lines: the same traced no-op step with
 a thread taking hang looks every 50 ms (a worst case; its write-window looks
 off) against none, interleaved; then with a thread taking only the write
-window's looks (sdk/window.py: one per 20 ms while the rank holds step
-records, which these short steps always do) against none. This loop never
+window's looks (sdk/window.py: one per ``LOOK_S`` while the rank steps)
+against none. This loop never
 releases the GIL, so every look is a forced GIL switch: the worst case for
 the training thread (torch releases the GIL inside its ops).
 
@@ -230,8 +230,9 @@ def main() -> None:
           f"without (ratio {awake_dog / no_dog:.2f}; interleaved rounds, best of 15 each)")
     print(f"  ≈ {per_wake_us:.0f} µs of the training thread per wake; at the default (one wake per "
           f"{default_s:g} s or more) {100 * per_wake_us / (default_s * 1e6):.4f} % of its time; nothing per step")
-    window_ms = session.window.window_s * 1e3
-    print(f"write-window looks (one per {window_ms:g} ms while step records are held): traced no-op step "
+    from traceml_tui.sdk.window import LOOK_S
+
+    print(f"write-window looks (one per {LOOK_S * 1e3:g} ms while the rank steps): traced no-op step "
           f"{looking:6.2f} µs/step with the thread vs {no_look:6.2f} without ({100 * (looking / no_look - 1):+.1f} %; "
           f"a loop that never releases the GIL; best of 15 each)")
 

@@ -24,7 +24,7 @@ step records the write window holds, under the window's lock
 
 The same thread writes the step records the window holds once no update ended
 for a window (:meth:`traceml_tui.sdk.window.WriteWindow.watch`): it looks
-about once per window while the rank steps and sleeps while it is quiet with
+once per :data:`traceml_tui.sdk.window.LOOK_S` while the rank steps and sleeps while it is quiet with
 nothing held (the training thread wakes it when it holds a record again). It
 runs for that alone when the hang records are off.
 
