@@ -62,6 +62,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from support import lanes
+
+    # before any test module is imported: their @settings(max_examples=lanes.examples(n)) read it
+    lanes.session_profile = lanes.hypothesis_profile(config.getoption("markexpr") or "")
     config.addinivalue_line(
         "markers",
         "realruns(*cases): the test uses these real_runs cases; they are built in the background, "

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from traceml_tui.core import jsonl, records
 
+from support.lanes import examples
+
 #: Bytes that make line structure interesting: newlines, blanks, a carriage return, JSON punctuation.
 _ALPHABET = st.sampled_from([b"\n", b" ", b"\r", b"\t", b"{", b"}", b"a", b'"', b"\x00", b"\xff"])
 DATA = st.lists(_ALPHABET, max_size=200).map(b"".join) | st.binary(max_size=300)
@@ -43,7 +45,7 @@ def test_the_fast_path_equals_the_line_by_line_reference(data, partial_head):
     assert jsonl.complete_lines(data, partial_head=partial_head) == reference_lines(data, partial_head)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(DATA, st.integers(min_value=1, max_value=40), st.booleans())
 def test_the_chunked_reader_equals_the_fast_path_for_every_chunk_size(data, chunk, partial_head):
     streamed = list(jsonl.stream_lines(io.BytesIO(data), chunk_bytes=chunk, partial_head=partial_head))

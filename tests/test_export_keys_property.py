@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from traceml_tui.export import mapping
 
+from support.lanes import examples
+
 PART = st.sampled_from(["auc", "r2", "mse", "loss", "val", "eval", "validation", "train", "test", "Val", "a b",
                         "a_b", "x.y", "", " ", "mse_ratio", "é"])
 NAME = st.lists(PART, min_size=1, max_size=3).map("/".join)
@@ -23,7 +25,7 @@ METRICS = st.dictionaries(NAME, VALUE, max_size=6)
 ROLE = st.sampled_from(["eval", "val", "validation", "train", "test", None])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(METRICS, ROLE)
 def test_each_key_has_one_source_or_the_record_is_refused(metrics: dict, role):
     sources = list(mapping.eval_sources(metrics, role))  # no part is a refused role: this never raises
@@ -42,7 +44,7 @@ def test_each_key_has_one_source_or_the_record_is_refused(metrics: dict, role):
         assert (key in points) == present and (not present or points[key] == float(value))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(alphabet="abcxyz_0123.-", min_size=1, max_size=12))
 def test_train_and_eval_of_one_quantity_share_the_chart(name: str):
     if name.lower() in ("val", "eval", "validation", "train", "training", "test", "valid"):

@@ -20,6 +20,7 @@ from daemon import figures, live
 from daemon.service import Ingester
 
 from support.daemon_files import append_raw, header_line, index_rows, step_line, steps_path
+from support.lanes import examples
 
 _TIMING = st.one_of(
     st.none(),
@@ -75,7 +76,7 @@ def _text(fig: dict) -> str:
     return json.dumps(fig)  # bit for bit: -0.0 and 0.0, and every float's repr, differ in the text
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(windows=st.lists(_window(), min_size=1, max_size=6))
 def test_figures_on_arrays_are_the_windows_own_bit_for_bit(windows) -> None:
     fast = figures.figures_many(windows)

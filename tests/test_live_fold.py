@@ -23,6 +23,7 @@ from daemon import index as idx
 from daemon.service import Ingester
 
 from support.daemon_files import append_raw, header_line, step_line
+from support.lanes import examples
 
 _timing = st.one_of(st.none(), st.floats(-5, 1e4, allow_nan=False), st.just(math.nan), st.just(math.inf))
 _value = st.one_of(st.none(), st.floats(-1e6, 1e6, allow_nan=False))
@@ -81,7 +82,7 @@ def _series(conn: sqlite3.Connection) -> dict:
             for t, key in (("series", "1, 2, 3"), ("series_extra", "1, 2, 3, 4"), ("series_width", "1, 2"))}
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=_batches())
 def test_one_fold_of_many_ranks_equals_a_fold_per_rank(tmp_path: Path, batches):
     """Batch after batch, the flat fold of all ranks together, and ``write_series_many``'s items, leave the

@@ -27,6 +27,7 @@ from daemon.service import Ingester
 
 from support import python_env
 from support.daemon_files import append_raw, header_line, step_line
+from support.lanes import examples
 from support.live_kill import RANKS, RUNS, make_streams, pass_lines, stream_paths
 
 
@@ -128,7 +129,7 @@ _real = st.one_of(st.none(), st.floats(-1e12, 1e12, allow_nan=False), st.integer
 _lr = st.one_of(st.none(), st.integers(0, 10**6).map(lambda k: k / 1e6), st.floats(0, 10, allow_nan=False))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=st.tuples(st.floats(0, 4e9, allow_nan=False), *[_real] * 12, _real, _lr, _real,
                         st.one_of(st.none(), st.integers(0, 2**53)), st.one_of(st.none(), st.integers(0, 2**48)),
                         st.one_of(st.none(), st.just('{"metrics":{"acc":0.5}}')), _real, _real))

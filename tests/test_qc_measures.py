@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from traceml_tui.hygiene import qc_measures as m
 
+from support.lanes import examples
+
 #: the machine may be loaded: generation speed is not what these tests check
 LOADED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SOURCES = st.lists(st.text(alphabet="abcdefgh", min_size=1, max_size=3), max_size=60)
@@ -86,7 +88,7 @@ def test_one_source_shown_over_and_over_is_concentrated() -> None:
     assert skewed["entropy"] < fair["entropy"]
 
 
-@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=examples(40), suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(min_value=2, max_value=12), st.integers(min_value=0, max_value=2**31 - 1))
 def test_pixel_diversity_is_in_unit_interval_symmetric_and_zero_for_identical_tiles(n: int, seed: int) -> None:
     rng = np.random.default_rng(seed)

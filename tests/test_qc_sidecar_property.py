@@ -22,8 +22,10 @@ from traceml_tui.export import mapping
 from traceml_tui.export.trackio_export import plan_export
 from traceml_tui.hygiene.gallery import save_gallery
 
+from support.lanes import examples
+
 LOADED = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-                  max_examples=60)
+                  max_examples=examples(60))
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))
 JSON = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),

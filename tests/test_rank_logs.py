@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from traceml_tui.core.forensics import rank_of_line
 from traceml_tui.run.rank_logs import MAX_PENDING, LineBuffer, NodeLog, PipeTee, RankLogs, prefixed, prefixed_lines
 
+from support.lanes import examples
+
 _bytes = st.binary(max_size=600) | st.lists(st.sampled_from([b"a", b"\n", b"\r", b"[rank1]: ", b"\xff", b"x" * 50]),
                                             max_size=40).map(b"".join)
 
@@ -27,7 +29,7 @@ def _lines(block: bytes) -> list[bytes]:
     return [line + b"\n" for line in block.split(b"\n")[:-1]]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=_bytes, cuts=st.lists(st.integers(min_value=0, max_value=600), max_size=8))
 def test_line_buffer_returns_every_byte_as_whole_lines_in_order(data, cuts):
     buf = LineBuffer()
@@ -42,7 +44,7 @@ def test_line_buffer_returns_every_byte_as_whole_lines_in_order(data, cuts):
     assert buf.pending == b"" and buf.rest() == b""
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rank=st.integers(min_value=0, max_value=12), data=_bytes | st.lists(
     st.sampled_from([b"[rank1]:", b"[rank1]: ", b"[rank11]:", b"\n", b"x", b"[rank", b" "]), max_size=30).map(b"".join))
 def test_prefixed_lines_is_prefixed_on_each_line(rank, data):

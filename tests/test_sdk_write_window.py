@@ -21,6 +21,8 @@ from traceml_tui.sdk import window as window_mod
 from traceml_tui.sdk.session import Session
 from traceml_tui.sdk.watchdog import Watchdog
 
+from support.lanes import examples
+
 
 def _lines(path: Path) -> list[dict]:
     data = path.read_bytes()
@@ -280,7 +282,7 @@ def _replay(path: Path, window: float, ops: list, t0: float) -> bytes:
     return data.split(b"\n", 1)[1]  # past the header (its uuid and clock differ)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(_op, max_size=60), st.sampled_from([0.005, 0.020, 0.1]))
 def test_any_updates_give_the_bytes_of_writing_each_record_at_once(tmp_path, ops, window):
     # The window's timeline runs ahead of the real clock that stamps other records' writes (an hour on).

@@ -70,3 +70,15 @@ def test_needs_finds_a_package_without_importing_it(tmp_path, monkeypatch):
     assert there.args == (False,) and missing.args == (True,)
     assert missing.kwargs["reason"] == "no_such_package_anywhere is not installed"
     assert not (tmp_path / "imported").exists()
+
+
+def test_examples_scale_with_the_sessions_profile(monkeypatch):
+    """A property test's own count: whole in the suite (``ci``), a third in the fast lane (never under 10), ten
+    times under ``long`` — the profile the session chose before the test modules were imported."""
+    from support import lanes
+
+    for profile, counts in {"ci": (60, 300, 20), "fast": (20, 100, 10), "long": (600, 3000, 200)}.items():
+        monkeypatch.setattr(lanes, "session_profile", profile)
+        assert (lanes.examples(60), lanes.examples(300), lanes.examples(20)) == counts
+    monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    assert [lanes.hypothesis_profile(m) for m in ("not slow and not faults", "")] == ["fast", "ci"]

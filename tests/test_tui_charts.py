@@ -34,6 +34,7 @@ from traceml_tui.tui.widgets.line_chart import (
 
 from support import fixture_runs as fr
 from support import tui_data as d
+from support.lanes import examples
 
 pytestmark = pytest.mark.timeout(120)
 aio = d.aio
@@ -106,7 +107,7 @@ def braille_styles(chart: LineChart) -> set[str]:
 finite = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_infinity=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(finite, min_size=1, max_size=300), st.lists(finite, max_size=2))
 def test_y_range_contract(values, keep):
     lo, hi, cut = y_range(values, keep)
@@ -120,7 +121,7 @@ def test_y_range_contract(values, keep):
         assert hi >= max(values)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(finite, min_size=1, max_size=2000), st.integers(min_value=0, max_value=400))
 def test_thin_keeps_every_extreme_and_at_most_two_points_a_column(ys, columns):
     import numpy as np

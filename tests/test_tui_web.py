@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support.fixture_runs import FIXTURE_RUNS, name_of
+from support.lanes import examples
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -258,7 +259,7 @@ def test_browser_shows_the_runs_and_opens_one(tmp_path, cli_env, traceml_cmd):
 _text = st.none() | st.text(max_size=60)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(query=_text, cookie=_text, host=st.text(max_size=40), origin=_text, websocket=st.booleans())
 def test_the_guard_serves_exactly_the_holders_of_the_token(query, cookie, host, origin, websocket):
     """Untrusted request values never raise; with a token a request is served iff it holds it (and a WebSocket's

@@ -7,6 +7,7 @@ and tests/conftest.py refuses the session naming them.
 
 The fast lane also searches less: hypothesis runs the ``fast`` profile there (fewer examples per property,
 tests/fuzz/conftest.py) unless ``HYPOTHESIS_PROFILE`` names another; the whole suite keeps the ``ci`` counts.
+A property test outside tests/fuzz that sets its own count scales it the same way with :func:`examples`.
 
 Every worker collects every test module, the ones the lane deselects too, so a module that imports an optional
 package at its top pays that import once per worker: torch is 2.5 s of CPU, trackio 1 s. A module that only
@@ -24,6 +25,19 @@ import pytest
 #: The ``xdist_group`` of the tests that import torch in the test process (not only in a script they run):
 #: ``--dist loadgroup`` gives them one worker, the only one that imports torch (README, "test lanes").
 IMPORTS_TORCH = pytest.mark.xdist_group("imports-torch")
+
+
+#: Examples per property in each hypothesis profile, as a share of the whole suite's (``ci``) count.
+PROFILE_SHARE = {"ci": 1.0, "fast": 1 / 3, "long": 10.0}
+#: The session's profile, set by tests/conftest.py's ``pytest_configure`` before any test module is imported.
+session_profile = "ci"
+
+
+def examples(ci_count: int) -> int:
+    """A property test's ``max_examples``: ``ci_count`` in the whole suite, a third in the fast lane (at least 10),
+    ten times as many under ``HYPOTHESIS_PROFILE=long``; the same examples first in every lane (derandomized)."""
+    share = PROFILE_SHARE.get(session_profile, 1.0)
+    return max(10, round(ci_count * share)) if share < 1 else round(ci_count * share)
 
 
 def needs(package: str, reason: str = "") -> pytest.MarkDecorator:
