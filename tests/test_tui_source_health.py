@@ -72,7 +72,9 @@ def test_commit_overdue_counts_in_the_slower_of_poll_and_step():
 async def test_second_watch_takes_over_when_the_ingesting_watch_quits(tmp_path):
     """Watch A embeds the ingester; watch B joins it. A quits: B takes over for its roots (in a worker), goes on
     showing new records, and the gap is stale data, never a stall or a bell — even a gap longer than the stall
-    limit (B's takeover is held back here, and B's stall floor is 1 s)."""
+    limit (B's takeover is held back 4 s here, and B's stall floor is 2 s). The ranks write on their own thread,
+    every 0.2 s, as real ranks go on writing whatever the watch does: written from the App's loop, a loaded
+    machine once spaced two records more than the floor apart, and the watch rightly called the rank stalled."""
     root = tmp_path / "logs"
     root.mkdir()
     run = live_copy(root)
@@ -86,10 +88,10 @@ async def test_second_watch_takes_over_when_the_ingesting_watch_quits(tmp_path):
 
     def slow_takeover(roots):  # B's real takeover, after a gap longer than the stall limit
         gap["roots"] = roots
-        time.sleep(3.0)
+        time.sleep(4.0)
         return watch_cli._embed_or_join(service, index, roots)
 
-    source_b = watch_source(index, root, stall_floor_s=1.0)
+    source_b = watch_source(index, root, stall_floor_s=2.0)
     source_b.takeover = slow_takeover
     app = create_app(source_b, poll_interval=0.05)
     bells = []
@@ -107,22 +109,31 @@ async def test_second_watch_takes_over_when_the_ingesting_watch_quits(tmp_path):
         def check() -> bool:
             seen()
             snap = app.runs_snapshot
-            return snap is not None and bool(snap.rows) and snap.rows[0].step == step
+            return snap is not None and bool(snap.rows) and snap.rows[0].step >= step
         return check
+
+    written = [0]  # the newest step the ranks' thread wrote
+    stop_writing = threading.Event()
+
+    def ranks_write() -> None:
+        while not stop_writing.wait(0.2):
+            written[0] = extend(run, 1)
+
+    ranks = threading.Thread(target=ranks_write, name="ranks", daemon=True)
 
     try:
         async with app.run_test(size=(120, 24)) as pilot:
             assert await wait_for(pilot, lambda: f"watch pid {os.getpid()}" in title(app) and "commit" in title(app))
             newest = extend(run, 2)
             assert await wait_for(pilot, step_shown(newest))
+            ranks.start()  # the ranks go on writing, through the gap and after it
             source_a.close()  # watch A quits: its ingester stops and the lock is free
             assert find_running_daemon(index) is None
-            for _ in range(20):  # the ranks go on writing during the gap
-                newest = extend(run, 1)
+            for _ in range(25):
                 await pilot.pause(0.2)
                 seen()
             assert await wait_for(pilot, lambda: "this watch" in title(app))
-            newest = extend(run, 2)
+            newest = written[0] + 2
             assert await wait_for(pilot, step_shown(newest))  # B ingests: new records keep showing
             seen()
             assert source_b.ingester is not None and find_running_daemon(index).pid == os.getpid()
@@ -131,6 +142,9 @@ async def test_second_watch_takes_over_when_the_ingesting_watch_quits(tmp_path):
             assert "stalled" not in statuses and statuses == {"running"}, statuses
             assert bells == []
     finally:
+        stop_writing.set()
+        if ranks.is_alive():
+            ranks.join(timeout=30)
         source_b.close()
         source_a.close()
     assert find_running_daemon(index) is None  # B's ingester stopped with B
