@@ -54,15 +54,20 @@ def thing(tmp_path_factory):
     return built_once(tmp_path_factory, "thing", _build)
 
 
+def _uses(thing):
+    _note("thing", os.environ.get("PYTEST_XDIST_WORKER", "-") + " " + str(thing) + " " + (thing / "data.txt").read_text())
+
+
 @pytest.mark.parametrize("i", range(12))
-def test_uses_the_module_fixture(made, tmp_path_factory, i):
+def test_uses_the_module_fixture(made, tmp_path_factory, thing, i):
     _where(tmp_path_factory)
+    _uses(thing)  # (every test uses it: on a loaded machine one worker may run all the plain tests)
 
 
 @pytest.mark.parametrize("i", range(12))
 def test_plain(tmp_path_factory, thing, i):
     _where(tmp_path_factory)
-    _note("thing", os.environ.get("PYTEST_XDIST_WORKER", "-") + " " + str(thing) + " " + (thing / "data.txt").read_text())
+    _uses(thing)
 '''
 
 
