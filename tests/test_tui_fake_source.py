@@ -17,8 +17,11 @@ import pytest
 from traceml_tui.core.state import RunStatus
 from traceml_tui.tui import app as app_module
 from traceml_tui.tui.app import create_app
+from traceml_tui.tui.screens.backlog import BacklogScreen
+from traceml_tui.tui.screens.compare import CompareScreen
 from traceml_tui.tui.screens.run_detail import RunScreen
 from traceml_tui.tui.screens.runs import RunsScreen
+from traceml_tui.tui.snapshots import CompareSnapshot
 from traceml_tui.tui.source import IndexSource, Source
 from traceml_tui.tui.widgets.info_panel import InfoPanel
 from traceml_tui.tui.widgets.rank_table import RankTable
@@ -182,6 +185,31 @@ async def test_a_new_version_with_nothing_new_is_not_handed_to_the_runs_screen(f
         await wait_for(pilot, lambda: pilot.app.refreshes > refreshes and pilot.app.runs_snapshot.now > shown.now)
         assert screen.snapshot is shown  # the refresh gate: the same rows are not redrawn
 
+
+
+@aio
+async def test_a_snapshot_that_arrives_after_a_screens_widgets_are_gone_is_dropped(fake, real):
+    """At exit the App removes the screens' widgets before it handles the last snapshot the refresh worker
+    posted (seen on a loaded machine: the Runs screen raised NoMatches and the watch ended in a traceback).
+    Each screen that draws snapshots drops one that finds its widgets gone."""
+    app = create_app(fake, poll_interval=0.02)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await started(pilot)
+        run_id = real.row("hung").run_id
+        app.open_backlog(run_id)
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, BacklogScreen) and pilot.app.screen.snapshot)
+        backlog = pilot.app.screen
+        app.open_compare("1", "2")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, CompareScreen))
+        compare = pilot.app.screen
+        runs = next(s for s in app.screen_stack if isinstance(s, RunsScreen))
+        for screen in (runs, backlog, compare):
+            await screen.query("*").remove()
+        runs.snapshot = dataclasses.replace(real.runs, now=real.runs.now + 1.0)
+        backlog.snapshot = dataclasses.replace(backlog.snapshot)
+        compare.snapshot = CompareSnapshot("1", "2", None, None, 1, None, None, (), error="gone")
+        await pilot.pause()
+        assert app.return_value is None and app.is_running  # nothing raised: the App runs on
 
 # -- the Run screen
 @aio

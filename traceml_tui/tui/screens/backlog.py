@@ -99,8 +99,8 @@ class BacklogScreen(Screen):
         self.query_one(BacklogTable).focus()
 
     def watch_snapshot(self, snap: Optional[BacklogSnapshot]) -> None:
-        if snap is None or not self.is_mounted:
-            return
+        if snap is None or not self.is_mounted or not self.query("#backlog-summary"):
+            return  # (no summary panel: the app is closing, its screens' widgets gone before the last snapshot)
         self.sub_title = backlog_title(snap)
         self.query_one("#backlog-summary", InfoPanel).data = ("V" + backlog_kind(snap)[1:], backlog_summary(snap))
         # the heavy QC requests beside validation's, told apart by the Kind column (shown when there are any)

@@ -80,7 +80,7 @@ class CompareScreen(Screen):
         self.query_one("#threshold", Input).focus()
 
     def watch_snapshot(self, snap: Optional[CompareSnapshot]) -> None:
-        if snap is None or not self.is_mounted:
-            return
+        if snap is None or not self.is_mounted or not self.query("#verdict"):
+            return  # (no verdict panel: the app is closing, its screens' widgets gone before the last snapshot)
         self.query_one("#verdict", InfoPanel).data = ("", verdict_lines(snap))
         self.query_one(CompareTable).table_rows = tuple((i, compare_cells(r)) for i, r in enumerate(snap.rows))

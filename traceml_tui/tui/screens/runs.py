@@ -100,8 +100,11 @@ class RunsScreen(Screen):
     def _redraw(self) -> None:
         if not self.is_mounted:
             return
+        found = self.query(RunsTable)
+        if not found:  # the app is closing: its screens' widgets are gone before the last snapshot is handled
+            return
         snap = self.snapshot
-        table = self.query_one(RunsTable)
+        table = found.first()
         rows = filter_rows(snap.rows if snap else (), self.query_one("#filter", Input).value)
         if self.sort_column >= 0:
             rows.sort(key=COLUMNS[self.sort_column][1], reverse=self.sort_reverse)
