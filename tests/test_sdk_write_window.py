@@ -113,6 +113,35 @@ def test_a_hang_record_follows_the_held_steps_of_the_rank(tmp_path):
     assert _kinds(session.path) == [("step", s) for s in range(1, 6)] + [("hang", 5), ("step", 6), ("rank_end", 6)]
 
 
+def test_an_update_holding_a_tensor_off_the_cpu_is_read_on_the_training_thread_when_it_ends(tmp_path):
+    # Reading a tensor on an accelerator waits for the device; a held record is built by whichever thread writes
+    # it (the watchdog thread, the SIGTERM handler), which behind a hung collective would wait forever with the
+    # window's lock held. A meta tensor is off the CPU as a CUDA one is (and cannot be read: the loss is null).
+    torch = pytest.importorskip("torch")
+    session = Session(tmp_path / "run", "w", rank=0, world_size=1, window_s=9.0)
+
+    def step(loss: object) -> None:
+        state = session.begin(time.perf_counter())
+        state.values.update(loss=loss, batch_size=2)
+        session.end(state, time.perf_counter(), True)
+
+    for _ in range(3):
+        step(torch.tensor(0.5))  # CPU tensors: held, read when written
+    assert _steps(session.path) == [1] and all(type(e) is tuple for e in session.window.held)
+    step(torch.tensor(1.5, device="meta"))
+    assert _steps(session.path) == [1, 2, 3]  # the updates held before it went first, in step order
+    assert [type(e) for e in session.window.held] == [records.Step]  # built here; nothing left to read later
+    step({"x": torch.tensor(1.0, device="meta")})  # nested (what a components/metrics value may hold)
+    assert not any(type(e) is tuple for e in session.window.held)
+    step(0.25)
+    assert type(session.window.held[-1]) is tuple  # plain numbers are held as before
+    session.close("completed")
+    recs = [r for r in _lines(session.path) if r["kind"] == "step"]
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, 6]
+    assert [r["examples"] for r in recs] == [2, 4, 6, 8, 10, 12]
+    assert [r["loss"] for r in recs] == [0.5, 0.5, 0.5, None, None, 0.25]
+
+
 def test_nothing_is_written_after_close(tmp_path):
     session = Session(tmp_path / "run", "w", rank=0, world_size=1, window_s=9.0)
     _quick_steps(session, 3)

@@ -61,6 +61,30 @@ def _as_float(value: Any) -> Optional[float]:
     return records.finite_or_none(value)
 
 
+def _holds_device_tensor(values: dict[str, Any]) -> bool:
+    """Whether an update's logged values hold a tensor off the CPU (inside ``components``/``metrics`` too).
+
+    Plain numbers pass at the first test: this runs once per update.
+    """
+    for value in values.values():
+        kind = type(value)
+        if kind is float or kind is int or value is None:
+            continue
+        if _on_device(value):
+            return True
+    return False
+
+
+def _on_device(value: Any, depth: int = 0) -> bool:
+    """A torch tensor on an accelerator (or the meta device), or a dict/tuple/list holding one (3 levels)."""
+    if getattr(value, "is_cpu", True) is False:
+        return True
+    kind = type(value)
+    if depth < 3 and (kind is dict or kind is tuple or kind is list):
+        return any(_on_device(v, depth + 1) for v in (value.values() if kind is dict else value))
+    return False
+
+
 def _mean_square(target: Any) -> Any:
     """Mean square of a target: a tensor stays a (lazy) tensor; a number is taken as already reduced."""
     if hasattr(target, "detach") and hasattr(target, "float"):
@@ -310,6 +334,12 @@ class Session:
         if state.gpu is not None:
             self.pending.append((step, now, state))
             self.drain_gpu(block=False, now=now)
+        elif state.values and _holds_device_tensor(state.values):
+            # Read now, on this thread, as before the window: a held record is built by whichever thread writes
+            # it (the watchdog thread, the SIGTERM handler), and reading a tensor on an accelerator waits for
+            # the device — behind a hung collective, forever, with the window's lock held (docs/run.md, "SDK").
+            self.window.flush(now)  # the held updates first: ``examples`` counts on in step order
+            self.window.add(now, self._build(step, now, state, None))
         else:
             self.window.add(now, (step, now, state, None))  # built when written (sdk/window.py)
 
