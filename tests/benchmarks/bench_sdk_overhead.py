@@ -11,8 +11,13 @@ measured in the same run. Its overhead (trace_step + log + the loader timing)
 is held to the same ≤ 10 µs budget; the loader timing's own cost is reported
 apart (the same traced loop with the DataLoader untimed).
 
-The hang watchdog's cost is the last line: the same traced no-op step with a
-watchdog thread waking every 50 ms (a worst case) against none, interleaved.
+The watchdog thread's cost is the last lines: the same traced no-op step with
+a thread taking hang looks every 50 ms (a worst case; its write-window looks
+off) against none, interleaved; then with a thread taking only the write
+window's looks (sdk/window.py: one per ``LOOK_S`` while the rank steps)
+against none. This loop never
+releases the GIL, so every look is a forced GIL switch: the worst case for
+the training thread (torch releases the GIL inside its ops).
 
     python tests/benchmarks/bench_sdk_overhead.py
 """
@@ -183,14 +188,26 @@ def main() -> None:
     if session.watchdog is not None:
         session.watchdog.stop()
     dog_rounds: dict[str, list[float]] = {"none": [], "awake": []}
+    window_rounds: dict[str, list[float]] = {"none": [], "awake": []}
     for _ in range(15):
         dog_rounds["none"].append(measure(traced_noop, 1))
-        dog = Watchdog(session, floor_s=0.05, factor=1.0).start()
+        dog = Watchdog(session, floor_s=0.05, factor=1.0)
+        dog._window = None  # hang looks alone here; the window's looks are measured below
+        dog.start()
         time.sleep(0.01)  # the thread's start is not a step's cost
         dog_rounds["awake"].append(measure(traced_noop, 1))
         dog.stop()
         dog._thread.join()
+    for _ in range(15):
+        session.window.idle = False  # (no thread sleeps on it between rounds)
+        window_rounds["none"].append(measure(traced_noop, 1))
+        dog = Watchdog(session, hang=False).start()
+        time.sleep(0.01)
+        window_rounds["awake"].append(measure(traced_noop, 1))
+        dog.stop()
+        dog._thread.join()
     no_dog, awake_dog = min(dog_rounds["none"]), min(dog_rounds["awake"])
+    no_look, looking = min(window_rounds["none"]), min(window_rounds["awake"])
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {N} steps")
     print(f"floor (2 clock reads + encode + write): {floor_us:6.2f} µs/step")
     print(f"no-op step, bare loop:                  {bare:6.2f} µs/step")
@@ -213,6 +230,11 @@ def main() -> None:
           f"without (ratio {awake_dog / no_dog:.2f}; interleaved rounds, best of 15 each)")
     print(f"  ≈ {per_wake_us:.0f} µs of the training thread per wake; at the default (one wake per "
           f"{default_s:g} s or more) {100 * per_wake_us / (default_s * 1e6):.4f} % of its time; nothing per step")
+    from traceml_tui.sdk.window import LOOK_S
+
+    print(f"write-window looks (one per {LOOK_S * 1e3:g} ms while the rank steps): traced no-op step "
+          f"{looking:6.2f} µs/step with the thread vs {no_look:6.2f} without ({100 * (looking / no_look - 1):+.1f} %; "
+          f"a loop that never releases the GIL; best of 15 each)")
 
 
 if __name__ == "__main__":

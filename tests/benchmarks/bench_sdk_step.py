@@ -6,7 +6,9 @@ is the least disturbed). The step itself does nothing, so the difference is
 traceml's work alone, with warm caches (inside a real trainer the same code
 runs colder; ``tests/benchmarks/bench_trainers.py`` measures that):
 
-* ``trace_step``: the step clock and one step record (encode + ``os.write``);
+* ``trace_step``: the step clock and one step record (held by the write
+  window, ``sdk/window.py``: these steps are short, so records are built,
+  encoded and written together, one ``os.write`` per 20 ms);
 * ``+ log(floats)``: loss, lr and batch size as Python numbers;
 * ``+ log(tensor loss)``: the loss a trainer hands over (one ``.item()`` when
   the record is written);

@@ -20,7 +20,9 @@ switch.
 Clock: the CPU time of the training thread (``time.thread_time``; one torch
 thread, no loader workers, so all of a step's work — the trainer's and
 traceml's — runs there). On a shared machine wall-clock intervals mostly
-measure the neighbours' load; the wall-clock figures are printed beside. A
+measure the neighbours' load; the wall-clock figures are printed beside, and
+the process's CPU time (``proc``: every thread, so the SDK's watchdog thread,
+which writes a quiet rank's held step records, cannot hide work there). A
 block's step time is the median interval between update ends; the overhead is
 the median over cycles of (traced block − untraced block of the same cycle),
 in µs and as a share of the step.
@@ -31,8 +33,9 @@ without any trainer, is ``tests/benchmarks/bench_sdk_overhead.py``.
 
 ``--instructions`` counts CPU instructions per update instead, a figure a loaded
 machine does not move: the benchmark runs again under valgrind's callgrind
-(instrumentation switched on after start-up, the hang watchdog off, Python's
-garbage collector paused), which dumps its counters at a mark before and after
+(instrumentation switched on after start-up, the hang watchdog off, the SDK's
+write window stretched 50× as callgrind slows the training, Python's garbage
+collector paused), which dumps its counters at a mark before and after
 each block's counted updates; per cycle, each mode's count per update minus the
 untraced one's, the median over cycles.
 
@@ -68,6 +71,9 @@ SETTLE = 3
 BUDGET_SHARE, BUDGET_US = 0.02, 30.0
 #: Set in the benchmark's own process when it runs under callgrind (``--instructions``).
 CALLGRIND_ENV = "TRACEML_BENCH_CALLGRIND"
+#: About how much slower callgrind runs the training; the SDK's write window is stretched by it.
+CALLGRIND_SLOWDOWN = 50
+WINDOW_ENV = "TRACEML_WRITE_WINDOW_MS"  # sdk/window.py (not imported here: the base of a comparison may lack it)
 
 
 class Modes:
@@ -79,7 +85,7 @@ class Modes:
         # a first block with traceml installs what it installs lazily (not counted); then the cycles, the
         # order rotated each cycle so that no mode always follows the same one
         self.plan = ["traced"] + [names[(c + i) % len(names)] for c in range(cycles) for i in range(len(names))]
-        self.ends: list[tuple[float, float]] = []
+        self.ends: list[tuple[float, float, float]] = []
         self.current = "traced"
 
     def mode_at(self, update: int) -> str | None:
@@ -90,7 +96,7 @@ class Modes:
         return self.plan[index] if index < len(self.plan) else "none"
 
     def note_end(self) -> None:
-        self.ends.append((time.thread_time(), time.perf_counter()))
+        self.ends.append((time.thread_time(), time.perf_counter(), time.process_time()))
 
     def mark(self, update: int) -> None:
         """Under callgrind: dump its counters before a block's first counted update and at the block's end."""
@@ -100,9 +106,9 @@ class Modes:
             subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], capture_output=True, check=False)
         if update % self.block in (0, SETTLE) and update <= len(self.plan) * self.block:
             os.getppid()  # callgrind runs with --dump-before=getppid
-    def figures(self) -> dict[str, list[tuple[float, float]]]:
-        """mode -> per-block (CPU, wall) median update interval, in plan order."""
-        out: dict[str, list[tuple[float, float]]] = {name: [] for name in self.names}
+    def figures(self) -> dict[str, list[tuple[float, float, float]]]:
+        """mode -> per-block (CPU, wall, process CPU) median update interval, in plan order."""
+        out: dict[str, list[tuple[float, float, float]]] = {name: [] for name in self.names}
         for index, mode in enumerate(self.plan):
             if index == 0:
                 continue
@@ -110,8 +116,7 @@ class Modes:
             pairs = [(self.ends[i - 1], self.ends[i]) for i in range(max(first, 1), min(last, len(self.ends)))]
             if len(pairs) < 3:
                 continue
-            out[mode].append((statistics.median(b[0] - a[0] for a, b in pairs),
-                              statistics.median(b[1] - a[1] for a, b in pairs)))
+            out[mode].append(tuple(statistics.median(b[k] - a[k] for a, b in pairs) for k in range(3)))
         return out
 
 
@@ -154,7 +159,7 @@ def report(name: str, modes: Modes, reference: str | None = None) -> bool:
         if arm is None:
             continue
         label = name if arm == "traced" else f"{name}, {reference} (reference)"
-        for clock, index in (("CPU", 0), ("wall", 1)):
+        for clock, index in (("CPU", 0), ("wall", 1), ("proc", 2)):
             bare = [t[index] for t in figures["none"]]
             other = [t[index] for t in figures[arm]]
             base = statistics.median(bare)
@@ -205,6 +210,7 @@ def hf(cycles: int, block: int) -> bool:
                 state["loader"], state["hooks"] = DataLoaderTiming(), TorchHooks(state["model"])
             handlers = trainer.callback_handler.callbacks
             on = mode == "traced"
+            _write_held(traceml)  # the traced block's held records, written in this uncounted update
             if on:
                 handlers.insert(handlers.index(self) + 1, tracer)  # its on_step_begin runs next
                 tracer._bind(trainer)
@@ -269,6 +275,7 @@ def lightning(cycles: int, block: int) -> bool:
             if "loader" not in state:  # installed during the first (traced) block
                 state["loader"] = DataLoaderTiming()
             callbacks = trainer.callbacks
+            _write_held(traceml)  # the traced block's held records, written in this uncounted update
             for extra in (tracer, empty):
                 if any(cb is extra for cb in callbacks):
                     callbacks.remove(extra)
@@ -293,6 +300,18 @@ def lightning(cycles: int, block: int) -> bool:
     traceml.finish()
     state["loader"].set(True)
     return _done("Lightning", modes, reference="empty")
+
+
+def _write_held(traceml: Any) -> None:
+    """Write the step records the SDK's write window holds (sdk/window.py), at a switch of mode.
+
+    Left held, the watchdog thread would write them during the next block, where the training thread's clock
+    would not count them (and the process clock would count them against the untraced block).
+    """
+    session = traceml.current_run()
+    flush = getattr(session, "flush", None)  # (an SDK without the window writes each record at once)
+    if flush is not None and not session.closed:
+        flush()
 
 
 def _fit(train: Callable[[], Any]) -> None:
@@ -329,7 +348,10 @@ def instructions(argv: list[str], only: str | None) -> int:
         if only not in (None, name):
             continue
         out = os.path.join(work, f"{name}.%p")
-        env = dict(os.environ, **{CALLGRIND_ENV: plans, "TRACEML_HANG_WATCHDOG": "0"})
+        # callgrind runs the training about 50× slower: a write window 50× as long holds as many updates per
+        # write as the native run (sdk/window.py), so the counts compare with the clock's figures
+        env = dict(os.environ, **{CALLGRIND_ENV: plans, "TRACEML_HANG_WATCHDOG": "0",
+                                  WINDOW_ENV: str(CALLGRIND_SLOWDOWN * 20)})
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-before=getppid",
                f"--callgrind-out-file={out}", sys.executable, *argv, "--only", name]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

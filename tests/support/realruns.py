@@ -57,6 +57,8 @@ from typing import Callable, Optional
 import psutil
 import yaml
 
+from traceml_tui.sdk.window import WINDOW_S
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 DDP_SCRIPT = SCRIPTS / "ddp_train.py"
 HYGIENE_SCRIPT = SCRIPTS / "hygiene_train.py"
@@ -388,9 +390,15 @@ def _rank_raises(ctx: _Ctx) -> RealRun:
     return run
 
 
+#: The SIGKILL case's updates are longer than the SDK's write window, so each step is on disk when its update
+#: ends (docs/run.md, "SDK"): a SIGKILL right after step 4 leaves steps 1–4. Shorter updates are written a few
+#: at a time, and a SIGKILL loses those of the last window.
+SIGKILL_WORK_MS = int(WINDOW_S * 1000) + 5
+
+
 def _rank_sigkilled(ctx: _Ctx) -> RealRun:
     started = time.monotonic()
-    run = _finished_launch(ctx, "--steps", 8, "--sigkill-after", 4, "--bad-rank", 1,
+    run = _finished_launch(ctx, "--steps", 8, "--sigkill-after", 4, "--bad-rank", 1, "--work-ms", SIGKILL_WORK_MS,
                            PET_MONITOR_INTERVAL=FAILURE_MONITOR_INTERVAL_S)
     _expect(run.returncode != 0, ctx, "the launcher exited 0 although rank 1 was SIGKILLed")
     _expect(time.monotonic() - started < 60, ctx, "the launch took over 60 s (gloo waited on the dead rank)")

@@ -211,7 +211,7 @@ class _Tracer:
         self._traceml_abandon()
         session = sdk._session
         if session is not None and not session.closed:
-            session.drain_gpu(block=True)  # every step is on disk before the trainer returns
+            session.flush()  # every step is on disk before the trainer returns
 
 
 def _unmeasurable_phases(trainer: Any, model: Any) -> Optional[str]:

@@ -290,7 +290,7 @@ class _Tracer:
         self._traceml_abandon()
         session = sdk._session
         if session is not None and not session.closed:
-            session.drain_gpu(block=True)  # every step is on disk before fit returns
+            session.flush()  # every step is on disk before fit returns
 
     @guarded(NAME)
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:

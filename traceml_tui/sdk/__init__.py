@@ -77,8 +77,11 @@ def init(
     max_steps = int(max_steps_env) if max_steps_env and max_steps_env.isdigit() else None
     _session = Session(run_dir, name, rank=rank, world_size=world, start_step=start_step, max_steps=max_steps)
     register_exit(_session, after=direct.write_summary_at_exit)
-    if _watchdog.enabled():  # a thread that sleeps until a step overruns (sdk/watchdog.py): nothing per step
-        _session.watchdog = _watchdog.Watchdog(_session).start()
+    hang = _watchdog.enabled()
+    if hang or _session.window.window_s > 0:
+        # a thread that sleeps until a step overruns (sdk/watchdog.py) and writes the step records the write
+        # window holds once the rank stops stepping (sdk/window.py): nothing per step
+        _session.watchdog = _watchdog.Watchdog(_session, hang=hang).start()
     if not _loader.enabled(time_dataloader):
         _loader.decline_dataloader()
     return _session
@@ -400,6 +403,6 @@ def restore_recovery(*, model: Any = None, optimizer: Any = None, scheduler: Any
 
 
 def finish(status: str = "completed", exit_code: Optional[int] = None) -> None:
-    """Flush pending GPU timings and write this rank's ``rank_end`` record."""
+    """Write every step record (waiting for pending GPU timings), then this rank's ``rank_end`` record."""
     if _session is not None and not _session.closed:
         _session.close(status, exit_code)

@@ -198,7 +198,13 @@ def install_dataloader() -> None:
             return original(self)
         finally:
             _busy = False
-            session.loader_wait(id(self), perf_counter() - start)
+            seconds = perf_counter() - start
+            if session.current is None and session.data_source is None:
+                # the first fetch since the last step began (Session.loader_wait's case, without the call)
+                session.data_source = id(self)
+                session.data_pending = seconds
+            else:
+                session.loader_wait(id(self), seconds)
 
     __next__._traceml_timed = True  # type: ignore[attr-defined]
     __next__.__wrapped__ = original  # type: ignore[attr-defined]

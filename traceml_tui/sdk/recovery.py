@@ -329,7 +329,7 @@ def save(session: Any, *, model: Any, optimizer: Any, scheduler: Any, extras: Op
     step = session.last_step
     if not force and (step < 1 or step % every):
         return None
-    session.drain_gpu(block=True)  # the save's step has its record before the save exists: no gap on resume
+    session.flush()  # the save's step has its record before the save exists: no gap on resume
     run_dir = Path(session.run_dir)
     target = RunDir(run_dir).recovery_dir(session.rank) / save_name(step, session.attempt)
     if not target.exists():

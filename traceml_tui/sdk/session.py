@@ -1,8 +1,9 @@
-"""One rank's recording session: the step-record writer and the step clock.
+"""One rank's recording session: the step clock and the rank's record stream.
 
-Everything on the per-step path is plain attribute access, ``perf_counter``
-and one ``os.write``: the budget is ≤ 10 µs per traced step without phase
-hooks (see tests/benchmarks/bench_sdk_overhead.py).
+Everything on the per-step path is plain attribute access and ``perf_counter``;
+the step record goes through the write window (``sdk/window.py``), which writes
+short updates' records a few at a time: the budget is ≤ 10 µs per traced step
+without phase hooks (see tests/benchmarks/bench_sdk_overhead.py).
 """
 
 from __future__ import annotations
@@ -17,18 +18,15 @@ import uuid as uuid_mod
 from collections import deque
 from pathlib import Path
 from threading import get_ident
+from time import perf_counter
 from typing import Any, Callable, Optional
-
-import msgspec
 
 from traceml_tui.core import atomic, jsonl, records
 from traceml_tui.core.rundir import RunDir, validate_run_name
 from traceml_tui.sdk import env
+from traceml_tui.sdk import window as _window
 from traceml_tui.sdk.errors import Refused
 
-#: Encodes step records into a reused buffer; the default settings, as ``records.encode`` (a test holds
-#: the two byte for byte equal).
-_STEP_ENCODER = msgspec.json.Encoder()
 #: The step record is built with positional arguments on the per-step path (about 0.9k instructions fewer
 #: than keywords); these are the field orders it relies on, checked once here.
 _PHASES_ORDER = ("step", "input_wait", "h2d", "forward", "backward", "optimizer", "data_wait", "data_in_step")
@@ -61,6 +59,30 @@ def _as_float(value: Any) -> Optional[float]:
         if type(value) is float:  # a one-element float tensor
             return value if value - value == 0.0 else None
     return records.finite_or_none(value)
+
+
+def _holds_device_tensor(values: dict[str, Any]) -> bool:
+    """Whether an update's logged values hold a tensor off the CPU (inside ``components``/``metrics`` too).
+
+    Plain numbers pass at the first test: this runs once per update.
+    """
+    for value in values.values():
+        kind = type(value)
+        if kind is float or kind is int or value is None:
+            continue
+        if _on_device(value):
+            return True
+    return False
+
+
+def _on_device(value: Any, depth: int = 0) -> bool:
+    """A torch tensor on an accelerator (or the meta device), or a dict/tuple/list holding one (3 levels)."""
+    if getattr(value, "is_cpu", True) is False:
+        return True
+    kind = type(value)
+    if depth < 3 and (kind is dict or kind is tuple or kind is list):
+        return any(_on_device(v, depth + 1) for v in (value.values() if kind is dict else value))
+    return False
 
 
 def _mean_square(target: Any) -> Any:
@@ -200,6 +222,7 @@ class Session:
         world_size: int,
         start_step: Optional[int] = None,
         max_steps: Optional[int] = None,
+        window_s: Optional[float] = None,
     ) -> None:
         self.run_dir = run_dir
         self.run_name = run_name
@@ -245,13 +268,12 @@ class Session:
         self.gpu_prev_end: Any = None  # CUDA event at the end of the previous step (GPU input wait)
         self.hooked_model: Any = None
         self.unmeasured: set[str] = set()  # streams already reported dark (one record per stream per session)
-        self._line = bytearray(2048)  # the step record's encode buffer (_emit)
+        # the step records' writer (sdk/window.py); its lock also keeps the watchdog's writes off a descriptor
+        # that close() is closing (never taken twice per step)
+        self.window = _window.WriteWindow(self.fd, self._build, _window.window_s() if window_s is None else window_s)
         self._mem = records.Memory()  # the last step's memory figures (RSS is sampled once a second)
         self._rss_at = -_RSS_PERIOD_S
         self.closed = False
-        # close() vs the watchdog's write (sdk/watchdog.py); never per step. Re-entrant: the SIGTERM handler
-        # closes the session on the main thread, which the signal may have interrupted inside close() itself.
-        self._aside_lock = threading.RLock()
         self.watchdog: Any = None  # sdk.watchdog.Watchdog, started by traceml.init()
         self.failed = False
         self.interrupted = False  # the uncaught exception was a KeyboardInterrupt (Ctrl-C)
@@ -311,22 +333,52 @@ class Session:
             return
         if state.gpu is not None:
             self.pending.append((step, now, state))
-            self.drain_gpu(block=False)
+            self.drain_gpu(block=False, now=now)
+        elif state.values and _holds_device_tensor(state.values):
+            # Read now, on this thread, as before the window: a held record is built by whichever thread writes
+            # it (the watchdog thread, the SIGTERM handler), and reading a tensor on an accelerator waits for
+            # the device — behind a hung collective, forever, with the window's lock held (docs/run.md, "SDK").
+            self.window.flush(now)  # the held updates first: ``examples`` counts on in step order
+            self.window.add(now, self._build(step, now, state, None))
         else:
-            self._emit(step, now, state, None)
+            self.window.add(now, (step, now, state, None))  # built when written (sdk/window.py)
 
-    def drain_gpu(self, *, block: bool) -> None:
-        """Emit steps whose CUDA events completed (all of them when ``block``)."""
+    def drain_gpu(self, *, block: bool, now: Optional[float] = None) -> None:
+        """Hand the steps whose CUDA events completed (all of them when ``block``) to the write window.
+
+        Their records are built here, on the training thread (the CUDA memory figures are its device's);
+        ``block`` also writes every held record (:meth:`flush`).
+        """
         while self.pending:
-            step, now, state = self.pending[0]
+            step, end, state = self.pending[0]
             if not block and not state.gpu.ready():
-                return
+                break
             self.pending.popleft()
-            self._emit(step, now, state, state.gpu.resolve())
+            record = self._build(step, end, state, state.gpu.resolve())
+            if record is not None:
+                self.window.add(perf_counter() if now is None else now, record)
+        if block:
+            self.window.flush(perf_counter())
 
-    def _emit(self, step: int, now: float, state: _StepState, gpu: Optional[records.Phases]) -> None:
-        # The per-step path (about 2 µs of it is the encode and the write): no helper called for a value
-        # that was not logged, one Memory object reused until its figures change (RSS is read once a second).
+    def flush(self, *, wait_gpu: bool = True) -> None:
+        """Write every step record this rank holds now (``wait_gpu``: after waiting for the GPU steps' events).
+
+        For whoever needs the steps on disk at a point: ``traceml.finish()``, a trainer callback before its
+        ``train()``/``fit()`` returns, a recovery save, the exit and exception paths.
+        """
+        if self.pending:
+            try:
+                self.drain_gpu(block=wait_gpu)
+            except Exception:  # noqa: BLE001 - a CUDA error must not keep the CPU steps off the disk
+                pass
+        self.window.flush(perf_counter())
+
+    def _build(self, step: int, now: float, state: _StepState, gpu: Optional[records.Phases]) -> records.Step:
+        """One update's step record; in step order (``examples`` counts on from the previous record).
+
+        No helper called for a value that was not logged, one Memory object reused until its figures
+        change (RSS is read once a second).
+        """
         values = state.values
         data_wait = state.data_wait
         if data_wait is not None:
@@ -366,13 +418,7 @@ class Session:
         else:
             record = records.Step(records.RECORD_VERSION, self.run_name, self.rank, self.attempt, step,
                                   now + self._wall_offset, cpu, gpu, None, None, None, self.examples, mem)
-        # records.encode's bytes, encoded into one reused buffer (no growing of a fresh one per record)
-        line = self._line
-        _STEP_ENCODER.encode_into(record, line)
-        line.append(10)  # "\n"
-        written = os.write(self.fd, line)  # one whole line, as atomic.append_line writes it ...
-        if written != len(line):  # ... looping on a short write (never seen on a local disk)
-            atomic.append_line(self.fd, bytes(line[written:]))
+        return record
 
     # -- other records ------------------------------------------------------------------------
     @property
@@ -380,22 +426,21 @@ class Session:
         return self.next_step - 1
 
     def write(self, record: records.Record) -> None:
-        atomic.append_line(self.fd, records.encode(record))
+        """Append one record (eval, checkpoint, unmeasured…) after the step records the window holds.
+
+        Nothing is written once the session is closed (after ``rank_end``, or in a forked child).
+        """
+        self.window.write(records.encode(record), perf_counter())
 
     def write_aside(self, record: records.Record) -> bool:
         """Append one record from another thread (the hang watchdog); False when the session is closed.
 
-        One ``os.write`` of one whole line on the ``O_APPEND`` descriptor: the
-        kernel serializes it with the main thread's appends to the same file, so
-        lines never interleave. The lock only keeps it off a descriptor that
-        :meth:`close` is closing (a closed descriptor's number may be reused).
+        The held step records first, then it, in one ``os.write`` loop under the
+        window's lock (the training thread writes under it too), which also keeps
+        it off a descriptor that :meth:`close` is closing (a closed descriptor's
+        number may be reused).
         """
-        line = records.encode(record)
-        with self._aside_lock:
-            if self.closed:
-                return False
-            os.write(self.fd, line)
-            return True
+        return self.window.write(records.encode(record), perf_counter())
 
     def close(self, status: str, exit_code: Optional[int] = None, *, wait_gpu: bool = True) -> None:
         """Write ``rank_end``; ``wait_gpu=False`` emits only the steps whose CUDA events already completed."""
@@ -405,7 +450,7 @@ class Session:
             self.drain_gpu(block=wait_gpu)
         except Exception:  # noqa: BLE001 - a CUDA error at exit must not hide the rank_end record
             pass
-        self.write(
+        self.write(  # after every step record the window holds
             records.RankEnd(
                 v=records.RECORD_VERSION,
                 run=self.run_name,
@@ -419,7 +464,8 @@ class Session:
         )
         if self.watchdog is not None:
             self.watchdog.stop()
-        with self._aside_lock:
+        with self.window.lock:
+            self.window.closed = True
             os.close(self.fd)
             self.closed = True
         self.thread = None
@@ -496,6 +542,11 @@ def register_exit(session: Session, after: Optional[Callable[[Session], Any]] = 
     def _excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
         session.failed = True
         session.interrupted = issubclass(exc_type, KeyboardInterrupt)
+        if os.getpid() == owner_pid and not session.closed:
+            try:  # the held step records go to disk now: a crash during the teardown that follows keeps them
+                session.flush(wait_gpu=False)
+            except Exception:  # noqa: BLE001 - the traceback matters more
+                pass
         if issubclass(exc_type, Refused):  # an SDK refusal is its one line, not a traceback (sdk/errors.py)
             print(str(exc), file=sys.stderr)
             return
@@ -516,6 +567,8 @@ def register_exit(session: Session, after: Optional[Callable[[Session], Any]] = 
 
     def _in_child() -> None:
         session.closed = True  # one writer per file: the fork's copy must stay silent
+        session.window.closed = True  # (its held records are the parent's to write)
+        session.window.lock = threading.RLock()  # another thread of the parent may have held it at the fork
 
     atexit.register(_at_exit)
     _end_on_sigterm(session, owner_pid)

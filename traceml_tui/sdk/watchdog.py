@@ -17,10 +17,23 @@ wakes, which is about once per overrun limit, and estimates the median step
 interval from the steps completed between its wake-ups (the median of the
 last few windows' mean intervals), so the training loop does no extra work.
 
-The record goes to the rank's own stream (one writer per file): a single
-``os.write`` of one whole line on the ``O_APPEND`` descriptor, which the kernel
-serializes with the main thread's appends; the session's lock keeps it from
-writing to a descriptor that :meth:`Session.close` is closing.
+The record goes to the rank's own stream (one writer per file), after the
+step records the write window holds, under the window's lock
+(``sdk/window.py``), which also keeps it from writing to a descriptor that
+:meth:`Session.close` is closing.
+
+The same thread writes the step records the window holds once no update ended
+for a window (:meth:`traceml_tui.sdk.window.WriteWindow.watch`): it looks
+once per :data:`traceml_tui.sdk.window.LOOK_S` while the rank steps and sleeps while it is quiet with
+nothing held (the training thread wakes it when it holds a record again). It
+runs for that alone when the hang records are off.
+
+The thread blocks every asynchronous signal (:func:`block_async_signals`): the
+kernel hands a signal sent to the process to any thread that does not block it,
+and CPython runs a Python handler (the SDK's SIGTERM handler, a KeyboardInterrupt)
+only on the main thread, at its next bytecode. A SIGTERM that lands on this
+thread while the main thread sleeps in a long C call (``time.sleep``, a
+collective) would wait for that call to end (docs/run.md, "SDK").
 
 Settings (environment, read at ``traceml.init()``): ``TRACEML_HANG_FLOOR_S``
 (default :data:`DEFAULT_FLOOR_S`), ``TRACEML_HANG_FACTOR`` (default
@@ -32,6 +45,7 @@ from __future__ import annotations
 import linecache
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -65,6 +79,35 @@ COLLECTIVES: frozenset[str] = frozenset({
     "scatter", "scatter_object_list", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv",
     "batch_isend_irecv", "wait",
 })
+
+
+#: Signals raised by the faulting thread itself (a bad access, an abort): never blocked, or a fault in this
+#: thread would kill the process before faulthandler or a handler saw it.
+SYNCHRONOUS_SIGNALS: frozenset[int] = frozenset(
+    getattr(signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGSYS")
+    if hasattr(signal, name))
+
+
+def block_async_signals() -> Optional[set[int]]:
+    """Block, in the calling thread, every signal that is not a synchronous fault; the mask before (or None).
+
+    A thread started while they are blocked inherits the mask: a signal sent to
+    the process then never lands on it, but on a thread that can act on it (the
+    main thread, where Python runs its handlers; module docstring). Where
+    ``pthread_sigmask`` does not exist (Windows) nothing is done.
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    try:
+        return set(signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()) - SYNCHRONOUS_SIGNALS))
+    except (OSError, ValueError):  # a platform refusing part of the set: the thread runs unshielded
+        return None
+
+
+def restore_signals(mask: Optional[set[int]]) -> None:
+    """Put back the mask :func:`block_async_signals` returned (a signal that arrived meanwhile is delivered now)."""
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _setting(name: str, default: float) -> float:
@@ -178,23 +221,39 @@ def sequence_number() -> Optional[int]:
 class Watchdog:
     """One rank's hang watchdog over a :class:`traceml_tui.sdk.session.Session` (a daemon thread)."""
 
-    def __init__(self, session: Any, *, floor_s: Optional[float] = None, factor: Optional[float] = None) -> None:
+    def __init__(self, session: Any, *, floor_s: Optional[float] = None, factor: Optional[float] = None,
+                 hang: bool = True) -> None:
         self.session = session
         self.floor_s = floor_s if floor_s is not None else _setting(FLOOR_ENV, DEFAULT_FLOOR_S)
         self.factor = factor if factor is not None else _setting(FACTOR_ENV, DEFAULT_FACTOR)
+        self.hang = hang  # False: the thread only writes the window's held step records
         self.target = session.thread  # the thread that traces steps (the one whose stack is recorded)
         self.windows: deque[float] = deque(maxlen=WINDOWS)
         self.fired = 0  # records written (for tests and diagnostics)
-        self._stop = threading.Event()
+        self._stopped = False
+        self._wake = threading.Event()  # stop(), or the training thread holding a record while the thread sleeps
+        window = getattr(session, "window", None)
+        self._window = window if window is not None and window.window_s > 0 else None
+        if self._window is not None:
+            self._window.wake = self._wake
+        self._seen_step, self._seen_at = 0, 0.0
+        self._fired_for: Optional[int] = None
         self._thread = threading.Thread(target=self._run, name="traceml-hang-watchdog", daemon=True)
 
     def start(self) -> "Watchdog":
-        self._thread.start()
+        # started with the asynchronous signals blocked, so it has them blocked from its first instruction;
+        # the caller's own mask is back before this returns
+        mask = block_async_signals()
+        try:
+            self._thread.start()
+        finally:
+            restore_signals(mask)
         return self
 
     def stop(self) -> None:
         """Wake the thread and let it end (it never writes after this returns and the session closed)."""
-        self._stop.set()
+        self._stopped = True
+        self._wake.set()
 
     def limit_s(self) -> float:
         """Seconds after the previous step's end at which the step in progress overruns."""
@@ -202,29 +261,46 @@ class Watchdog:
         return max(self.floor_s, self.factor * typical)
 
     def _run(self) -> None:
-        session = self.session
-        seen_step, seen_at = session.next_step, session.prev_end or perf_counter()
-        fired_for: Optional[int] = None
-        wait = self.floor_s
-        while not self._stop.wait(wait):
-            if session.closed:
-                return
+        session, window, wake = self.session, self._window, self._wake
+        self._seen_step, self._seen_at = session.next_step, session.prev_end or perf_counter()
+        hang_at = perf_counter() + self.floor_s if self.hang else float("inf")
+        while True:
             now = perf_counter()
-            step = session.next_step
-            since = session.prev_end  # the end of the newest step (the step clock's own timestamp)
-            if step != seen_step and since is not None:  # steps completed since the last look: one window
-                if fired_for is None:  # a window that holds an overrun is not a typical interval
-                    self.windows.append(max(0.0, since - seen_at) / (step - seen_step))
-                seen_step, seen_at, fired_for = step, since, None
-            limit = self.limit_s()
-            if since is None:  # no step ended yet: the first one includes start-up (model build, warm-up)
-                wait = limit
-                continue
-            overrun = now - since
-            if overrun >= limit and fired_for != step:
-                fired_for = step
-                self._record(overrun, limit)
-            wait = limit if fired_for is not None else max(0.05, limit - overrun)
+            wait: Optional[float] = hang_at - now
+            if window is not None:
+                try:
+                    look = window.watch(now, session.prev_end)  # writes the held records of a rank gone quiet
+                except OSError:  # a full disk: those records are lost, the hang looks go on
+                    look = window.window_s
+                if look is not None:
+                    wait = min(wait, look)  # type: ignore[type-var]
+            if wait == float("inf"):
+                wait = None  # nothing to do until woken
+            if wake.wait(None if wait is None else max(0.0, wait)):
+                wake.clear()
+            if self._stopped or session.closed:
+                return
+            if self.hang and perf_counter() >= hang_at:
+                hang_at = perf_counter() + self._look()
+
+    def _look(self) -> float:
+        """One hang look: record an overrun of the step in progress; seconds until the next look."""
+        session = self.session
+        now = perf_counter()
+        step = session.next_step
+        since = session.prev_end  # the end of the newest step (the step clock's own timestamp)
+        if step != self._seen_step and since is not None:  # steps completed since the last look: one window
+            if self._fired_for is None:  # a window that holds an overrun is not a typical interval
+                self.windows.append(max(0.0, since - self._seen_at) / (step - self._seen_step))
+            self._seen_step, self._seen_at, self._fired_for = step, since, None
+        limit = self.limit_s()
+        if since is None:  # no step ended yet: the first one includes start-up (model build, warm-up)
+            return limit
+        overrun = now - since
+        if overrun >= limit and self._fired_for != step:
+            self._fired_for = step
+            self._record(overrun, limit)
+        return limit if self._fired_for is not None else max(0.05, limit - overrun)
 
     def _record(self, waited_s: float, limit_s: float) -> None:
         session = self.session
