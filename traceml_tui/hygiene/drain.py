@@ -25,6 +25,7 @@ from typing import Callable, Optional
 from traceml_tui.core import lifeline, state
 from traceml_tui.core.jsonsafe import NestingError, loads_bounded
 from traceml_tui.core.rundir import VALIDATION
+from traceml_tui.core.signals import shielded
 from traceml_tui.hygiene import backlog
 from traceml_tui.hygiene.checkpoints import resolve_checkpoint_path
 
@@ -245,7 +246,8 @@ def drain(
                 backlog.heartbeat(run_dir, claim, kind)
             except OSError:
                 pass  # the heartbeat thread writes it again
-            beat.start()
+            with shielded():  # (core/signals.py: a signal sent to the drainer goes to the main thread)
+                beat.start()
 
         t0 = time.monotonic()
         try:

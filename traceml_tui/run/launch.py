@@ -37,6 +37,7 @@ import msgspec
 
 from traceml_tui.core import artifacts, atomic, coverage, lifeline
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
+from traceml_tui.core.signals import shielded
 from traceml_tui.run.lease import LeaseKeeper
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.run.rank_logs import NodeLog, PipeTee, RankLogs
@@ -335,7 +336,8 @@ class Launcher:
             for delay, escalation in ((10.0, signal.SIGTERM), (20.0, signal.SIGKILL)):
                 timer = threading.Timer(delay, self._escalate, args=(child, escalation))
                 timer.daemon = True
-                timer.start()
+                with shielded():  # (core/signals.py: a signal sent to the launcher goes to the main thread)
+                    timer.start()
 
     def _escalate(self, child: subprocess.Popen, signum: int) -> None:
         if child.poll() is None:
@@ -387,10 +389,11 @@ class Launcher:
                     PipeTee(self.child.stdout, sys.stdout.buffer, logs["stdout"]),
                     PipeTee(self.child.stderr, sys.stderr.buffer, logs["stderr"]),
                 ]
-                for tee in tees:
-                    tee.start()
-                if ranks is not None:
-                    ranks.start()
+                with shielded():
+                    for tee in tees:
+                        tee.start()
+                    if ranks is not None:
+                        ranks.start()
                 returncode = self.child.wait()
                 # A grandchild may still hold the pipes; give the copies one short shared deadline.
                 deadline = time.monotonic() + 2.0
@@ -603,7 +606,8 @@ class Launcher:
                     rendered_bucket = bucket
                     self._render_curve()
 
-        threading.Thread(target=loop, name="traceml-curve-refresh", daemon=True).start()
+        with shielded():
+            threading.Thread(target=loop, name="traceml-curve-refresh", daemon=True).start()
         return stop
 
     # -- validation backlog (hygiene) -------------------------------------------------------------
@@ -647,7 +651,8 @@ class Launcher:
                     pass  # said at the next pass
 
         thread = threading.Thread(target=loop, name="traceml-validation-dispatch", daemon=True)
-        thread.start()
+        with shielded():
+            thread.start()
         return dispatcher, stop, thread
 
     def _warn_blocked(self, max_attempts: int, warned: set[str]) -> None:

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 from traceml_tui.core import atomic
 from traceml_tui.core import lease as core_lease
+from traceml_tui.core.signals import shielded
 
 
 def _warn(message: str) -> None:
@@ -61,7 +62,8 @@ class LeaseKeeper:
         with self._lock:
             self._write()
         self._thread = threading.Thread(target=self._loop, name="traceml-launcher-lease", daemon=True)
-        self._thread.start()
+        with shielded():  # (core/signals.py: a signal sent to the launcher goes to the main thread)
+            self._thread.start()
         return self
 
     def _loop(self) -> None:

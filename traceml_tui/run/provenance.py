@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from traceml_tui.core import atomic, inputs
 from traceml_tui.core.rundir import DECLARED_INPUTS, GIT_DIFF, PROVENANCE, RunDir
+from traceml_tui.core.signals import shielded
 from traceml_tui.run.options import LaunchOptions
 
 SCHEMA = 1
@@ -68,7 +69,8 @@ def _git_capped(cwd: Path, limit: int, *args: str) -> tuple[int, bytes, bool]:
     proc = subprocess.Popen(_git_cmd(*args), cwd=cwd, env=_git_env(), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     timer = threading.Timer(GIT_TIMEOUT_S, proc.kill)
-    timer.start()
+    with shielded():  # (core/signals.py: a signal sent to the launcher goes to the main thread)
+        timer.start()
     try:
         assert proc.stdout is not None
         data = proc.stdout.read(limit + 1)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from traceml_tui.core import atomic, records
+from traceml_tui.core.signals import shielded
 
 
 class _Nvml:
@@ -57,7 +58,8 @@ class SystemSampler:
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="traceml-system-sampler", daemon=True)
-        self._thread.start()
+        with shielded():  # (core/signals.py: a signal sent to the launcher goes to the main thread)
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()

@@ -28,7 +28,7 @@ once per :data:`traceml_tui.sdk.window.LOOK_S` while the rank steps and sleeps w
 nothing held (the training thread wakes it when it holds a record again). It
 runs for that alone when the hang records are off.
 
-The thread blocks every asynchronous signal (:func:`block_async_signals`): the
+The thread blocks every asynchronous signal (:func:`traceml_tui.core.signals.shielded`): the
 kernel hands a signal sent to the process to any thread that does not block it,
 and CPython runs a Python handler (the SDK's SIGTERM handler, a KeyboardInterrupt)
 only on the main thread, at its next bytecode. A SIGTERM that lands on this
@@ -45,7 +45,6 @@ from __future__ import annotations
 import linecache
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -55,6 +54,7 @@ from time import perf_counter
 from typing import Any, Optional
 
 from traceml_tui.core import records
+from traceml_tui.core.signals import shielded
 from traceml_tui.core.state import STALL_FLOOR_S, STALL_INTERVALS
 
 #: A step overruns after at least this many seconds … (half the stall floor: the record is written before
@@ -79,35 +79,6 @@ COLLECTIVES: frozenset[str] = frozenset({
     "scatter", "scatter_object_list", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv",
     "batch_isend_irecv", "wait",
 })
-
-
-#: Signals raised by the faulting thread itself (a bad access, an abort): never blocked, or a fault in this
-#: thread would kill the process before faulthandler or a handler saw it.
-SYNCHRONOUS_SIGNALS: frozenset[int] = frozenset(
-    getattr(signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGSYS")
-    if hasattr(signal, name))
-
-
-def block_async_signals() -> Optional[set[int]]:
-    """Block, in the calling thread, every signal that is not a synchronous fault; the mask before (or None).
-
-    A thread started while they are blocked inherits the mask: a signal sent to
-    the process then never lands on it, but on a thread that can act on it (the
-    main thread, where Python runs its handlers; module docstring). Where
-    ``pthread_sigmask`` does not exist (Windows) nothing is done.
-    """
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    try:
-        return set(signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()) - SYNCHRONOUS_SIGNALS))
-    except (OSError, ValueError):  # a platform refusing part of the set: the thread runs unshielded
-        return None
-
-
-def restore_signals(mask: Optional[set[int]]) -> None:
-    """Put back the mask :func:`block_async_signals` returned (a signal that arrived meanwhile is delivered now)."""
-    if mask is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _setting(name: str, default: float) -> float:
@@ -243,11 +214,8 @@ class Watchdog:
     def start(self) -> "Watchdog":
         # started with the asynchronous signals blocked, so it has them blocked from its first instruction;
         # the caller's own mask is back before this returns
-        mask = block_async_signals()
-        try:
+        with shielded():
             self._thread.start()
-        finally:
-            restore_signals(mask)
         return self
 
     def stop(self) -> None:

@@ -1,0 +1,99 @@
+"""Threads traceml starts leave the asynchronous signals to the main thread (traceml_tui/core/signals.py;
+docs/run.md, "Signals"): a scheduler that suspends a job and then cancels it (SIGSTOP, SIGTERM, SIGCONT) once
+had its SIGTERM taken by a helper thread of `traceml run`, and the launcher, waiting for torchrun in the main
+thread, never acted on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from traceml_tui.core.signals import SYNCHRONOUS_SIGNALS, shielded
+
+TRACEML = [sys.executable, "-m", "traceml_tui"]
+PROC_TASKS = Path("/proc/self/task")
+
+
+def _blocked(native_id: int) -> set[int]:
+    """The signals a thread of this process blocks (its ``SigBlk`` mask in /proc)."""
+    for line in (PROC_TASKS / str(native_id) / "status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    raise AssertionError("no SigBlk line")
+
+
+@pytest.mark.skipif(not PROC_TASKS.is_dir(), reason="reads the threads' signal masks in /proc")
+def test_a_thread_started_shielded_blocks_every_asynchronous_signal_and_the_caller_keeps_its_mask():
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    ready, done = threading.Event(), threading.Event()
+
+    def body() -> None:
+        ready.set()
+        done.wait(30)
+
+    with shielded():
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+    try:
+        assert ready.wait(30)
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # the caller's mask is back
+        blocked = _blocked(thread.native_id)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD, signal.SIGALRM):
+            assert sig in blocked, sig.name
+        for sig in SYNCHRONOUS_SIGNALS:
+            assert sig not in blocked, signal.Signals(sig).name  # a fault belongs to the thread that raised it
+        assert signal.SIGTERM not in _blocked(threading.get_native_id())
+    finally:
+        done.set()
+        thread.join(30)
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.mark.timeout(300)  # a real launch of one process (about a second)
+def test_a_suspended_launcher_cancelled_with_sigterm_ends_as_a_plain_sigterm_ends_it(tmp_path: Path) -> None:
+    """SIGSTOP, SIGTERM, SIGCONT — what `scontrol suspend` then `scancel` do — ends `traceml run` as a SIGTERM
+    alone does (tests/test_run_lifecycle.py): exit 143, an interrupted run. Before the launcher's threads were
+    started shielded, the SIGTERM landed on one of them and the launcher went on waiting for training."""
+    (tmp_path / "slow.py").write_text(
+        "import time\nimport traceml_tui as traceml\nfor _ in range(100000):\n"
+        "    with traceml.trace_step():\n        time.sleep(0.01)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEML_")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.Popen([*TRACEML, "run", "slow.py", "--run-name", "cancel"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    steps = tmp_path / "logs/cancel/ranks/rank_0/steps-0.jsonl"
+    try:
+        assert _wait_for(lambda: steps.exists() and steps.read_bytes().count(b"\n") >= 6), "no step recorded"
+        for _ in range(3):  # its helper threads are all running by now (sampler, lease, log copies)
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.01)
+            proc.send_signal(signal.SIGCONT)
+            if _wait_for(lambda: proc.poll() is not None, timeout=2.0):
+                break
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    manifest = json.loads((tmp_path / "logs/cancel/manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["exit_code"] == proc.returncode
