@@ -23,7 +23,7 @@ from traceml_tui.sdk import window as window_mod
 from traceml_tui.sdk.session import Session
 from traceml_tui.sdk.watchdog import Watchdog
 
-from support.lanes import examples
+from support.lanes import IMPORTS_TORCH, examples
 
 
 def _lines(path: Path) -> list[dict]:
@@ -113,6 +113,7 @@ def test_a_hang_record_follows_the_held_steps_of_the_rank(tmp_path):
     assert _kinds(session.path) == [("step", s) for s in range(1, 6)] + [("hang", 5), ("step", 6), ("rank_end", 6)]
 
 
+@IMPORTS_TORCH  # torch in this process: on the one worker that pays for it (support/lanes.py)
 def test_an_update_holding_a_tensor_off_the_cpu_is_read_on_the_training_thread_when_it_ends(tmp_path):
     # Reading a tensor on an accelerator waits for the device; a held record is built by whichever thread writes
     # it (the watchdog thread, the SIGTERM handler), which behind a hung collective would wait forever with the
