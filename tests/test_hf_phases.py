@@ -3,8 +3,10 @@
 trainer whose ``training_step`` calls neither gets the model's hooks from its second update on; this rank's
 loss is the sum of its ``training_step`` outputs; a failure in a per-update event switches the callback off.
 
-The Trainer runs in a subprocess (tests/scripts/hf_phases.py: two tiny one-process trainers, one import of
-transformers); the fail-open test needs no framework.
+The Trainers run in one child process (tests/scripts/hf_phases.py: two tiny one-process trainers), one of the
+trainer runs' one-process fits (tests/support/integrations.py ``Fit``: forked from the process that imported
+Lightning, which has imported most of transformers already, through the bootstrap); without Lightning
+installed, in a process of its own. The fail-open test needs no framework.
 """
 
 from __future__ import annotations
@@ -19,8 +21,21 @@ from pathlib import Path
 
 import pytest
 
+from support import integrations as integrations_support
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "hf_phases.py"
 UPDATES, GRAD_ACCUM, BATCH = 4, 2, 4
+HAS_HF = importlib.util.find_spec("transformers") is not None
+#: The pool's one-process fits run in the process that imported Lightning (tests/support/integrations.py).
+POOLED = HAS_HF and importlib.util.find_spec("lightning") is not None
+
+
+def needs_hf(test):
+    """A test reading the Trainers' records: slow, with the trainer runs' pool, only with the hf extra."""
+    for mark in (pytest.mark.slow, pytest.mark.xdist_group(integrations_support.GROUP),
+                 pytest.mark.skipif(not HAS_HF, reason="the hf extra is not installed")):
+        test = mark(test)
+    return test
 
 
 def _steps(run_dir: Path) -> list[dict]:
@@ -28,21 +43,34 @@ def _steps(run_dir: Path) -> list[dict]:
     return [r for r in rows if r["kind"] == "step"]
 
 
+def _plan(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hf-phases")
+    return {"phases": integrations_support.Fit(SCRIPT, folder, ("phases",))}, folder
+
+
+if POOLED:
+    integrations_support.register(__name__.rpartition(".")[2], _plan)
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    work = tmp_path_factory.mktemp("hf-phases")
-    env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
-    for name in ("TRACEML_RUN_DIR", "TRACEML_RUN_NAME", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "phases"], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=400)
+def trained(request, tmp_path_factory):
+    if POOLED:
+        procs, folder = integrations_support.runs(__name__.rpartition(".")[2], request)
+        proc = procs["phases"]
+    else:
+        folder = tmp_path_factory.mktemp("hf-phases")
+        env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(folder / "state"))
+        for name in ("TRACEML_RUN_DIR", "TRACEML_RUN_NAME", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            env.pop(name, None)
+        proc = subprocess.run([sys.executable, "-m", "traceml_tui.integrations.bootstrap", str(SCRIPT), "phases"],
+                              cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=integrations_support.RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    return seen, _steps(work / "logs" / "phases")
+    return seen, _steps(folder / "logs" / "phases")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="the hf extra is not installed")
+@needs_hf
 def test_stock_trainer_parts_come_from_its_own_methods_not_model_hooks(trained):
     seen, rows = trained
     stock = rows[:UPDATES]
@@ -60,8 +88,7 @@ def test_stock_trainer_parts_come_from_its_own_methods_not_model_hooks(trained):
     assert [r["examples"] for r in stock] == [BATCH * GRAD_ACCUM * s for s in range(1, UPDATES + 1)]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="the hf extra is not installed")
+@needs_hf
 def test_a_training_step_of_its_own_is_timed_by_model_hooks_from_its_second_update(trained):
     seen, rows = trained
     own = rows[UPDATES:]

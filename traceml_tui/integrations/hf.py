@@ -8,15 +8,24 @@ accumulation micro-batches fold in):
 * the step envelope from ``on_step_begin`` to ``on_step_end``; the batches of
   an update are fetched before ``on_step_begin``, so their DataLoader time is
   the step's data wait (evaluation fetches between steps are not);
-* forward and backward from hooks on the model, optimizer from
-  ``on_pre_optimizer_step`` to ``on_optimizer_step`` (exactly ``optimizer.step()``);
+* forward: ``Trainer.compute_loss`` (the model's forward pass and its loss); backward:
+  ``Accelerator.backward`` (DDP's all-reduce included); optimizer from
+  ``on_pre_optimizer_step`` to ``on_optimizer_step`` (exactly ``optimizer.step()``).
+  A ``training_step`` of its own that calls neither method has them timed by
+  the model's hooks (``sdk/phases.py``) from its second update on;
 * loss: the sum of ``Trainer.training_step`` outputs over the update (each is
-  already divided by the accumulation steps), this rank's own, kept as a tensor
+  already divided by the accumulation steps), this rank's own: on CPU read as
+  each returns (``.item()`` syncs nothing there), elsewhere kept as a tensor
   until the record is written; lr read before the scheduler steps; the gradient
   norm the trainer computed (``accelerator.clip_grad_norm_``); examples;
 * ``on_evaluate`` metrics as eval records, and, when the run declares a
   ``hygiene:`` validation block, every ``checkpoint-N/`` folder the trainer
   saves published to the validation backlog (rank 0).
+
+The per-micro-batch work runs in wrappers on methods the Trainer calls anyway,
+and the per-update work in the four events it dispatches to every callback
+anyway: no model hook, no ``trace_step`` object, no ``traceml.log`` call per
+update (docs/trainers.md "Overhead").
 
 Importing this module does not import transformers; the class is built on
 first use of ``TraceMLCallback``.
