@@ -3,16 +3,17 @@
 A tiny Hugging Face ``Trainer`` (GPT-2 from a small config) and a tiny Lightning
 fit. Each trains once, long, in this process, and a switch callback (first in
 the trainer's list) changes what runs every ``--block`` updates, at an update
-boundary: no traceml, traceml's callback, and for Lightning an empty
-``Callback`` as a reference (Lightning calls every hook of every callback, so
-that much is the price of any callback at all). The modes rotate, so every
+boundary: no traceml, traceml's callback, and an empty callback as a
+reference (an empty Lightning ``Callback``, an empty ``TrainerCallback``: both
+trainers call every hook of every callback, so that much is the price of any
+callback at all). The modes rotate, so every
 cycle measures each once, back to back, on the same warmed-up trainer, model,
 allocator and caches; whole separate runs differ from each other by more than
 the overhead measured here.
 
 "Without traceml" is without all of it: the callback is out of the list, its
-wrappers (on the LightningModule's methods and its epoch loop's ``update_lr_schedulers``; HF's ``training_step`` and
-``clip_grad_norm_``) are undone, the DataLoader's ``__next__`` is torch's own,
+wrappers (on the LightningModule's methods and its epoch loop's ``update_lr_schedulers``; HF's ``training_step``,
+``compute_loss``, and the Accelerator's ``backward`` and ``clip_grad_norm_``) are undone, the DataLoader's ``__next__`` is torch's own,
 and the SDK's module and optimizer hooks are lifted. The first updates of
 each block (``SETTLE``) are not counted: their batches were fetched before the
 switch.
@@ -195,8 +196,8 @@ def hf(cycles: int, block: int) -> bool:
         def __getitem__(self, i: int) -> dict:
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
-    modes = Modes(("none", "traced"), cycles, block)
-    tracer = TraceMLCallback()
+    modes = Modes(("none", "traced", "empty"), cycles, block)
+    tracer, empty = TraceMLCallback(), TrainerCallback()
     state: dict[str, Any] = {}
 
     class Switch(TrainerCallback):
@@ -209,14 +210,16 @@ def hf(cycles: int, block: int) -> bool:
             if "loader" not in state:  # installed during the first (traced) block
                 state["loader"], state["hooks"] = DataLoaderTiming(), TorchHooks(state["model"])
             handlers = trainer.callback_handler.callbacks
+            for extra in (tracer, empty):
+                if any(cb is extra for cb in handlers):
+                    handlers.remove(extra)
+            tracer._unbind()
             on = mode == "traced"
             _write_held(traceml)  # the traced block's held records, written in this uncounted update
+            if mode != "none":  # right after this one: its on_step_begin runs next
+                handlers.insert(handlers.index(self) + 1, tracer if on else empty)
             if on:
-                handlers.insert(handlers.index(self) + 1, tracer)  # its on_step_begin runs next
                 tracer._bind(trainer)
-            else:
-                handlers.remove(tracer)
-                tracer._unbind()
             state["loader"].set(on)
             state["hooks"].set(on)
             modes.current = mode
@@ -238,7 +241,7 @@ def hf(cycles: int, block: int) -> bool:
     traceml.finish()
     state["loader"].set(True)  # as the SDK left it (the next run's traceml times its loader again)
     state["hooks"].set(True)
-    return _done("HF Trainer", modes)
+    return _done("HF Trainer", modes, reference="empty")
 
 
 def lightning(cycles: int, block: int) -> bool:

@@ -8,15 +8,24 @@ accumulation micro-batches fold in):
 * the step envelope from ``on_step_begin`` to ``on_step_end``; the batches of
   an update are fetched before ``on_step_begin``, so their DataLoader time is
   the step's data wait (evaluation fetches between steps are not);
-* forward and backward from hooks on the model, optimizer from
-  ``on_pre_optimizer_step`` to ``on_optimizer_step`` (exactly ``optimizer.step()``);
+* forward: ``Trainer.compute_loss`` (the model's forward pass and its loss); backward:
+  ``Accelerator.backward`` (DDP's all-reduce included); optimizer from
+  ``on_pre_optimizer_step`` to ``on_optimizer_step`` (exactly ``optimizer.step()``).
+  A ``training_step`` of its own that calls neither method has them timed by
+  the model's hooks (``sdk/phases.py``) from its second update on;
 * loss: the sum of ``Trainer.training_step`` outputs over the update (each is
-  already divided by the accumulation steps), this rank's own, kept as a tensor
+  already divided by the accumulation steps), this rank's own: on CPU read as
+  each returns (``.item()`` syncs nothing there), elsewhere kept as a tensor
   until the record is written; lr read before the scheduler steps; the gradient
   norm the trainer computed (``accelerator.clip_grad_norm_``); examples;
 * ``on_evaluate`` metrics as eval records, and, when the run declares a
   ``hygiene:`` validation block, every ``checkpoint-N/`` folder the trainer
   saves published to the validation backlog (rank 0).
+
+The per-micro-batch work runs in wrappers on methods the Trainer calls anyway,
+and the per-update work in the four events it dispatches to every callback
+anyway: no model hook, no ``trace_step`` object, no ``traceml.log`` call per
+update (docs/trainers.md "Overhead").
 
 Importing this module does not import transformers; the class is built on
 first use of ``TraceMLCallback``.
@@ -24,30 +33,50 @@ first use of ``TraceMLCallback``.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import weakref
-from typing import Any, Optional
+from time import perf_counter
+from typing import Any, Callable, Optional
 
 from traceml_tui import sdk
-from traceml_tui.integrations.support import attach_on_init, eval_metrics, examples_in, guarded, unmeasured
+from traceml_tui.integrations.support import (
+    attach_on_init,
+    eval_metrics,
+    examples_in,
+    fail_open,
+    guarded,
+    unmeasured,
+)
 from traceml_tui.sdk import env
-from traceml_tui.sdk.phases import begin_phase, end_phase
+from traceml_tui.sdk import loader as _loader
 
 NAME = "Hugging Face Trainer"
 _classes: dict[str, type] = {}
 
 
 class _Tracer:
-    """The callback's behaviour; :func:`callback_class` mixes it into ``transformers.TrainerCallback``."""
+    """The callback's behaviour; :func:`callback_class` mixes it into ``transformers.TrainerCallback``.
+
+    Only the events it uses are defined here (the rest are ``TrainerCallback``'s empty methods): the Trainer
+    dispatches every event to every callback anyway, so what an event costs is the method's own body. The
+    per-update events (``on_step_begin``, ``on_pre_optimizer_step``, ``on_optimizer_step``, ``on_step_end``)
+    catch their own exceptions instead of going through :func:`guarded`, which would re-pack the Trainer's
+    keyword arguments once more per event (docs/trainers.md "Overhead").
+    """
 
     def __init__(self) -> None:
         self._traceml_off = False
         self._auto = False  # added by the import hook (stands down when the script added its own)
         self._trainer_ref: Any = None
-        self._step: Any = None  # the open sdk.trace_step of the current update
+        self._model_ref: Any = None  # the model the Trainer hands its callbacks
+        self._session: Any = None
+        self._state: Any = None  # the SDK step state of the open update (sdk/session.py _StepState)
         self._phases = True  # forward/backward/optimizer measurable on this trainer
+        # forward/backward timed by the model's hooks (sdk/phases.py) instead of the Trainer's compute_loss and
+        # Accelerator.backward: a trainer whose training_step calls neither (_check_phases)
+        self._by_hooks = False
+        self._checked = False  # the first update's phases were checked
         self._reset()
 
     def _reset(self) -> None:
@@ -58,47 +87,36 @@ class _Tracer:
 
     # -- binding to the trainer ---------------------------------------------------------------
     def _bind(self, trainer: Any) -> None:
-        """Wrap ``trainer.training_step`` (per-rank loss, examples) and the gradient norm it computes."""
+        """Wrap the per-update methods the Trainer calls anyway (instance attributes; :func:`_wrap`).
+
+        ``training_step`` (this rank's loss, examples) and ``Accelerator.clip_grad_norm_`` (the gradient norm)
+        always; where the phases can be split, ``compute_loss`` (forward) and ``Accelerator.backward``
+        (backward) too.
+        """
         self._trainer_ref = weakref.ref(trainer)
-        if getattr(trainer.__dict__.get("training_step"), "_traceml_of", None) is None:
-            original = trainer.training_step
-            tracer = weakref.ref(self)
-
-            @functools.wraps(original)
-            def training_step(*args: Any, **kwargs: Any) -> Any:
-                out = original(*args, **kwargs)
-                me = tracer()
-                if me is not None and me._step is not None:
-                    me._on_micro_batch(out, args[1] if len(args) > 1 else kwargs.get("inputs"))
-                return out
-
-            training_step._traceml_of = original  # type: ignore[attr-defined]
-            trainer.training_step = training_step
+        tracer = weakref.ref(self)
+        _wrap(trainer, "training_step", _training_step, tracer)
         accelerator = getattr(trainer, "accelerator", None)
-        clip = getattr(accelerator, "clip_grad_norm_", None)
-        if clip is not None and getattr(clip, "_traceml_of", None) is None:
-            tracer = weakref.ref(self)
+        if accelerator is not None:
+            _wrap(accelerator, "clip_grad_norm_", _clip_grad_norm, tracer)
+        if self._phases and not self._by_hooks:
+            _wrap(trainer, "compute_loss", _compute_loss, tracer)
+            if accelerator is not None:
+                _wrap(accelerator, "backward", _backward, tracer)
 
-            @functools.wraps(clip)
-            def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
-                norm = clip(*args, **kwargs)
-                me = tracer()
-                if me is not None and me._step is not None:
-                    me._grad_norm = norm
-                return norm
-
-            clip_grad_norm_._traceml_of = clip  # type: ignore[attr-defined]
-            accelerator.clip_grad_norm_ = clip_grad_norm_
-
-    def _unbind(self) -> None:
+    def _unbind(self, *, phases_only: bool = False) -> None:
         trainer = self._trainer_ref() if self._trainer_ref is not None else None
         if trainer is None:
             return
-        if getattr(trainer.__dict__.get("training_step"), "_traceml_of", None) is not None:
-            del trainer.training_step
         accelerator = getattr(trainer, "accelerator", None)
-        if accelerator is not None and getattr(accelerator.__dict__.get("clip_grad_norm_"), "_traceml_of", None):
-            del accelerator.clip_grad_norm_
+        _unwrap(trainer, "compute_loss")
+        if accelerator is not None:
+            _unwrap(accelerator, "backward")
+        if phases_only:
+            return
+        _unwrap(trainer, "training_step")
+        if accelerator is not None:
+            _unwrap(accelerator, "clip_grad_norm_")
 
     def _find_trainer(self) -> Any:
         """The Trainer running this callback (an explicit callback is never handed it): the caller whose
@@ -114,20 +132,52 @@ class _Tracer:
                 return candidate
         return None
 
-    def _on_micro_batch(self, out: Any, inputs: Any) -> None:
-        if out is not None:
-            loss = out.detach() if getattr(out, "requires_grad", False) else out  # the Trainer returns it detached
-            self._loss = loss if self._loss is None else self._loss + loss
-        count = examples_in(inputs)
-        if count is not None:
-            self._examples = count if self._examples is None else self._examples + count
+    def _close(self, ok: bool) -> None:
+        """End the open update now (``ok``: its optimizer stepped): its values, then its record."""
+        now = perf_counter()
+        state, self._state = self._state, None
+        if state is None:
+            return
+        if ok:
+            values = state.values  # what sdk.log(loss=, lr=, grad_norm=, batch_size=) stores, without the call
+            if self._loss is not None:
+                values["loss"] = self._loss
+            if self._lr is not None:
+                values["lr"] = self._lr
+            if self._grad_norm is not None:
+                values["grad_norm"] = self._grad_norm
+            if self._examples is not None:
+                values["batch_size"] = self._examples
+        self._loss = self._examples = self._lr = self._grad_norm = None  # (self._reset() inline: once per update)
+        self._session.end(state, now, ok)
+        if ok and not self._checked:
+            self._check_phases(state)
+
+    def _check_phases(self, state: Any) -> None:
+        """After the first update: a trainer whose ``training_step`` calls ``compute_loss`` or
+        ``Accelerator.backward`` not (a subclass's own loop) has its forward and backward timed by the model's
+        hooks from the next update on, and the wrappers of the two methods go."""
+        self._checked = True
+        if not self._phases or self._by_hooks or (state.fwd_ms is not None and state.bwd_ms is not None):
+            return
+        model = self._model_ref() if self._model_ref is not None else None
+        if model is None or not hasattr(model, "register_forward_hook"):
+            unmeasured("forward backward", f"{NAME}: its training_step calls neither compute_loss nor "
+                                           f"Accelerator.backward, and the model takes no hooks")
+            return
+        from traceml_tui.sdk import phases
+
+        self._by_hooks = True
+        self._unbind(phases_only=True)
+        phases.attach(model, sdk._current_state)
 
     def _traceml_abandon(self) -> None:
         """Drop an open update (never recorded as completed) and undo the wrappers."""
-        step, self._step = self._step, None
-        if step is not None:
-            step.__exit__(RuntimeError, None, None)
+        self._close(False)
         self._unbind()
+
+    def _fail(self, where: str, exc: Exception) -> None:
+        fail_open(self, NAME, where, exc)
 
     # -- events -------------------------------------------------------------------------------
     @guarded(NAME)
@@ -139,50 +189,76 @@ class _Tracer:
         ):
             self._traceml_off = True  # the script added its own: never instrumented twice
             return
-        sdk.init()
+        session = sdk.init()
+        if not _loader.dataloader_done:
+            _loader.install_dataloader()  # the training DataLoader's fetches are the data wait
         self._phases = True
+        self._model_ref = weakref.ref(model) if model is not None else None
         if trainer is None:
             unmeasured("loss grad_norm examples", f"{NAME}: the trainer running the callback was not found")
         else:
-            self._bind(trainer)
             reason = _unmeasurable_phases(trainer, model)
             if reason is not None:
                 self._phases = False
                 unmeasured("forward backward optimizer", reason)
+            self._bind(trainer)
+        param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+        if param is not None and param.is_cuda:
+            session.enable_cuda()  # CUDA events time the step and its parts (sdk/phases.py)
 
-    @guarded(NAME)
-    def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        if self._step is not None:  # an update that never ended (an exception the trainer swallowed)
-            self._step.__exit__(RuntimeError, None, None)
-        self._reset()
-        step = sdk.trace_step(model if self._phases else None)
-        step.__enter__()
-        self._step = step
-        sdk._session.current.opt_manual = True  # optimizer timed by the callback events below
-
-    @guarded(NAME)
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
-        if self._step is None:
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._traceml_off:
             return
-        if optimizer is not None and optimizer.param_groups:
-            self._lr = optimizer.param_groups[0].get("lr")  # before the scheduler steps: this update's lr
-        if self._phases:
-            begin_phase(sdk._session.current, "optimizer")
+        try:
+            if self._state is not None:  # an update that never ended (an exception the trainer swallowed)
+                self._close(False)
+            session = sdk._session
+            if session is None:
+                session = sdk.init()
+            if session.closed:
+                return
+            self._session = session
+            self._state = session.begin(perf_counter())
+            self._state.opt_manual = True  # optimizer timed by the events below, never by torch's hooks
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            self._fail("on_step_begin", exc)
 
-    @guarded(NAME)
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any
+                              ) -> None:
+        step = self._state
+        if step is None or self._traceml_off:
+            return
+        try:
+            groups = getattr(optimizer, "param_groups", None)
+            if groups:
+                self._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
+            if self._phases:
+                if step.gpu is not None:
+                    step.gpu.open("optimizer")
+                step.opt_start = perf_counter()
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            self._fail("on_pre_optimizer_step", exc)
+
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._step is None or not self._phases:
+        now = perf_counter()
+        step = self._state
+        if step is None or step.opt_start is None:
             return
-        end_phase(sdk._session.current, "optimizer")
+        try:
+            step.opt_ms = (step.opt_ms or 0.0) + (now - step.opt_start) * 1000.0
+            step.opt_start = None
+            if step.gpu is not None:
+                step.gpu.close_phase("optimizer")
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            self._fail("on_optimizer_step", exc)
 
-    @guarded(NAME)
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        step, self._step = self._step, None
-        if step is None:
+        if self._state is None or self._traceml_off:
             return
-        sdk.log(loss=self._loss, lr=self._lr, grad_norm=self._grad_norm, batch_size=self._examples)
-        self._reset()
-        step.__exit__(None, None, None)
+        try:
+            self._close(True)
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            self._fail("on_step_end", exc)
 
     @guarded(NAME)
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
@@ -212,6 +288,107 @@ class _Tracer:
         session = sdk._session
         if session is not None and not session.closed:
             session.flush()  # every step is on disk before the trainer returns
+
+
+# -- wrappers on the methods the Trainer calls per micro-batch --------------------------------------
+def _wrap(owner: Any, name: str, make: Callable[[Callable, Callable], Callable], tracer: Callable) -> None:
+    """Put ``make(original, tracer)`` on ``owner`` as an instance attribute (once)."""
+    if getattr(owner.__dict__.get(name), "_traceml_of", None) is not None:
+        return
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+    wrapper = make(original, tracer)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper._traceml_of = original  # type: ignore[attr-defined]
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    setattr(owner, name, wrapper)
+
+
+def _unwrap(owner: Any, name: str) -> None:
+    if getattr(owner.__dict__.get(name), "_traceml_of", None) is not None:
+        delattr(owner, name)
+
+
+def _training_step(original: Callable, tracer: Callable) -> Callable:
+    """``Trainer.training_step``: its output (the micro-batch's loss, already divided by the accumulation steps)
+    added to the update's loss; the micro-batch's examples."""
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        me = tracer()
+        if me is None or me._state is None:
+            return out
+        try:
+            if out is not None:
+                loss = out.detach() if getattr(out, "requires_grad", False) else out  # the Trainer's is detached
+                if getattr(loss, "is_cpu", False):
+                    # A CPU loss is read now (no device sync on CPU) and summed as a float: the update holds no
+                    # tensor and adds no tensor op (docs/trainers.md "Overhead"). Never on an accelerator.
+                    try:
+                        loss = loss.item()
+                    except (RuntimeError, ValueError):  # not one element: kept, the record's loss stays null
+                        pass
+                me._loss = loss if me._loss is None else me._loss + loss
+            count = examples_in(args[1] if len(args) > 1 else kwargs.get("inputs"))
+            if count is not None:
+                me._examples = count if me._examples is None else me._examples + count
+        except Exception as exc:  # noqa: BLE001 - fail-open
+            me._fail("training_step", exc)
+        return out
+
+    return training_step
+
+
+def _compute_loss(original: Callable, tracer: Callable) -> Callable:
+    """``Trainer.compute_loss`` inside an update: forward (the model's forward pass and its loss)."""
+    def compute_loss(*args: Any, **kwargs: Any) -> Any:
+        me = tracer()
+        state = me._state if me is not None else None
+        if state is None:  # evaluation, or between updates
+            return original(*args, **kwargs)
+        gpu = state.gpu
+        if gpu is not None:
+            gpu.open("forward")
+        start = perf_counter()
+        out = original(*args, **kwargs)
+        state.fwd_ms = (state.fwd_ms or 0.0) + (perf_counter() - start) * 1000.0
+        if gpu is not None:
+            gpu.close_phase("forward")
+        return out
+
+    return compute_loss
+
+
+def _backward(original: Callable, tracer: Callable) -> Callable:
+    """``Accelerator.backward`` inside an update: backward (the autograd pass, DDP's all-reduce included)."""
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        me = tracer()
+        state = me._state if me is not None else None
+        if state is None:
+            return original(*args, **kwargs)
+        gpu = state.gpu
+        if gpu is not None:
+            gpu.open("backward")
+        start = perf_counter()
+        out = original(*args, **kwargs)
+        state.bwd_ms = (state.bwd_ms or 0.0) + (perf_counter() - start) * 1000.0
+        if gpu is not None:
+            gpu.close_phase("backward")
+        return out
+
+    return backward
+
+
+def _clip_grad_norm(original: Callable, tracer: Callable) -> Callable:
+    """``Accelerator.clip_grad_norm_``: the norm the Trainer computed (before clipping), kept as it is."""
+    def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+        norm = original(*args, **kwargs)
+        me = tracer()
+        if me is not None and me._state is not None:
+            me._grad_norm = norm
+        return norm
+
+    return clip_grad_norm_
 
 
 def _unmeasurable_phases(trainer: Any, model: Any) -> Optional[str]:

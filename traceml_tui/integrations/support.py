@@ -120,8 +120,10 @@ def attach_on_init(trainer_cls: type, attach: Callable[[Any], bool], name: str, 
 def examples_in(batch: Any) -> int | None:
     """Examples in one batch: the leading size of its first tensor (a tensor, a mapping or a sequence)."""
     kind = type(batch)
-    if kind is list or kind is tuple:  # the usual (inputs, targets), once per micro-batch: kept to plain look-ups
-        for value in batch:
+    # the usual batches, once per micro-batch, kept to plain look-ups: (inputs, targets), and a Hugging Face
+    # collator's dict (a dict has no ``shape``: looking one up would raise and catch an AttributeError)
+    if kind is list or kind is tuple or kind is dict:
+        for value in (batch.values() if kind is dict else batch):
             shape = getattr(value, "shape", None)
             found = (int(shape[0]) if len(shape) else None) if shape is not None else examples_in(value)
             if found is not None:
