@@ -4,6 +4,8 @@ Run: python tests/benchmarks/bench_live_load.py [--seconds 20] [--only small,clu
      python tests/benchmarks/bench_live_load.py --in-process   (one live pass, in this process: CPU per record, at
                                                                20 × 64 × 1, 20 × 64 × 5 and 100 × 64 × 1)
      python tests/benchmarks/bench_live_load.py --phases       (where that pass's CPU goes, at 20 × 64 and 100 × 64)
+     python tests/benchmarks/bench_live_load.py --instructions (the in-process pass under valgrind's callgrind:
+                                                               instructions per record, which the load does not move)
 
 A live ``traceml daemon`` (its own process) watches R runs × K ranks while writer processes append
 real-shaped step records to every stream at a fixed rate. Reported per load:
@@ -32,6 +34,7 @@ import multiprocessing as mp
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -146,11 +149,20 @@ def cold_cost(tmp: Path, total: int = 100_000) -> float:
     return used / max(1, got)
 
 
+#: Set in this benchmark's own process when ``--instructions`` runs it under callgrind.
+CALLGRIND_ENV = "TRACEML_BENCH_CALLGRIND"
+
+
 def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int = 20, runs: int = 20) -> float:
     """CPU seconds per record of one live pass without the writers' noise: one ``Ingester`` in this process
     over ``runs`` runs × 64 ranks with the live daemon's settings (``live_settings``) on a simulated clock
     ``seconds_per_pass`` apart; each pass appends ``lines`` lines to every stream, then reads them all
-    (``poll``) and commits (``commit_pass``). Only the pass is timed (its merges included)."""
+    (``poll``) and commits (``commit_pass``). Only the pass is timed (its merges included).
+
+    Under callgrind (``--instructions``) the counters are switched on before the first timed pass and dumped
+    (``os.getppid``: callgrind runs with ``--dump-before=getppid``) before and after each one, so that every
+    second dump holds one pass alone, without the appends."""
+    counted = bool(os.environ.get(CALLGRIND_ENV))
     root = tmp / f"inproc{runs}x{lines}"
     streams = make_runs(root, runs, 64)
     ing = Ingester(tmp / f"inproc{runs}x{lines}.sqlite", [str(root)], use_inotify=False)
@@ -172,11 +184,17 @@ def in_process_cost(tmp: Path, lines: int, seconds_per_pass: float, passes: int 
                     append_line(fd, _step(run, rank, step, 2000.0 + step, rng))
                 step += 1
             clock[0] += seconds_per_pass
+            if counted and i == 5:
+                subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], capture_output=True, check=False)
+            if counted and i >= 5:
+                os.getppid()  # a dump: what ran since the last one (the appends)
             t0 = time.process_time()
             ing.poll(targets)
             ing.commit_pass()
             if i >= 5:
                 used += time.process_time() - t0
+                if counted:
+                    os.getppid()  # a dump: this pass alone
         for *_, fd in fds:
             os.close(fd)
         return used / (passes * lines * len(fds))
@@ -282,6 +300,40 @@ def phases_cost(tmp: Path, runs: int, ranks: int, passes: int = 15) -> list[tupl
     n = passes * len(streams)
     return [("the whole pass", whole / n * 1e6)] + [(label, spent[label] / n * 1e6) for label, *_ in PHASES
                                                      if label in spent]
+
+
+def instructions(runs: int, lines: int, gap: float, passes: int = 15) -> float:
+    """Instructions per record of :func:`in_process_cost`'s pass (``passes`` counted after 5 warm ones, their
+    merges included), run in a child process under valgrind's callgrind (``PYTHONHASHSEED=0``): the method of
+    docs/daemon.md, "Live path" (ninth and tenth rounds)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("--instructions needs valgrind (callgrind) on PATH")
+    work = Path(tempfile.mkdtemp(prefix="bench_live_cg_"))
+    try:
+        env = dict(os.environ, **{CALLGRIND_ENV: "1", "PYTHONHASHSEED": "0"})
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-before=getppid",
+               f"--callgrind-out-file={work}/cg.%p", sys.executable, os.path.abspath(__file__),
+               "--one", f"{runs},{lines},{gap},{passes}"]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(done.stderr[-2000:])
+        dumps = sorted(work.glob("cg.*.*"), key=lambda f: int(f.name.rsplit(".", 1)[1]))
+        totals = [_total(d) for d in dumps]
+        # dump 1: the appends of the first counted pass; then (the pass, the next appends) in turn
+        per_pass = totals[1::2][:passes]
+        if len(per_pass) != passes:
+            raise SystemExit(f"callgrind left {len(dumps)} dumps, not the {2 * passes} expected")
+        return sum(per_pass) / (passes * runs * 64 * lines)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _total(path: Path) -> int:
+    with open(path) as handle:
+        for line in handle:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise ValueError(f"no totals in {path}")
 
 
 def _run_delay(pid: int) -> float:
@@ -390,8 +442,26 @@ def main() -> None:
                     help="instead: the CPU per record of one live pass in this process (no writers, no daemon)")
     ap.add_argument("--phases", action="store_true",
                     help="instead: where a live pass's CPU goes, per phase, at 20 × 64 and 100 × 64 streams")
+    ap.add_argument("--instructions", action="store_true",
+                    help="instead: instructions per record of the in-process pass under valgrind's callgrind, at "
+                         "20 × 64 × 1 line per pass and 20 × 64 × 5 (slow: minutes per load)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # runs,lines,gap,passes: the child --instructions runs
     args = ap.parse_args()
+    if args.instructions:
+        print("| live pass (callgrind) | instructions per record |")
+        print("|---|---|")
+        for runs, lines, gap, label in ((20, 1, 1.0, "20 × 64 streams, 1 line per stream, passes 1 s apart"),
+                                        (20, 5, 0.5, "20 × 64 streams, 5 lines per stream, passes 0.5 s apart")):
+            print(f"| {label} | {instructions(runs, lines, gap) / 1e3:.1f} k |", flush=True)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="bench_live_"))
+    if args.one:
+        runs, lines, gap, passes = args.one.split(",")
+        try:
+            in_process_cost(tmp, int(lines), float(gap), passes=int(passes), runs=int(runs))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     try:
         if args.phases:
             tables = [phases_cost(tmp, 20, 64), phases_cost(tmp, 100, 64)]
