@@ -97,3 +97,42 @@ def test_a_suspended_launcher_cancelled_with_sigterm_ends_as_a_plain_sigterm_end
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     manifest = json.loads((tmp_path / "logs/cancel/manifest.json").read_text())
     assert manifest["status"] == "interrupted" and manifest["exit_code"] == proc.returncode
+
+
+def _ignored(pid: int) -> set[int]:
+    """The signals process ``pid`` ignores (its ``SigIgn`` mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    raise AssertionError("no SigIgn line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the signal dispositions in /proc")
+def test_finalizing_a_run_in_this_process_leaves_its_signal_dispositions_as_they_were(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """The launcher ignores SIGINT and SIGTERM for its last writes. `finalize` used to leave them so: a test
+    process that finalized a run in-process (tests/test_run_lifecycle.py) ignored SIGTERM from then on, every
+    child it started afterwards inherited that (an ignored signal survives exec), and the SDK's SIGTERM tests'
+    children on that worker slept through their SIGTERM."""
+    from traceml_tui.guard.config import load_config
+    from traceml_tui.run import cli as run_cli
+    from traceml_tui.run.launch import Launcher
+
+    (tmp_path / "train.py").write_text("pass\n")
+    monkeypatch.chdir(tmp_path)
+    launcher = Launcher(run_cli.parse_options(["train.py", "--run-name", "dispositions"]), load_config(None))
+    launcher.prepare()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    launcher.finalize(0)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert json.loads((tmp_path / "logs/dispositions/manifest.json").read_text())["status"] == "completed"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert signal.SIGTERM not in _ignored(child.pid) and signal.SIGINT not in _ignored(child.pid)
+        child.terminate()
+        assert child.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)

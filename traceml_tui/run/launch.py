@@ -47,6 +47,22 @@ from traceml_tui.sdk import env as sdk_env
 BOOTSTRAP = "traceml_tui.integrations.bootstrap"
 
 
+_FINALIZE_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _dispositions() -> dict[int, Any]:
+    """SIGINT's and SIGTERM's handlers now (none where this is not the main thread: nothing is changed there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in _FINALIZE_SIGNALS}
+
+
+def _restore_dispositions(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        if handler is not None:  # (None: a handler not installed from Python; left as it is)
+            signal.signal(sig, handler)
+
+
 def _warn(message: str) -> None:
     print(f"traceml run: warning: {message}", file=sys.stderr, flush=True)
 
@@ -430,7 +446,19 @@ class Launcher:
         return "interrupted" if self.interrupted else "failed"
 
     def finalize(self, exit_code: int) -> None:
-        """Outcomes, manifest, summary, curve. Never raises; problems are warnings."""
+        """Outcomes, manifest, summary, curve. Never raises; problems are warnings.
+
+        The signal dispositions it changes on the way (Ctrl-C ends the wait for other nodes; then both
+        signals are ignored for the last writes) are put back when it returns: a process that goes on after
+        it (``run_cli.main`` called in a test process) would otherwise ignore SIGTERM for good, and every
+        process it starts after would inherit that (an ignored signal survives ``exec``)."""
+        previous = _dispositions()
+        try:
+            self._finalize(exit_code)
+        finally:
+            _restore_dispositions(previous)
+
+    def _finalize(self, exit_code: int) -> None:
         opts = self.options
         if self.guarded:
             try:
