@@ -19,6 +19,24 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 
+@pytest.fixture(autouse=True)
+def signal_dispositions_kept():
+    """No test leaves its worker handling SIGINT or SIGTERM differently: an ignored signal is inherited by
+    every process the worker starts afterwards (it survives exec), and a later test's child then sleeps
+    through the SIGTERM it is sent (a launcher's finalize once left SIGTERM ignored). The handlers are put
+    back and the test that changed them fails, naming them."""
+    import signal
+
+    watched = (signal.SIGINT, signal.SIGTERM)
+    before = {sig: signal.getsignal(sig) for sig in watched}
+    yield
+    changed = {sig: signal.getsignal(sig) for sig in watched if signal.getsignal(sig) != before[sig]}
+    for sig in changed:
+        signal.signal(sig, before[sig])
+    assert not changed, "the test left these signals handled otherwise: " + ", ".join(
+        f"{signal.Signals(sig).name} {before[sig]!r} -> {handler!r}" for sig, handler in changed.items())
+
+
 @pytest.fixture
 def cli_env(tmp_path: Path) -> dict[str, str]:
     """Environment for `traceml …` subprocesses: one BLAS thread, a private state dir."""
