@@ -18,17 +18,10 @@ import pytest
 
 from traceml_tui.core.signals import SYNCHRONOUS_SIGNALS, shielded
 
+from support.procfs import blocked_signals, ignored_signals
+
 TRACEML = [sys.executable, "-m", "traceml_tui"]
 PROC_TASKS = Path("/proc/self/task")
-
-
-def _blocked(native_id: int) -> set[int]:
-    """The signals a thread of this process blocks (its ``SigBlk`` mask in /proc)."""
-    for line in (PROC_TASKS / str(native_id) / "status").read_text().splitlines():
-        if line.startswith("SigBlk:"):
-            mask = int(line.split()[1], 16)
-            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
-    raise AssertionError("no SigBlk line")
 
 
 @pytest.mark.skipif(not PROC_TASKS.is_dir(), reason="reads the threads' signal masks in /proc")
@@ -46,12 +39,12 @@ def test_a_thread_started_shielded_blocks_every_asynchronous_signal_and_the_call
     try:
         assert ready.wait(30)
         assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # the caller's mask is back
-        blocked = _blocked(thread.native_id)
+        blocked = blocked_signals(thread.native_id)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD, signal.SIGALRM):
             assert sig in blocked, sig.name
         for sig in SYNCHRONOUS_SIGNALS:
             assert sig not in blocked, signal.Signals(sig).name  # a fault belongs to the thread that raised it
-        assert signal.SIGTERM not in _blocked(threading.get_native_id())
+        assert signal.SIGTERM not in blocked_signals(threading.get_native_id())
     finally:
         done.set()
         thread.join(30)
@@ -99,15 +92,6 @@ def test_a_suspended_launcher_cancelled_with_sigterm_ends_as_a_plain_sigterm_end
     assert manifest["status"] == "interrupted" and manifest["exit_code"] == proc.returncode
 
 
-def _ignored(pid: int) -> set[int]:
-    """The signals process ``pid`` ignores (its ``SigIgn`` mask in /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("SigIgn:"):
-            mask = int(line.split()[1], 16)
-            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
-    raise AssertionError("no SigIgn line")
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the signal dispositions in /proc")
 def test_finalizing_a_run_in_this_process_leaves_its_signal_dispositions_as_they_were(tmp_path: Path,
                                                                                      monkeypatch) -> None:
@@ -129,7 +113,7 @@ def test_finalizing_a_run_in_this_process_leaves_its_signal_dispositions_as_they
     assert json.loads((tmp_path / "logs/dispositions/manifest.json").read_text())["status"] == "completed"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert signal.SIGTERM not in _ignored(child.pid) and signal.SIGINT not in _ignored(child.pid)
+        assert signal.SIGTERM not in ignored_signals(child.pid) and signal.SIGINT not in ignored_signals(child.pid)
         child.terminate()
         assert child.wait(timeout=60) == -signal.SIGTERM
     finally:

@@ -24,6 +24,7 @@ from traceml_tui.sdk.session import Session
 from traceml_tui.sdk.watchdog import Watchdog
 
 from support.lanes import IMPORTS_TORCH, examples
+from support.procfs import blocked_signals
 
 
 def _lines(path: Path) -> list[dict]:
@@ -296,15 +297,6 @@ def test_held_steps_are_written_on_sigterm(tmp_path):
     _assert_all_40(tmp_path, "terminated")
 
 
-def _blocked_signals(native_id: int) -> set[int]:
-    """The signals a thread of this process blocks (its ``SigBlk`` mask in /proc)."""
-    for line in Path(f"/proc/self/task/{native_id}/status").read_text().splitlines():
-        if line.startswith("SigBlk:"):
-            mask = int(line.split()[1], 16)
-            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
-    raise AssertionError("no SigBlk line")
-
-
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads' signal masks in /proc")
 def test_the_sdk_thread_leaves_every_signal_to_the_main_thread(tmp_path):
     session = Session(tmp_path / "run", "w", rank=0, world_size=1, window_s=3.0)
@@ -312,12 +304,12 @@ def test_the_sdk_thread_leaves_every_signal_to_the_main_thread(tmp_path):
     dog = Watchdog(session).start()
     try:
         assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # the caller's mask is as it was
-        blocked = _blocked_signals(dog._thread.native_id)
+        blocked = blocked_signals(dog._thread.native_id)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
             assert sig in blocked, sig.name
         for sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT):
             assert sig not in blocked, sig.name  # faults belong to the thread that raised them
-        assert signal.SIGTERM not in _blocked_signals(threading.get_native_id())
+        assert signal.SIGTERM not in blocked_signals(threading.get_native_id())
     finally:
         session.close("completed")
 

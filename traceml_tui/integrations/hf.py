@@ -46,6 +46,7 @@ from traceml_tui.integrations.support import (
     examples_in,
     fail_open,
     guarded,
+    timed_backward,
     unmeasured,
 )
 from traceml_tui.sdk import env
@@ -102,7 +103,7 @@ class _Tracer:
         if self._phases and not self._by_hooks:
             _wrap(trainer, "compute_loss", _compute_loss, tracer)
             if accelerator is not None:
-                _wrap(accelerator, "backward", _backward, tracer)
+                _wrap(accelerator, "backward", timed_backward, tracer)
 
     def _unbind(self, *, phases_only: bool = False) -> None:
         trainer = self._trainer_ref() if self._trainer_ref is not None else None
@@ -357,26 +358,6 @@ def _compute_loss(original: Callable, tracer: Callable) -> Callable:
         return out
 
     return compute_loss
-
-
-def _backward(original: Callable, tracer: Callable) -> Callable:
-    """``Accelerator.backward`` inside an update: backward (the autograd pass, DDP's all-reduce included)."""
-    def backward(*args: Any, **kwargs: Any) -> Any:
-        me = tracer()
-        state = me._state if me is not None else None
-        if state is None:
-            return original(*args, **kwargs)
-        gpu = state.gpu
-        if gpu is not None:
-            gpu.open("backward")
-        start = perf_counter()
-        out = original(*args, **kwargs)
-        state.bwd_ms = (state.bwd_ms or 0.0) + (perf_counter() - start) * 1000.0
-        if gpu is not None:
-            gpu.close_phase("backward")
-        return out
-
-    return backward
 
 
 def _clip_grad_norm(original: Callable, tracer: Callable) -> Callable:

@@ -52,6 +52,7 @@ from traceml_tui.integrations.support import (
     examples_in,
     fail_open,
     guarded,
+    timed_backward,
     unmeasured,
 )
 from traceml_tui.sdk import env
@@ -363,25 +364,6 @@ def _training_step(original: Callable, tracer: Callable) -> Callable:
     return training_step
 
 
-def _backward(original: Callable, tracer: Callable) -> Callable:
-    def backward(*args: Any, **kwargs: Any) -> Any:
-        me = tracer()
-        state = me._state if me is not None else None
-        if state is None:
-            return original(*args, **kwargs)
-        gpu = state.gpu
-        if gpu is not None:
-            gpu.open("backward")
-        start = perf_counter()
-        out = original(*args, **kwargs)
-        state.bwd_ms = (state.bwd_ms or 0.0) + (perf_counter() - start) * 1000.0
-        if gpu is not None:
-            gpu.close_phase("backward")
-        return out
-
-    return backward
-
-
 def _on_before_optimizer_step(original: Callable, tracer: Callable) -> Callable:
     def on_before_optimizer_step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         me = tracer()
@@ -449,12 +431,11 @@ def _update_lr_schedulers(original: Callable, tracer: Callable) -> Callable:
     return update_lr_schedulers
 
 
-
 #: The LightningModule methods wrapped per fit, in the order Lightning calls them in an update.
 _WRAPPERS: dict[str, Callable[[Callable, Callable], Callable]] = {
     "on_train_batch_start": _on_train_batch_start,
     "training_step": _training_step,
-    "backward": _backward,
+    "backward": timed_backward,
     "on_before_optimizer_step": _on_before_optimizer_step,
     "optimizer_step": _optimizer_step,
 }

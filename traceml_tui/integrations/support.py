@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from time import perf_counter
 from typing import Any, Callable, TypeVar
 
 from traceml_tui.sdk import env
@@ -169,3 +170,26 @@ def eval_metrics(metrics: Any, *prefixes: str) -> dict[str, Any]:
         if isinstance(value, (int, float)) or getattr(value, "ndim", None) == 0:
             out[name] = value
     return out
+
+
+def timed_backward(original: Callable, tracer: Callable) -> Callable:
+    """A wrapper of the method that runs backward (the Hugging Face ``Accelerator.backward``, the Lightning
+    module's ``backward``): inside an update it adds its time to the update's backward (the autograd pass, DDP's
+    all-reduce included) and opens and closes its GPU phase; outside one it only calls the method. ``tracer``
+    returns the callback (or None), whose ``_state`` is the update in progress."""
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        me = tracer()
+        state = me._state if me is not None else None
+        if state is None:
+            return original(*args, **kwargs)
+        gpu = state.gpu
+        if gpu is not None:
+            gpu.open("backward")
+        start = perf_counter()
+        out = original(*args, **kwargs)
+        state.bwd_ms = (state.bwd_ms or 0.0) + (perf_counter() - start) * 1000.0
+        if gpu is not None:
+            gpu.close_phase("backward")
+        return out
+
+    return backward
