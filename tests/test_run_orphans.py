@@ -69,6 +69,29 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+def _survivors(procs: list[psutil.Process]) -> str:
+    """Each process still alive: its command, its signal masks and dispositions, and (where py-spy is installed)
+    where each of its threads is — so a failure says why the parent-death signal did not end it."""
+    import shutil
+
+    out = []
+    for proc in procs:
+        if not _alive(proc):
+            continue
+        out.append(f"{proc.pid} {proc.cmdline()}")
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            out += [line for line in status if line.startswith(("State:", "SigPnd", "ShdPnd", "SigBlk", "SigIgn",
+                                                                  "SigCgt"))]
+        except OSError:
+            pass
+        if shutil.which("py-spy"):
+            dump = subprocess.run(["py-spy", "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
+                                  timeout=60, check=False)
+            out.append((dump.stdout + dump.stderr)[-4000:])
+    return "\n".join(out)
+
+
 def _wait(predicate, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -116,9 +139,7 @@ def test_sigkill_of_the_launcher_leaves_no_process_of_the_run(tmp_path: Path, sc
         launcher.wait(timeout=10)
         # A wait for a condition, not a time limit: under load torchrun's own teardown of its ranks after the
         # parent-death signal took longer than 15 s once (the fresh-clone suite beside another one).
-        assert _wait(lambda: not any(_alive(p) for p in procs), 45), [
-            (p.pid, p.cmdline()) for p in procs if _alive(p)
-        ]
+        assert _wait(lambda: not any(_alive(p) for p in procs), 45), _survivors(procs)
     finally:
         if launcher.poll() is None:
             launcher.kill()
