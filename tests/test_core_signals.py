@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from traceml_tui.core.signals import SYNCHRONOUS_SIGNALS, shielded
+from traceml_tui.core.signals import SYNCHRONOUS_SIGNALS, shielded, unshielded
 
-from support.procfs import blocked_signals, ignored_signals
+from support.procfs import blocked_signals, ignored_signals, process_blocked_signals
 
 TRACEML = [sys.executable, "-m", "traceml_tui"]
 PROC_TASKS = Path("/proc/self/task")
@@ -48,6 +48,37 @@ def test_a_thread_started_shielded_blocks_every_asynchronous_signal_and_the_call
     finally:
         done.set()
         thread.join(30)
+
+
+@pytest.mark.skipif(not PROC_TASKS.is_dir(), reason="reads the signal masks in /proc")
+def test_a_process_started_unshielded_from_a_shielded_thread_keeps_its_signals():
+    """A child inherits its starting thread's mask through exec: started plainly from a shielded thread (the
+    launcher's drainer dispatch) it blocks SIGTERM; started inside ``unshielded()`` it does not, and the thread
+    is shielded again after."""
+    seen: dict[str, object] = {}
+
+    def body() -> None:
+        plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        with unshielded():
+            free = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        seen["thread_after"] = blocked_signals(threading.get_native_id())
+        seen["children"] = (plain, free)
+
+    with shielded():
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+    thread.join(60)
+    plain, free = seen["children"]  # type: ignore[misc]
+    try:
+        assert signal.SIGTERM in process_blocked_signals(plain.pid)  # the hazard
+        assert signal.SIGTERM not in process_blocked_signals(free.pid)
+        assert signal.SIGTERM in seen["thread_after"]  # type: ignore[operator]
+        free.terminate()
+        assert free.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        for child in (plain, free):
+            child.kill()
+            child.wait(30)
 
 
 def _wait_for(predicate, timeout: float = 120.0) -> bool:

@@ -21,3 +21,8 @@ def blocked_signals(native_id: int) -> set[int]:
 def ignored_signals(pid: int) -> set[int]:
     """The signals process ``pid`` ignores (its ``SigIgn`` mask)."""
     return _mask(Path(f"/proc/{pid}/status"), "SigIgn")
+
+
+def process_blocked_signals(pid: int) -> set[int]:
+    """The signals the main thread of process ``pid`` blocks (its ``SigBlk`` mask)."""
+    return _mask(Path(f"/proc/{pid}/status"), "SigBlk")

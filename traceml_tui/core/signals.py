@@ -10,7 +10,9 @@ job scheduler that suspends a job and then cancels it (SIGSTOP, SIGTERM,
 SIGCONT) did exactly that to a rank and to ``traceml run`` (docs/run.md,
 "Signals"). So every thread traceml starts is started with the asynchronous
 signals blocked (:func:`shielded`), and inherits that mask from its first
-instruction.
+instruction. A process started from such a thread would inherit the blocked
+mask through ``exec`` (and sleep through its own SIGTERM): start it inside
+:func:`unshielded`.
 """
 
 from __future__ import annotations
@@ -57,3 +59,21 @@ def shielded() -> Iterator[None]:
         yield
     finally:
         restore_signals(mask)
+
+
+@contextmanager
+def unshielded() -> Iterator[None]:
+    """A process started inside the block starts with the asynchronous signals unblocked, also when the calling
+    thread was started :func:`shielded` (a child inherits its starting thread's mask, and keeps it through
+    ``exec``: a drainer started by the launcher's dispatch thread ignored SIGTERM until it unblocked it). The
+    thread's own mask is back when the block ends."""
+    old: Optional[set[int]] = None
+    if hasattr(signal, "pthread_sigmask"):
+        try:
+            old = set(signal.pthread_sigmask(signal.SIG_UNBLOCK, set(signal.valid_signals()) - SYNCHRONOUS_SIGNALS))
+        except (OSError, ValueError):
+            old = None
+    try:
+        yield
+    finally:
+        restore_signals(old)

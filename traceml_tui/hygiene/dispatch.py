@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 from traceml_tui.core import artifacts
 from traceml_tui.core.rundir import VALIDATION, RunDir
+from traceml_tui.core.signals import unshielded
 from traceml_tui.core.state import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -138,7 +139,8 @@ class Dispatcher:
         if self.running or not has_unreceipted(self.run_dir, self.max_attempts, self.retry_backoff_s, self.kind):
             return False
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
+        # (poked from the launcher's shielded dispatch thread: the drainer must not inherit its blocked signals)
+        with open(self.log_path, "ab") as log, unshielded():
             self.proc = subprocess.Popen(self._command(), cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         return True
 

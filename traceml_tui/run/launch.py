@@ -37,7 +37,7 @@ import msgspec
 
 from traceml_tui.core import artifacts, atomic, coverage, lifeline
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
-from traceml_tui.core.signals import shielded
+from traceml_tui.core.signals import shielded, unshielded
 from traceml_tui.run.lease import LeaseKeeper
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.run.rank_logs import NodeLog, PipeTee, RankLogs
@@ -606,7 +606,8 @@ class Launcher:
 
     def _render_curve(self) -> None:
         try:
-            subprocess.run(self._curve_cmd(), check=False, timeout=120, stdout=subprocess.DEVNULL)
+            with unshielded():  # (also run by the shielded curve thread: the render keeps its signals)
+                subprocess.run(self._curve_cmd(), check=False, timeout=120, stdout=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
             _warn(f"could not render the learning curve: {exc}")
 
