@@ -37,6 +37,26 @@ def signal_dispositions_kept():
         f"{signal.Signals(sig).name} {before[sig]!r} -> {handler!r}" for sig, handler in changed.items())
 
 
+@pytest.fixture(autouse=True)
+def traceml_threads_stopped():
+    """No test leaves a thread of traceml's running (they are all named ``traceml-…``): a launcher's lease
+    thread that outlived its test went on beating into whatever folder later tests had moved to. A thread
+    still ending gets a few seconds; one left after that fails the test, named."""
+    import threading
+    import time
+
+    before = set(threading.enumerate())
+
+    def left() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t not in before and t.name.startswith("traceml-") and t.is_alive()]
+
+    yield
+    deadline = time.monotonic() + 5.0
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not left(), "the test left traceml threads running: " + ", ".join(t.name for t in left())
+
+
 @pytest.fixture
 def cli_env(tmp_path: Path) -> dict[str, str]:
     """Environment for `traceml …` subprocesses: one BLAS thread, a private state dir."""

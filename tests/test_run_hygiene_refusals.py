@@ -105,5 +105,8 @@ def test_resume_runs_on_the_recorded_hygiene_config(tmp_path: Path, monkeypatch:
     current = parse_hygiene(config.hygiene)
     launcher = Launcher(run_cli.parse_options(["train.py", "--run-name", "h", "--resume"]), config, current)
     launcher.prepare()
-    assert launcher.hygiene is not current and launcher.hygiene == recorded
-    assert launcher.manifest.attempts == 2
+    try:
+        assert launcher.hygiene is not current and launcher.hygiene == recorded
+        assert launcher.manifest.attempts == 2
+    finally:
+        launcher.lease.finish()  # prepared, never run: its lease would beat on after the test

@@ -311,6 +311,7 @@ def test_the_sdk_thread_leaves_every_signal_to_the_main_thread(tmp_path):
             assert sig not in blocked, sig.name  # faults belong to the thread that raised them
         assert signal.SIGTERM not in blocked_signals(threading.get_native_id())
     finally:
+        dog.stop()
         session.close("completed")
 
 

@@ -451,12 +451,18 @@ class Launcher:
         The signal dispositions it changes on the way (Ctrl-C ends the wait for other nodes; then both
         signals are ignored for the last writes) are put back when it returns: a process that goes on after
         it (``run_cli.main`` called in a test process) would otherwise ignore SIGTERM for good, and every
-        process it starts after would inherit that (an ignored signal survives ``exec``)."""
+        process it starts after would inherit that (an ignored signal survives ``exec``).
+
+        The launcher lease stops beating when it returns: the final word is written. Left beating, its
+        thread outlived a launcher finalized in a process that went on, and went on writing the lease's
+        relative path under whatever folder that process had moved to since."""
         previous = _dispositions()
         try:
             self._finalize(exit_code)
         finally:
             _restore_dispositions(previous)
+            if self.lease is not None:
+                self.lease.finish()
 
     def _finalize(self, exit_code: int) -> None:
         opts = self.options
