@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -88,6 +89,13 @@ def traceml_cmd() -> list[str]:
     return [sys.executable, "-m", "traceml_tui"]
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (the package, Textual, hypothesis, the test modules) lives for the whole
+    session: frozen, it is out of every later collection's walk."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``pytest -n N --dist loadgroup``: a module's users of a module-scoped fixture stay on one worker; a test
@@ -99,8 +107,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     group_module_fixtures(items)
 
 
+#: The test processes' garbage collector runs a young collection every 10,000 container allocations instead of
+#: every 700. A worker's heap holds Textual apps, hypothesis and (on one worker) torch, and the screen tests
+#: allocate hundreds of thousands of short-lived render objects each: at Python's default a fifth of their CPU
+#: went to collections, most of it full ones over that heap (README, "test lanes"). Subprocesses keep the default.
+TEST_PROCESS_GC_THRESHOLD = (10_000, 10, 10)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from support import lanes
+
+    gc.set_threshold(*TEST_PROCESS_GC_THRESHOLD)
 
     # before any test module is imported: their @settings(max_examples=lanes.examples(n)) read it
     lanes.session_profile = lanes.hypothesis_profile(config.getoption("markexpr") or "")
