@@ -70,6 +70,23 @@ def test_short_updates_are_held_then_written_in_order_exactly_once(tmp_path):
     assert _kinds(session.path) == [("step", s) for s in range(1, 10)] + [("rank_end", 9)]
 
 
+def test_a_held_update_whose_record_cannot_be_built_costs_only_its_own_line(tmp_path, capsys):
+    # The held records are encoded together (one bytes object for the write): a record that could not be built
+    # leaves no line at all (never a "null"), and the others are written whole, in order.
+    session = Session(tmp_path / "run", "w", rank=0, world_size=1, window_s=9.0)
+    _quick_steps(session, 2)
+    state = session.begin(time.perf_counter())
+    state.values["batch_size"] = "eight"  # not a count: building its record raises
+    session.end(state, time.perf_counter(), True)
+    _quick_steps(session, 2)
+    assert len(session.window.held) == 4
+    session.write(records.Unmeasured(v=records.RECORD_VERSION, run="w", rank=0, attempt=session.attempt, ts=time.time(),
+                                     stream="forward", reason="r"))
+    assert _kinds(session.path) == [("step", 1), ("step", 2), ("step", 4), ("step", 5), ("unmeasured", None)]
+    assert "step 3 not recorded" in capsys.readouterr().err
+    session.close("completed")
+
+
 def test_another_record_of_the_rank_is_written_after_the_held_steps(tmp_path):
     from traceml_tui import sdk as traceml  # what `import traceml_tui as traceml` gives, and its session
 

@@ -38,7 +38,21 @@ machine does not move: the benchmark runs again under valgrind's callgrind
 write window stretched 50× as callgrind slows the training, Python's garbage
 collector paused), which dumps its counters at a mark before and after
 each block's counted updates; per cycle, each mode's count per update minus the
-untraced one's, the median over cycles.
+untraced one's, the median over cycles. The SDK's once-a-second memory sample is
+stretched by the same factor as the write window (else callgrind's slow clock
+would make it a per-few-updates file read that the native run does not do).
+
+``--cache`` (with ``--instructions``) adds callgrind's cache simulation, its last
+level sized as one core's second-level cache (:data:`L2_BYTES`), and prints
+each mode's simulated second-level misses per update (code and data lines
+fetched from further out) beside its instructions. That is the figure the clock
+follows here: a line traceml touches once per update has been evicted by the
+trainer's own working set (more than the second-level cache) since the last
+update, and costs a fetch from the third level or memory; a hook dispatch the
+trainer runs for every callback stays in it (docs/trainers.md, "Overhead").
+Python's garbage collector stays paused: measured on the clock run, it collects
+about once per hundred traced updates and costs them under 1 µs per update on
+average (docs/trainers.md).
 
 Defaults (``--cycles 400``, blocks of 12 updates): this machine's CPU speed
 drifts by about ±25 % within seconds (a pure-Python loop's block medians swing
@@ -51,7 +65,7 @@ quiet machine. The Hugging Face run uses the same shape (docs/trainers.md,
 "Overhead"). Under ``--instructions`` pass a few cycles (``--cycles 3``):
 callgrind runs the training about 50× slower.
 
-    python tests/benchmarks/bench_trainers.py [--cycles 400] [--only hf|lightning] [--instructions]
+    python tests/benchmarks/bench_trainers.py [--cycles 400] [--only hf|lightning] [--instructions [--cache]]
 """
 
 from __future__ import annotations
@@ -75,6 +89,9 @@ CALLGRIND_ENV = "TRACEML_BENCH_CALLGRIND"
 #: About how much slower callgrind runs the training; the SDK's write window is stretched by it.
 CALLGRIND_SLOWDOWN = 50
 WINDOW_ENV = "TRACEML_WRITE_WINDOW_MS"  # sdk/window.py (not imported here: the base of a comparison may lack it)
+#: Under ``--cache``: callgrind's simulated last-level cache, as one core's second-level cache here (1 MiB,
+#: 8-way, 64-byte lines): its misses are the lines fetched from the third level or memory.
+L2_BYTES = 1 << 20
 
 
 class Modes:
@@ -323,6 +340,10 @@ def _fit(train: Callable[[], Any]) -> None:
 
     if os.environ.get(CALLGRIND_ENV):
         gc.disable()
+        from traceml_tui.sdk import session
+
+        if hasattr(session, "_RSS_PERIOD_S"):  # the memory sample as often per update as natively
+            session._RSS_PERIOD_S *= CALLGRIND_SLOWDOWN
     try:
         train()
     finally:
@@ -339,8 +360,12 @@ def _done(name: str, modes: Modes, reference: str | None = None) -> bool:
     return True
 
 
-def instructions(argv: list[str], only: str | None) -> int:
-    """Run this benchmark under callgrind; print instructions per update that traceml adds (and the reference)."""
+def instructions(argv: list[str], only: str | None, cache: bool = False) -> int:
+    """Run this benchmark under callgrind; print instructions per update that traceml adds (and the reference).
+
+    ``cache``: with callgrind's cache simulation (last level :data:`L2_BYTES`), also the simulated
+    second-level misses per update.
+    """
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("--instructions needs valgrind (callgrind) on PATH", file=sys.stderr)
         return 2
@@ -355,7 +380,8 @@ def instructions(argv: list[str], only: str | None) -> int:
         # write as the native run (sdk/window.py), so the counts compare with the clock's figures
         env = dict(os.environ, **{CALLGRIND_ENV: plans, "TRACEML_HANG_WATCHDOG": "0",
                                   WINDOW_ENV: str(CALLGRIND_SLOWDOWN * 20)})
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-before=getppid",
+        sim = ["--cache-sim=yes", f"--LL={L2_BYTES},8,64"] if cache else []
+        cmd = ["valgrind", "--tool=callgrind", *sim, "--instr-atstart=no", "--dump-before=getppid",
                f"--callgrind-out-file={out}", sys.executable, *argv, "--only", name]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -366,18 +392,41 @@ def instructions(argv: list[str], only: str | None) -> int:
         dumps = sorted(glob.glob(os.path.join(work, f"{name}.*.*")), key=lambda f: int(f.rsplit(".", 1)[1]))
         counted = plan["block"] - SETTLE
         # dump 1: instrumentation on at the first block's end; then (settling, counted updates) per block
-        per = [_total(dumps[2 * i + 2]) / counted for i in range(len(plan["plan"]))]
-        ok &= _report_instructions(plan["name"], plan["plan"], per)
+        totals = [_totals(dumps[2 * i + 2]) for i in range(len(plan["plan"]))]
+        ok &= _report_instructions(plan["name"], plan["plan"], [t["Ir"] / counted for t in totals])
+        if cache:
+            _report_misses(plan["name"], plan["plan"],
+                           [(t["ILmr"] + t["DLmr"] + t["DLmw"]) / counted for t in totals])
     shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
 
 
-def _total(path: str) -> int:
+def _totals(path: str) -> dict[str, int]:
+    """A callgrind dump's event totals by event name (``Ir``; with the cache simulation ``ILmr``, ``DLmr``…)."""
+    events: list[str] = []
     with open(path) as handle:
         for line in handle:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
+            if line.startswith("events:"):
+                events = line.split()[1:]
+            elif line.startswith(("summary:", "totals:")):
+                return dict(zip(events, map(int, line.split()[1:])))
     raise ValueError(f"no totals in {path}")
+
+
+def _report_misses(name: str, plan: list[str], per: list[float]) -> None:
+    """Print each mode's simulated second-level misses per update beyond the untraced mode's (median over cycles)."""
+    modes = list(dict.fromkeys(plan))
+    n = len(modes)
+    cycles = [dict(zip(plan[c * n:(c + 1) * n], per[c * n:(c + 1) * n])) for c in range(len(plan) // n)]
+    base = statistics.median(c["none"] for c in cycles)
+    print(f"{name}: {base / 1e3:.1f} k second-level misses per update without traceml (simulated {L2_BYTES >> 20} MiB)")
+    for mode in modes:
+        if mode == "none":
+            continue
+        extra = [c[mode] - c["none"] for c in cycles]
+        label = "traceml" if mode == "traced" else f"{mode} (reference)"
+        print(f"  {label}: {statistics.median(extra):+.0f} misses per update (cycles: "
+              f"{', '.join(f'{e:+.0f}' for e in extra)})")
 
 
 def _report_instructions(name: str, plan: list[str], per: list[float]) -> bool:
@@ -405,11 +454,13 @@ def main() -> int:
     parser.add_argument("--only", choices=("hf", "lightning"))
     parser.add_argument("--instructions", action="store_true",
                         help="count CPU instructions per update under callgrind (load-independent)")
+    parser.add_argument("--cache", action="store_true",
+                        help="with --instructions: also simulated second-level cache misses per update")
     args = parser.parse_args()
     if args.instructions and not os.environ.get(CALLGRIND_ENV):
         argv = [os.path.abspath(__file__), "--cycles", str(args.cycles), "--hf-block", str(args.hf_block),
                 "--lightning-block", str(args.lightning_block)]
-        return instructions(argv, args.only)
+        return instructions(argv, args.only, args.cache)
     os.environ["TRACEML_RUN_DIR"] = os.path.join(tempfile.mkdtemp(prefix="traceml-bench-"), "run")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch

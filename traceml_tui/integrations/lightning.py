@@ -322,7 +322,7 @@ def _on_train_batch_start(original: Callable, tracer: Callable) -> Callable:
             except Exception as exc:  # noqa: BLE001 - fail-open
                 me._fail("on_train_batch_start", exc)
         result = original(batch, *args, **kwargs)
-        if result == -1 and me is not None and me._state is not None and me._loss is None:
+        if result is not None and result == -1 and me is not None and me._state is not None and me._loss is None:
             me._close(False)  # the module skips the rest of the epoch: no update ran
         return result
 

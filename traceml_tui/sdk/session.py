@@ -334,7 +334,16 @@ class Session:
         if state.gpu is not None:
             self.pending.append((step, now, state))
             self.drain_gpu(block=False, now=now)
-        elif state.values and _holds_device_tensor(state.values):
+            return
+        values = state.values
+        for value in values.values():
+            # (_holds_device_tensor inline: plain numbers, what the trainer integrations hand over, need no call)
+            kind = type(value)
+            if kind is not float and kind is not int and value is not None:
+                break
+        else:
+            values = None
+        if values and _holds_device_tensor(values):
             # Read now, on this thread, as before the window: a held record is built by whichever thread writes
             # it (the watchdog thread, the SIGTERM handler), and reading a tensor on an accelerator waits for
             # the device — behind a hung collective, forever, with the window's lock held (docs/run.md, "SDK").

@@ -69,8 +69,7 @@ def window_s() -> float:
 class WriteWindow:
     """One rank's held step records and the descriptor they go to (module docstring: the rules)."""
 
-    __slots__ = ("fd", "window_s", "lock", "held", "oldest", "written_at", "idle", "wake", "closed", "_build",
-                 "_buf")
+    __slots__ = ("fd", "window_s", "lock", "held", "oldest", "written_at", "idle", "wake", "closed", "_build")
 
     def __init__(self, fd: int, build: Callable[..., Any], window: float) -> None:
         self.fd = fd
@@ -85,7 +84,6 @@ class WriteWindow:
         self.wake: Optional[threading.Event] = None  # the watchdog thread's (None: no thread)
         self.closed = False
         self._build = build  # (step, end, state, gpu) -> records.Step or None (Session._build)
-        self._buf = bytearray(4096)
 
     # -- the training thread --------------------------------------------------------------------
     def add(self, now: float, entry: Any) -> None:
@@ -139,37 +137,44 @@ class WriteWindow:
         if self.closed:  # steps after close(), or a forked child's copy: never written (the number may be reused)
             batch.clear()
             return
-        buf = self._buf
-        del buf[:]
+        buf = line
         if batch:
             self.held = []
             try:
-                self._build_all(batch)
-                for record in batch:
-                    if record is not None:
-                        ENCODER.encode_into(record, buf, -1)
-                        buf.append(10)  # "\n"
+                if not self._build_all(batch):
+                    batch = [record for record in batch if record is not None]
+                # One bytes object for every line: a bytearray emptied and refilled record by record was
+                # shrunk to nothing by each emptying and grown back by each record (several reallocs per
+                # write, in the allocator's cold paths; docs/trainers.md "Overhead")
+                buf = ENCODER.encode_lines(batch)
             except BaseException:  # a KeyboardInterrupt before the write: nothing written, nothing lost
                 batch.extend(self.held)
                 self.held = batch
                 raise
-        if line:
-            buf += line
+            if line:
+                buf += line
         if buf:
             # whole lines, as atomic.append_line writes them, looping on a short write (never seen on a local disk)
             written = os.write(self.fd, buf)
             while written < len(buf):
-                written += os.write(self.fd, bytes(buf[written:]))
+                written += os.write(self.fd, buf[written:])
             self.written_at = now
 
-    def _build_all(self, batch: list[Any]) -> None:
-        """Build the records of held updates in place (in order: examples count on from one to the next)."""
+    def _build_all(self, batch: list[Any]) -> bool:
+        """Build the records of held updates in place (in order: examples count on from one to the next).
+
+        False when a record could not be built (its entry is None now).
+        """
         build = self._build
+        complete = True
         for i, entry in enumerate(batch):
             if type(entry) is tuple:
                 try:
-                    batch[i] = build(*entry)
+                    record = batch[i] = build(*entry)
                 except Exception as exc:  # noqa: BLE001 - one bad value must not cost the other records
-                    batch[i] = None
+                    record = batch[i] = None
                     print(f"traceml: step {entry[0]} not recorded ({type(exc).__name__}: {str(exc)[:200]})",
                           file=sys.stderr, flush=True)
+                if record is None:
+                    complete = False
+        return complete
