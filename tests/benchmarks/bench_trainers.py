@@ -413,34 +413,33 @@ def _totals(path: str) -> dict[str, int]:
     raise ValueError(f"no totals in {path}")
 
 
-def _report_misses(name: str, plan: list[str], per: list[float]) -> None:
-    """Print each mode's simulated second-level misses per update beyond the untraced mode's (median over cycles)."""
+def _extra_per_mode(plan: list[str], per: list[float]) -> tuple[float, dict[str, list[float]]]:
+    """The untraced mode's median per update, and each other mode's per-cycle excess over it (plan order)."""
     modes = list(dict.fromkeys(plan))
     n = len(modes)
     cycles = [dict(zip(plan[c * n:(c + 1) * n], per[c * n:(c + 1) * n])) for c in range(len(plan) // n)]
     base = statistics.median(c["none"] for c in cycles)
+    return base, {mode: [c[mode] - c["none"] for c in cycles] for mode in modes if mode != "none"}
+
+
+def _label(mode: str) -> str:
+    return "traceml" if mode == "traced" else f"{mode} (reference)"
+
+
+def _report_misses(name: str, plan: list[str], per: list[float]) -> None:
+    """Print each mode's simulated second-level misses per update beyond the untraced mode's (median over cycles)."""
+    base, extras = _extra_per_mode(plan, per)
     print(f"{name}: {base / 1e3:.1f} k second-level misses per update without traceml (simulated {L2_BYTES >> 20} MiB)")
-    for mode in modes:
-        if mode == "none":
-            continue
-        extra = [c[mode] - c["none"] for c in cycles]
-        label = "traceml" if mode == "traced" else f"{mode} (reference)"
-        print(f"  {label}: {statistics.median(extra):+.0f} misses per update (cycles: "
+    for mode, extra in extras.items():
+        print(f"  {_label(mode)}: {statistics.median(extra):+.0f} misses per update (cycles: "
               f"{', '.join(f'{e:+.0f}' for e in extra)})")
 
 
 def _report_instructions(name: str, plan: list[str], per: list[float]) -> bool:
-    modes = list(dict.fromkeys(plan))
-    n = len(modes)
-    cycles = [dict(zip(plan[c * n:(c + 1) * n], per[c * n:(c + 1) * n])) for c in range(len(plan) // n)]
-    base = statistics.median(c["none"] for c in cycles)
+    base, extras = _extra_per_mode(plan, per)
     print(f"{name}: {base / 1e6:.2f} M instructions per update without traceml")
-    for mode in modes:
-        if mode == "none":
-            continue
-        extra = [c[mode] - c["none"] for c in cycles]
-        label = "traceml" if mode == "traced" else f"{mode} (reference)"
-        print(f"  {label}: {statistics.median(extra) / 1e3:+.1f} k instructions per update "
+    for mode, extra in extras.items():
+        print(f"  {_label(mode)}: {statistics.median(extra) / 1e3:+.1f} k instructions per update "
               f"({statistics.median(extra) / base * 100:.2f} % of the update; cycles: "
               f"{', '.join(f'{e / 1e3:+.0f}k' for e in extra)})")
     return True
