@@ -47,6 +47,7 @@ from traceml_tui.integrations.support import (
     fail_open,
     guarded,
     timed_backward,
+    timed_forward,
     unmeasured,
 )
 from traceml_tui.sdk import env
@@ -101,7 +102,7 @@ class _Tracer:
         if accelerator is not None:
             _wrap(accelerator, "clip_grad_norm_", _clip_grad_norm, tracer)
         if self._phases and not self._by_hooks:
-            _wrap(trainer, "compute_loss", _compute_loss, tracer)
+            _wrap(trainer, "compute_loss", timed_forward, tracer)  # forward: the model's pass and its loss
             if accelerator is not None:
                 _wrap(accelerator, "backward", timed_backward, tracer)
 
@@ -338,26 +339,6 @@ def _training_step(original: Callable, tracer: Callable) -> Callable:
         return out
 
     return training_step
-
-
-def _compute_loss(original: Callable, tracer: Callable) -> Callable:
-    """``Trainer.compute_loss`` inside an update: forward (the model's forward pass and its loss)."""
-    def compute_loss(*args: Any, **kwargs: Any) -> Any:
-        me = tracer()
-        state = me._state if me is not None else None
-        if state is None:  # evaluation, or between updates
-            return original(*args, **kwargs)
-        gpu = state.gpu
-        if gpu is not None:
-            gpu.open("forward")
-        start = perf_counter()
-        out = original(*args, **kwargs)
-        state.fwd_ms = (state.fwd_ms or 0.0) + (perf_counter() - start) * 1000.0
-        if gpu is not None:
-            gpu.close_phase("forward")
-        return out
-
-    return compute_loss
 
 
 def _clip_grad_norm(original: Callable, tracer: Callable) -> Callable:

@@ -172,24 +172,40 @@ def eval_metrics(metrics: Any, *prefixes: str) -> dict[str, Any]:
     return out
 
 
-def timed_backward(original: Callable, tracer: Callable) -> Callable:
-    """A wrapper of the method that runs backward (the Hugging Face ``Accelerator.backward``, the Lightning
-    module's ``backward``): inside an update it adds its time to the update's backward (the autograd pass, DDP's
-    all-reduce included) and opens and closes its GPU phase; outside one it only calls the method. ``tracer``
-    returns the callback (or None), whose ``_state`` is the update in progress."""
-    def backward(*args: Any, **kwargs: Any) -> Any:
+def _timed_phase(original: Callable, tracer: Callable, phase: str) -> Callable:
+    """A wrapper of a method that runs one phase of an update (``"forward"`` or ``"backward"``): inside an update
+    it adds its time to that phase and opens and closes the phase on the GPU; outside one it only calls the
+    method. ``tracer`` returns the callback (or None), whose ``_state`` is the update in progress."""
+    forward = phase == "forward"
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
         me = tracer()
         state = me._state if me is not None else None
-        if state is None:
+        if state is None:  # evaluation, or between updates
             return original(*args, **kwargs)
         gpu = state.gpu
         if gpu is not None:
-            gpu.open("backward")
+            gpu.open(phase)
         start = perf_counter()
         out = original(*args, **kwargs)
-        state.bwd_ms = (state.bwd_ms or 0.0) + (perf_counter() - start) * 1000.0
+        elapsed = (perf_counter() - start) * 1000.0
+        if forward:
+            state.fwd_ms = (state.fwd_ms or 0.0) + elapsed
+        else:
+            state.bwd_ms = (state.bwd_ms or 0.0) + elapsed
         if gpu is not None:
-            gpu.close_phase("backward")
+            gpu.close_phase(phase)
         return out
 
-    return backward
+    return timed
+
+
+def timed_forward(original: Callable, tracer: Callable) -> Callable:
+    """A wrapper of the method that runs forward and the loss (the Hugging Face ``Trainer.compute_loss``)."""
+    return _timed_phase(original, tracer, "forward")
+
+
+def timed_backward(original: Callable, tracer: Callable) -> Callable:
+    """A wrapper of the method that runs backward (the Hugging Face ``Accelerator.backward``, the Lightning
+    module's ``backward``): its time is the update's backward, the autograd pass with DDP's all-reduce."""
+    return _timed_phase(original, tracer, "backward")
