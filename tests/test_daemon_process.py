@@ -144,8 +144,9 @@ def test_second_daemon_on_the_same_index_refuses(tmp_path, traceml_cmd, cli_env)
     index = tmp_path / "index.sqlite"
     first = _daemon(traceml_cmd, cli_env, root, "--index", index, "--poll-interval", "0.1")
     try:
-        info = _wait(lambda: find_running_daemon(index), 30)
-        assert info is not None and info.pid == first.pid and info.roots == (str(root.resolve()),)
+        # the lock is taken a moment before the writer's details are in it (a DaemonInfo without a pid till then)
+        info = _wait(lambda: (found := find_running_daemon(index)) is not None and found.pid is not None and found, 30)
+        assert info and info.pid == first.pid and info.roots == (str(root.resolve()),)
         second = subprocess.run([*traceml_cmd, "daemon", str(root), "--index", str(index), "--once"], env=cli_env,
                                 capture_output=True, text=True, timeout=60)
         assert second.returncode == 1
