@@ -549,6 +549,7 @@ class FailureView:
     victims: tuple[int, ...] = ()
     log: Optional[str] = None
     hang: Optional[str] = None  # the hang's one line (core/hang.py): the culprit's frame, who waits where
+    last_step: Optional[int] = None  # its last completed step (a teardown crash came after it, in no step)
 
 
 #: Why a failure shown from the rank states alone has no cause yet.
@@ -563,7 +564,7 @@ def recorded_failure(section: Optional[artifacts.FailureSection]) -> Optional[Fa
     return FailureView(cause=section.cause, rank=section.rank, node=section.node, step=section.step,
                        state=RankState(state) if state is not None else None, cause_text=section.cause_text, exit_code=section.exit_code,
                        signal=section.signal, exception=section.exception, victims=tuple(section.victims),
-                       log=section.log, hang=section.hang_text)
+                       log=section.log, hang=section.hang_text, last_step=section.last_step)
 
 
 def inferred_failure(run: Any, ranks: Sequence[RankView]) -> Optional[FailureView]:

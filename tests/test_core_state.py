@@ -16,6 +16,7 @@ from traceml_tui.core.state import (
     RunFacts,
     RunStatus,
     claim_is_stale,
+    crashed_in_teardown,
     decide_backlog,
     decide_run,
     rank_end_state,
@@ -160,3 +161,22 @@ def test_committed_fixture_runs_still_read_as_the_sdk_writes_today(real_runs):
     for stream in committed.step_files():
         for line in stream.path.read_bytes().splitlines():
             records.decode(line)  # every committed line is a valid record of today's schema
+
+
+@pytest.mark.parametrize("ends, want", [
+    # (status, code) per rank, codes as core.state.with_exit_codes leaves them (the launcher's stood in)
+    ((("completed", -6), ("completed", None)), True),  # rank 0's script returned, then gloo aborted it at exit
+    ((("completed", 134), ("exited", None)), True),  # a shell's 128+6; a peer ended by the exit hook alone
+    ((("completed", -11), ("completed", -6)), True),  # both crashed after training
+    ((("exited", -6), ("completed", None)), False),  # `exited` also follows sys.exit(3): not known to be clean
+    ((("completed", -6), ("failed", 1)), False),  # a peer failed in training
+    ((("completed", -6), ("terminated", 143)), False),  # a peer stopped before its script returned
+    ((("completed", -6), (None, None)), False),  # a peer never ended
+    ((("completed", 3), ("completed", None)), False),  # a code, not a crash signal
+    ((("completed", -15), ("completed", None)), False),  # a stop signal from outside, not a crash
+    ((("completed", None), ("completed", None)), False),  # nothing crashed
+])
+def test_a_crash_after_every_script_returned_is_a_teardown_crash(ends, want):
+    ranks = [RankFacts(i, last_ts=NOW, end_status=status, end_exit_code=code, end_ts=NOW if status else None)
+             for i, (status, code) in enumerate(ends)]
+    assert crashed_in_teardown(ranks) is want

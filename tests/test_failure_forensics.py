@@ -85,10 +85,13 @@ def test_summary_failure_section_names_rank_1_first(real_runs, case) -> None:
 
 @pytest.mark.realruns("rank_exits", "single_exits")
 def test_an_exit_code_without_an_exception_is_the_failure(real_runs) -> None:
-    """sys.exit(3) leaves rank_end `exited` without a code; the code comes from torchrun's report (2 ranks) or
-    the process's exit status (one process): the rank is the failure, cause exit-code, exit code 3 (or the
-    SIGABRT torchrun reports when gloo aborted the leaving rank: cause crash)."""
+    """sys.exit(3) under `traceml run`: the bootstrap writes rank_end `exited` with code 3 (the SDK's exit hook
+    alone could not see it); torchrun's report (2 ranks) or the process's exit status (one process) agrees: the
+    rank is the failure, cause exit-code, exit code 3 (or the SIGABRT torchrun reports when gloo aborted the
+    leaving rank: cause crash)."""
     run = real_runs["rank_exits"]
+    end = json.loads((run.run_dir / "ranks/rank_1/steps-0.jsonl").read_text().splitlines()[-1])
+    assert (end["kind"], end["status"], end["exit_code"], end["step"]) == ("rank_end", "exited", 3, 4)
     ddp = _summary(run)["failure"]
     code = _reported_exit_code(run, 1)
     assert code in (3, -6)
@@ -247,16 +250,61 @@ def test_a_sigkilled_launcher_leaves_a_lost_run_with_terminated_ranks(tmp_path, 
 
 @pytest.mark.realruns("all_exit")
 def test_every_rank_whose_code_decided_its_state_is_in_the_summary(real_runs) -> None:
-    """Every rank called sys.exit(3): the summary names the first as the failure, the other as aborted after it,
-    and carries every code that decided a rank's state, so the index (which reads them from the summary) gives
-    each rank the same word (tests/test_status_surfaces.py checks that side)."""
+    """Every rank called sys.exit(3): the summary names the first as the failure, the other as aborted after it.
+    Under `traceml run` the bootstrap writes each rank's code in its own end record (``exited``, 3) as the script
+    raises SystemExit; the summary carries a launcher-reported code only for a rank whose record has none, so the
+    index (which reads them from the summary) gives each rank the same word (tests/test_status_surfaces.py)."""
     run = real_runs["all_exit"]
     failure = _summary(run)["failure"]
+    ends = {rank: json.loads((run.run_dir / f"ranks/rank_{rank}/steps-0.jsonl").read_text().splitlines()[-1])
+            for rank in (0, 1)}
+    own = {rank for rank, end in ends.items() if (end["status"], end["exit_code"]) == ("exited", 3)}
+    # on a loaded machine torchrun may stop one rank (terminated) before its own sys.exit: then it is aborted
+    assert own and all(end["status"] == "terminated" for rank, end in ends.items() if rank not in own), ends
     reported = {rank: _reported_exit_code(run, rank) for rank in (0, 1)}
-    # A rank's own code (3), or gloo's abort on its way out (-6), stands in; on a loaded machine torchrun may
-    # have seen one rank's exit first and SIGTERMed the other (-15) while it was leaving: that is no failure of
-    # its own, and its `exited` end stays clean (core.state.with_exit_codes).
-    own = {str(rank): code for rank, code in reported.items() if code in (3, -6)}
-    assert own and failure["exit_codes"] == own, (failure, reported)
-    assert failure["state"] == "failed" and str(failure["rank"]) in own
-    assert failure["victims"] == sorted(int(r) for r in own if int(r) != failure["rank"])
+    stood_in = {str(rank): code for rank, code in reported.items()
+                if ends[rank]["exit_code"] is None and ends[rank]["status"] == "exited" and code in (3, -6)}
+    assert failure["exit_codes"] == stood_in, (failure, reported)
+    assert failure["state"] == "failed" and failure["rank"] in own
+    assert failure["victims"] == [r for r in (0, 1) if r != failure["rank"]]
+
+
+@pytest.mark.realruns("teardown_crash")
+def test_a_crash_after_training_reads_as_a_teardown_crash_on_every_surface(real_runs, tmp_path, cli_env) -> None:
+    """Rank 1 trained its 4 steps, its script returned, then it aborted (SIGABRT) while the interpreter shut down —
+    as gloo's abort at exit does. The exit status stays a failure (the launcher's, the guard's), but every surface
+    says what it was: training completed, a crash in teardown after the last step; not a crash "in step 5"."""
+    run = real_runs["teardown_crash"]
+    for rank in (0, 1):  # the bootstrap wrote each rank's end as its script returned, before the abort
+        end = json.loads((run.run_dir / f"ranks/rank_{rank}/steps-0.jsonl").read_text().splitlines()[-1])
+        assert (end["kind"], end["status"], end["step"]) == ("rank_end", "completed", 4)
+    summary = _summary(run)
+    assert run.returncode != 0 and summary["run_context"]["run"]["status"] == "failed"
+    failure = summary["failure"]
+    assert (failure["rank"], failure["cause"], failure["step"], failure["last_step"]) == (1, "teardown-crash", None, 4)
+    assert (failure["signal"], failure["victims"]) == ("SIGABRT", [])
+    line = "Failure: rank 1 on node 0, after its last step (4) — teardown-crash (training completed"
+    assert line in (run.run_dir / "final_summary.txt").read_text()
+
+    index = tmp_path / "index.sqlite"
+    d.ingest(index, [run.logs_dir])
+    proc = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--json", "--index", str(index)],
+                          capture_output=True, text=True, env=cli_env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    (as_json,) = json.loads(proc.stdout)["runs"]
+    assert as_json["rank_states"] == {"0": "completed", "1": "failed"}
+    assert (as_json["failure"]["cause"], as_json["failure"]["step"]) == ("teardown-crash", None)
+
+    async def screen() -> str:
+        source = IndexSource(index)
+        app = create_app(source, poll_interval=0.02)
+        try:
+            async with app.run_test(size=(120, 40)) as pilot:
+                await d.settle(pilot)
+                app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == run.name))
+                await d.settle(pilot)
+                return app.screen.query_one(FailurePanel).render().plain
+        finally:
+            source.close()
+
+    assert line in asyncio.run(screen())

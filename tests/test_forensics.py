@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from traceml_tui.core import artifacts, forensics
-from traceml_tui.core.forensics import NodeLog, RankTrail, classify, diagnose, parse_stderr, scrub
+from traceml_tui.core.forensics import NodeLog, RankTrail, classify, diagnose, parse_stderr, scrub, section_lines
 from traceml_tui.core.state import RankFacts, RankState, RunFacts, RunStatus, decide_run, first_failure
 
 TORCHRUN_BLOCK = """\
@@ -272,3 +272,34 @@ def test_a_rank_stopped_by_a_signal_after_its_clean_end_is_not_the_culprit():
     log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(1, 1) + _exit_block(0, -15))
     failure = diagnose(trails, [log], exit_code=1)
     assert failure.rank == 1
+
+
+def _returned(rank: int, ts: float) -> RankTrail:
+    """A rank whose script returned under the bootstrap (rank_end ``completed``, no code) after step 4."""
+    return RankTrail(rank=rank, node=0, last_step=4, last_ts=ts, end_status="completed", end_ts=ts)
+
+
+def test_a_crash_after_every_script_returned_reads_as_training_completed():
+    """Both ranks' scripts returned after step 4; then gloo aborted rank 1 at interpreter exit and torchrun
+    stopped rank 0 (already ended): a crash in teardown, after the last step — not a failure "in step 5"."""
+    log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(1, -6) + _exit_block(0, -15))
+    failure = diagnose([_returned(0, 10.0), _returned(1, 10.0)], [log], exit_code=1)
+    assert (failure.rank, failure.state, failure.cause, failure.signal) == (1, "failed", "teardown-crash", "SIGABRT")
+    assert (failure.step, failure.last_step, failure.victims) == (None, 4, ())
+    first, *rest = section_lines(failure.to_dict())
+    assert first == ("rank 1 on node 0, after its last step (4) — teardown-crash (training completed: every "
+                     "rank's script returned, then the process crashed while shutting down)")
+    assert rest[0] == "SIGABRT"
+
+
+def test_a_crash_at_exit_after_sys_exit_stays_a_crash_in_the_step_after():
+    """The same abort after an ``exited`` end (the exit hook's word, which also follows sys.exit(3)) or while a
+    peer failed in training is not known to come after training: the cause stays ``crash``."""
+    log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(1, -6))
+    failure = diagnose([_returned(0, 10.0), _exited(1, 10.0)], [log], exit_code=1)
+    assert (failure.rank, failure.cause, failure.step) == (1, "crash", 5)
+    peer_failed = RankTrail(rank=0, node=0, last_step=4, last_ts=10.2, end_status="failed", end_exit_code=1,
+                            end_ts=10.2)
+    log = NodeLog(0, "nodes/node_0/training.stderr.log", _exit_block(1, -6) + _exit_block(0, 1))
+    failure = diagnose([peer_failed, _returned(1, 10.0)], [log], exit_code=1)
+    assert (failure.rank, failure.cause, failure.step, failure.victims) == (1, "crash", 5, (0,))

@@ -132,3 +132,71 @@ def test_importing_the_integrations_imports_no_framework():
             "print(sorted(m for m in ('transformers','lightning','pytorch_lightning','torch') if m in sys.modules))")
     out = _run([sys.executable, "-c", code], Path.cwd())
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+ENDS = r'''
+import atexit, os, sys, threading, time
+import traceml_tui as traceml
+
+traceml.init(run_name="ends", logs_dir="logs")
+with traceml.trace_step():
+    pass
+mode = sys.argv[1]
+if mode == "exit3":
+    sys.exit(3)
+if mode == "exit-text":
+    sys.exit("a message instead of a code")
+if mode == "exit0":
+    sys.exit(0)
+if mode == "raise":
+    raise ValueError("boom")
+if mode == "abort":
+    atexit.register(os.abort)  # a crash while the interpreter shuts down, after the script returned
+if mode == "thread":
+    def more():  # a non-daemon thread still training after the script's body returned
+        time.sleep(0.3)
+        with traceml.trace_step():
+            pass
+    threading.Thread(target=more).start()
+'''
+
+
+def _rank_end(cwd: Path) -> tuple[str, object, int]:
+    lines = [json.loads(ln) for ln in (cwd / "logs/ends/ranks/rank_0/steps-0.jsonl").read_text().splitlines()]
+    (end,) = [r for r in lines if r["kind"] == "rank_end"]
+    assert lines[-1] is end
+    return end["status"], end["exit_code"], sum(r["kind"] == "step" for r in lines)
+
+
+@pytest.mark.parametrize("mode,status,code,returncode", [
+    ("ok", "completed", None, 0),
+    ("exit0", "completed", None, 0),
+    ("exit3", "exited", 3, 3),
+    ("exit-text", "exited", 1, 1),
+    ("raise", "failed", 1, 1),
+    ("abort", "completed", None, -6),
+])
+def test_the_bootstrap_ends_the_rank_as_the_script_body_ends(tmp_path, mode, status, code, returncode):
+    """Under the bootstrap the rank's ``rank_end`` says how the script's body ended, written before the interpreter
+    shuts down: ``completed`` when it returned (so a crash at exit reads as a crash in teardown, after training:
+    core/state.py ``crashed_in_teardown``), ``exited`` with the code of a ``sys.exit(n)``, which the exit hook
+    alone cannot see."""
+    (tmp_path / "ends.py").write_text(ENDS)
+    proc = _run([sys.executable, "-m", BOOTSTRAP, "ends.py", mode], tmp_path)
+    assert proc.returncode == returncode, proc.stderr
+    assert _rank_end(tmp_path) == (status, code, 1)
+
+
+def test_without_the_bootstrap_the_exit_hook_ends_the_rank(tmp_path):
+    """Started directly, a ``sys.exit(3)`` leaves ``exited`` without a code (the launcher's report has it) and a
+    crash at exit leaves no end record: what the bootstrap adds."""
+    (tmp_path / "ends.py").write_text(ENDS)
+    assert _run([sys.executable, "ends.py", "exit3"], tmp_path).returncode == 3
+    assert _rank_end(tmp_path) == ("exited", None, 1)
+
+
+def test_a_thread_still_training_after_the_script_returned_keeps_the_end_for_exit(tmp_path):
+    (tmp_path / "ends.py").write_text(ENDS)
+    proc = _run([sys.executable, "-m", BOOTSTRAP, "ends.py", "thread"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _rank_end(tmp_path) == ("exited", None, 2)  # the thread's step is recorded; the exit hook ended it

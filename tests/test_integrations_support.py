@@ -134,6 +134,8 @@ def test_forked_fits_run_each_script_as_its_own_process(tmp_path):
                         "finder": "TrainerFinder"}  # through the bootstrap: the import hook in place
         rows = [json.loads(line) for line in (fit.cwd / seen["path"]).read_text().splitlines()]
         assert rows[0]["kind"] == "header" and [r["kind"] for r in rows].count("step") == 1
-        # ended as a process ends: the SDK's exception hook and atexit handler ran in the child
-        assert (rows[-1]["kind"], rows[-1]["status"]) == ("rank_end", "failed" if name == "raises" else "exited")
+        # ended as a process ends: the SDK's exception hook and atexit handler ran in the child, and the bootstrap
+        # wrote the end of a script that returned or called sys.exit(n) as it did (docs/run.md "SDK")
+        want = {"raises": ("failed", 1), "exits": ("exited", 7), "ok": ("completed", None)}[name]
+        assert (rows[-1]["kind"], rows[-1]["status"], rows[-1]["exit_code"]) == ("rank_end", *want)
         assert (fit.cwd / "logs" / name / "final_summary.json").is_file()  # rank 0 at exit, no launcher

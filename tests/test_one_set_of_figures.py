@@ -46,7 +46,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 DECLARED_ES = "hygiene_declared_es"
 CASES = (*realruns.CASES, DECLARED_ES)
 #: Cases whose figures must not be missing (a table of Nones would agree vacuously).
-TWO_RANKS = {"completed", "rank_raises", "rank_sigkilled", "rank_exits", "all_exit", "hung", "hang", "straggler"}
+TWO_RANKS = {"completed", "rank_raises", "rank_sigkilled", "rank_exits", "all_exit", "teardown_crash", "hung", "hang",
+             "straggler"}
 WITH_EVAL = {"hygiene", DECLARED_ES}
 
 #: (metric name, scale to the reader's unit) of the exposition's figures.

@@ -39,18 +39,22 @@ STALL_AFTER = 1.0
 #: case -> (run status, {rank: the rank states allowed}). The fixtures make the races deterministic
 #: (torchrun's monitor interval lets rank 0 fail on its own before it is torn down; see tests/support/realruns.py).
 EXPECTED: dict[str, tuple[str, dict[int, set[str]]]] = {
-    "completed": ("completed", {0: {"completed"}, 1: {"completed"}}),  # rank_end "exited": a clean end
+    "completed": ("completed", {0: {"completed"}, 1: {"completed"}}),  # rank_end "completed": the script returned
     "completed_finish": ("completed", {0: {"completed"}}),  # rank_end "completed" from traceml.finish()
     # the first failing rank keeps failed/lost; the peer that died in the next all-reduce is aborted (core/state.py)
     "rank_raises": ("failed", {0: {"aborted"}, 1: {"failed"}}),
     "rank_sigkilled": ("failed", {0: {"aborted"}, 1: {"lost"}}),  # rank 1: no end record, then rank 0 failed
-    # sys.exit(3): the rank's own end record says `exited`; the summary's failure section carries torchrun's code
+    # sys.exit(3): the rank's own end record says `exited` with its code (written by the bootstrap)
     "rank_exits": ("failed", {0: {"aborted"}, 1: {"failed"}}),
     # every rank called sys.exit(3): the first to end is failed, the other aborted after it (which is first is
-    # the records' times' call); the index must read both codes from the summary, not only the culprit's
-    # (completed: torchrun SIGTERMed it on its way out, under load, before its own code was known)
+    # the records' times' call); each end record carries its code (the bootstrap), and a code an end record lacks
+    # (a run from before it) comes from the summary (completed: such a run's rank torchrun SIGTERMed on its way
+    # out, under load, before its own code was known)
     "all_exit": ("failed", {0: {"failed", "aborted", "completed"}, 1: {"failed", "aborted", "completed"}}),
     "single_exits": ("failed", {0: {"failed"}}),
+    # rank 1 aborted at interpreter exit after every script returned: the run failed (its exit status), rank 0
+    # completed, rank 1 failed, and the failure is a teardown crash (core.state.crashed_in_teardown)
+    "teardown_crash": ("failed", {0: {"completed"}, 1: {"failed"}}),
     "interrupted": ("interrupted", {0: {"interrupted"}}),
     "hung": ("stalled", {0: {"stalled"}, 1: {"stalled"}}),
     # rank 1 never reached the all_reduce rank 0 timed out in: the hang's culprit failed, its peer aborted

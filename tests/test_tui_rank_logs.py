@@ -54,6 +54,8 @@ for step in range(1, {STEPS} + 1):
     print(f"step {{step}} printed by rank {{rank}}")
     print(f"step {{step}} warned by rank {{rank}}", file=sys.stderr)
 sys.stdout.write(f"last words of rank {{rank}}")
+del model, optimizer  # DDP's reducer holds the gloo group: freed and destroyed here, not at interpreter exit,
+dist.destroy_process_group()  # where gloo aborts now and then (docs/trainers.md "Limits")
 """
 PRINTED = re.compile(r"^step (\d) (printed|warned) by rank (\d)$|^last words of rank (\d)$")
 

@@ -11,6 +11,8 @@ rank misbehave the way real jobs do (each counts completed steps from 1):
     --sigkill-after K   the --bad-rank SIGKILLs itself after step K
     --sigstop-after K   the --bad-rank SIGSTOPs itself after step K (a hung rank)
     --exit-after K      the --bad-rank calls sys.exit(3) after step K (no exception: only its exit code says so)
+    --abort-at-exit     the --bad-rank trains to the end, then aborts (SIGABRT) while the interpreter shuts down:
+                        a crash in teardown, after training (as gloo's abort at interpreter exit)
     --hang-at K         every rank all-reduces its loss at the end of each step; inside step K the --bad-rank
                         first sleeps --hang-s seconds (default 120): its peers wait in that all_reduce
     --timeout S         the process group's collective timeout in seconds (default 30)
@@ -25,6 +27,7 @@ rank misbehave the way real jobs do (each counts completed steps from 1):
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import os
 import signal
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("--sigkill-after", type=int)
     parser.add_argument("--sigstop-after", type=int)
     parser.add_argument("--exit-after", type=int)
+    parser.add_argument("--abort-at-exit", action="store_true")
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--hang-s", type=float, default=120.0)
     parser.add_argument("--timeout", type=float, default=30.0)
@@ -115,6 +119,8 @@ def main() -> None:
         del model, optimizer
         gc.collect()
         dist.destroy_process_group()
+    if bad and args.abort_at_exit:
+        atexit.register(os.abort)  # runs at interpreter exit, after the script (and its traceml.init) returned
 
 
 if __name__ == "__main__":

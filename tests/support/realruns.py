@@ -12,9 +12,12 @@ through ``torch.distributed.run``, or one process) with the scripts in
 ``rank_raises``       2-rank DDP; rank 1 raises ``RuntimeError("CUDA out of memory (simulated)")``
                       inside step 5 (rank 0 then fails in step 5's all-reduce)
 ``rank_sigkilled``    2-rank DDP; rank 1 SIGKILLs itself after step 4 (rank 0 fails in step 5's all-reduce)
-``rank_exits``        2-rank DDP; rank 1 calls ``sys.exit(3)`` after step 4 (its ``rank_end`` says ``exited``
-                      without a code; torchrun's report has exit code 3; rank 0 is stopped after it)
+``rank_exits``        2-rank DDP; rank 1 calls ``sys.exit(3)`` after step 4 (its ``rank_end`` says ``exited`` with
+                      code 3, written by the bootstrap as the script raised ``SystemExit``; torchrun's report has
+                      exit code 3, or SIGABRT when gloo aborts the leaving rank; rank 0 is stopped after it)
 ``all_exit``          2-rank DDP; every rank calls ``sys.exit(3)`` after step 4 (a check that fails everywhere)
+``teardown_crash``    2-rank DDP, 4 steps; rank 1 trains to the end, then aborts (SIGABRT) at interpreter exit
+                      (a crash in teardown: every rank's script returned, its ``rank_end`` says ``completed``)
 ``single_exits``      one process; it calls ``sys.exit(3)`` after step 4
 ``interrupted``       one process, slow steps; the launcher gets SIGINT once rank 0 wrote 5 steps
 ``hung``              2-rank DDP, slow steps; rank 1 SIGSTOPs itself after step 5, rank 0 blocks
@@ -72,6 +75,7 @@ CASES: tuple[str, ...] = (
     "rank_sigkilled",
     "rank_exits",
     "all_exit",
+    "teardown_crash",
     "single_exits",
     "interrupted",
     "hung",
@@ -347,6 +351,13 @@ def _all_exit(ctx: _Ctx) -> RealRun:
     run = _finished_launch(ctx, "--steps", 8, "--exit-after", 4, "--bad-rank", "all",
                            PET_MONITOR_INTERVAL=FAILURE_MONITOR_INTERVAL_S)
     _expect(run.returncode != 0, ctx, "the launcher exited 0 although every rank exited with code 3")
+    return run
+
+
+def _teardown_crash(ctx: _Ctx) -> RealRun:
+    run = _finished_launch(ctx, "--steps", 4, "--abort-at-exit", "--bad-rank", 1,
+                           PET_MONITOR_INTERVAL=FAILURE_MONITOR_INTERVAL_S)
+    _expect(run.returncode != 0, ctx, "the launcher exited 0 although rank 1 aborted at exit")
     return run
 
 
@@ -642,6 +653,7 @@ BUILDERS: dict[str, Callable[[_Ctx], RealRun]] = {
     "rank_sigkilled": _rank_sigkilled,
     "rank_exits": _rank_exits,
     "all_exit": _all_exit,
+    "teardown_crash": _teardown_crash,
     "single_exits": _single_exits,
     "interrupted": _interrupted,
     "hung": _hung,

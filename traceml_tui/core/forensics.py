@@ -36,6 +36,7 @@ from traceml_tui.core.state import (
     RankFacts,
     RankState,
     RunFacts,
+    crashed_in_teardown,
     decide_ranks,
     first_failure,
     self_inflicted_exit,
@@ -48,9 +49,10 @@ from traceml_tui.core.state import (
 #: or ``kill -9``); ``crash``: a fatal signal of the process itself (SIGSEGV, SIGBUS, SIGABRT, SIGILL,
 #: SIGFPE); ``signal``: another signal from outside (SIGTERM, SIGHUP, …); ``exit-code``: the script exited
 #: with a non-zero code and no exception (``sys.exit(3)``); ``launcher-lost``: the launcher died before it
-#: finalized the run; ``unknown``: no evidence.
+#: finalized the run; ``teardown-crash``: every rank's script returned and a process then crashed while shutting
+#: down (:func:`traceml_tui.core.state.crashed_in_teardown`); ``unknown``: no evidence.
 CAUSES: tuple[str, ...] = ("cuda-oom", "comm-timeout", "peer-lost", "exception", "killed", "crash", "signal",
-                           "exit-code", "launcher-lost", "hang", "unknown")
+                           "exit-code", "launcher-lost", "hang", "teardown-crash", "unknown")
 #: One-phrase meaning of each cause word (the summary card and the Run screen show it beside the word).
 CAUSE_TEXT: dict[str, str] = {
     "cuda-oom": "CUDA out of memory",
@@ -63,6 +65,8 @@ CAUSE_TEXT: dict[str, str] = {
     "exit-code": "the script exited with a non-zero code, no exception (sys.exit)",
     "launcher-lost": "the launcher died before finalizing the run",
     "hang": "it never reached the collective its peers waited in",
+    "teardown-crash": "training completed: every rank's script returned, then the process crashed while shutting "
+                      "down",
     "unknown": "no exception or signal found",
 }
 #: Causes that say only how a hang's culprit was stopped, not why the run failed (then the cause is ``hang``).
@@ -346,6 +350,8 @@ def diagnose(trails: Sequence[RankTrail], logs: Sequence[NodeLog], *, exit_code:
     if log is None and len(logs) == 1:
         log = logs[0]
     failure = _failure(trail.rank, trail, states[first], report, log, victims, hosts, exit_code, launcher_lost)
+    if crashed_in_teardown(ranks):  # not in a step: after its last one, once every rank's script had returned
+        return replace(failure, cause="teardown-crash", step=None, exit_codes=stood_in)
     hung = hang_report(ranks, states, hangs)
     if hung is not None and trail.rank in hung.culprits:  # its peers waited for it: their timeout was a symptom
         # A culprit that crashed, raised or was killed keeps that cause (the hang line still says who waited);
@@ -396,6 +402,8 @@ def section_lines(section: Mapping) -> list[str]:
         where += f" on node {section['node']}"
     if section.get("step") is not None:
         where += f", in step {section['step']}"
+    elif cause == "teardown-crash" and section.get("last_step") is not None:
+        where += f", after its last step ({section['last_step']})"
     how = []
     if section.get("signal"):
         how.append(str(section["signal"]))

@@ -199,15 +199,35 @@ def with_exit_codes(ranks: Sequence[RankFacts], codes: Mapping[int, Optional[int
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE})
 
 
+def crash_exit(code: Optional[int]) -> bool:
+    """Whether an exit code is death by a crash signal (:data:`CRASH_SIGNALS`; torchrun says -N, a shell 128+N)."""
+    if not code or 0 < code < 128:
+        return False
+    number = -code if code < 0 else code - 128
+    return number in {int(s) for s in CRASH_SIGNALS}
+
+
+def crashed_in_teardown(ranks: Sequence[RankFacts]) -> bool:
+    """Whether a run's failure is a crash after its training completed (docs/run.md "Failure forensics").
+
+    ``ranks`` as :func:`with_exit_codes` returns them. True when every rank's script returned — its end record
+    ``completed``, which ``traceml run``'s bootstrap writes the moment the script's body returns (or the script's
+    own ``traceml.finish()``), or another clean end with no failing code — and the ranks that failed did so only
+    by a crash signal their launcher reported after that end: the process died while shutting down (e.g. gloo
+    aborting at interpreter exit, docs/trainers.md "Limits"), not in training. An ``exited`` end (written at
+    exit, which also follows ``sys.exit(3)``) with a crash code stays a failure: it cannot tell a clean end from
+    a script that left early and was aborted for it.
+    """
+    crashed = [r for r in ranks if r.end_status == "completed" and crash_exit(r.end_exit_code)]
+    return bool(crashed) and all(
+        any(r is c for c in crashed) or rank_end_state(r.end_status, r.end_exit_code) is RankState.COMPLETED
+        for r in ranks)
+
+
 def self_inflicted_exit(code: Optional[int]) -> bool:
     """Whether an exit code is the process's own doing: a script's code, or death by a crash signal (not a stop
     signal such as torchrun's SIGTERM, which says who stopped it, not why it ended)."""
-    if not code:
-        return False
-    if 0 < code < 128:
-        return True
-    number = -code if code < 0 else code - 128  # torchrun says -N; a shell says 128+N
-    return number in {int(s) for s in CRASH_SIGNALS}
+    return bool(code) and (0 < code < 128 or crash_exit(code))
 
 
 def final_run_word(status: Optional[str]) -> Optional[RunStatus]:

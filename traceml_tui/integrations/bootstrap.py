@@ -52,7 +52,28 @@ def run_as_main(path: str) -> None:
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
-    exec(code, main.__dict__)
+    try:
+        exec(code, main.__dict__)
+    except SystemExit as exc:
+        script_ended(exc.code)
+        raise
+    script_ended(None)
+
+
+def script_ended(code: object) -> None:
+    """The script's body ended (returned, or raised ``SystemExit(code)``): its rank's ``rank_end`` now, before the
+    interpreter shuts down (:func:`traceml_tui.sdk.session.close_at_script_end`). Nothing when the script never
+    used traceml; never raises (fail-open: the script's own exit status stands)."""
+    sdk = sys.modules.get("traceml_tui.sdk")  # never imported here: a script that did not use it has no session
+    session = getattr(sdk, "_session", None)
+    if session is None:
+        return
+    try:
+        from traceml_tui.sdk.session import close_at_script_end
+
+        close_at_script_end(session, code)
+    except Exception:  # noqa: BLE001 - the exit handler writes the end record instead
+        pass
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -585,6 +585,29 @@ def register_exit(session: Session, after: Optional[Callable[[Session], Any]] = 
         os.register_at_fork(after_in_child=_in_child)
 
 
+def close_at_script_end(session: Session, code: object = None) -> bool:
+    """Write ``rank_end`` as the script's body ends (``traceml run``'s bootstrap calls it); True if written.
+
+    ``code`` is the script's ``SystemExit`` code (None or 0: it returned): ``completed``, or ``exited`` with the
+    code (a text code exits 1, as Python does). At exit the SDK could only say ``exited`` without a code, and a
+    process that then crashes while shutting down (gloo aborting at interpreter exit) would leave no sign that its
+    training had ended; written here, before the interpreter tears anything down, the record says so
+    (core/state.py ``crashed_in_teardown``, docs/run.md "Failure forensics"). Left to the exit handler when the
+    session is closed or not this process's, after an uncaught exception, or while another non-daemon thread
+    runs (it may still be training: Python waits for it before exit).
+    """
+    if session.closed or session.failed:
+        return False
+    main = threading.main_thread()
+    if any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        return False
+    if code is None or code == 0:
+        session.close("completed", None)
+    else:
+        session.close("exited", code if isinstance(code, int) and not isinstance(code, bool) else 1)
+    return True
+
+
 #: ``rank_end`` status of a rank ended by SIGTERM (its launcher, torchrun tearing the ranks down, a scheduler).
 TERMINATED = "terminated"
 
