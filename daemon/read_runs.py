@@ -24,6 +24,7 @@ from traceml_tui.core.state import (
     RankState,
     RunFacts,
     RunStatus,
+    crashed_in_teardown,
     decide_run,
     describe,
     final_word,
@@ -101,6 +102,8 @@ class RunSummary:
     validation_blocked: int = 0  # the blocked validation requests behind a `2 blocked` mark
     interrupted_by: Optional[str] = None
     interrupted_at: Optional[float] = None
+    # a failed run whose ranks all returned from their scripts before one crashed (core.state.crashed_in_teardown)
+    teardown_crash: bool = False
     # The run's first step record (unix s), its age (now − its newest record) and duration (first record to its
     # newest, or to now while it is live): the Runs screen's Age and Duration columns (views.run_times).
     first_ts: Optional[float] = None
@@ -116,7 +119,8 @@ class RunSummary:
     def marks(self) -> str:
         """What every surface prints after the word and its ranks (core.state.marks_text): ``SIGINT``,
         ``r1 silent 12s``, ``⚠ 2 blocked``."""
-        return marks_text(self.validation_mark, self.quiet_ranks, self.interrupted_by, self.interrupted_at)
+        return marks_text(self.validation_mark, self.quiet_ranks, self.interrupted_by, self.interrupted_at,
+                          self.teardown_crash)
 
     @property
     def status_text(self) -> str:
@@ -395,12 +399,14 @@ class RunsReader:
                 report = hangs_mod.hang_report(ranks, verdict.ranks, hangs)
         quiet = tuple((ranks[i].rank, silent) for i, silent in quiet_ranks(facts_of(ranks), verdict.ranks))
         first = tuple(ranks[i].rank for i in stopped_first(ranks, verdict.ranks, d["median_interval_s"]))
-        return verdict.status, tuple((f.rank, s) for f, s in zip(ranks, verdict.ranks)), report, quiet, first
+        teardown = verdict.status is RunStatus.FAILED and crashed_in_teardown(ranks)
+        return (verdict.status, tuple((f.rank, s) for f, s in zip(ranks, verdict.ranks)), report, quiet, first,
+                teardown)
 
     def _summary(self, row: tuple, latest: list[dict], now: float, leases: tuple[LeaseFacts, ...] = (),
                  marks: Optional["_Marks"] = None) -> RunSummary:
         d = dict(zip(_RUN_COLS, row))
-        status, rank_states, hang, quiet, first = self._decide(d, latest, now, leases)
+        status, rank_states, hang, quiet, first, teardown = self._decide(d, latest, now, leases)
         marks = marks or _Marks()
         interrupted_by = interrupted_at = None
         if status is RunStatus.INTERRUPTED:
@@ -429,7 +435,8 @@ class RunsReader:
             step_ms=step_ms, straggler_pct=skew, straggler=verdict, quiet_ranks=quiet, stopped_first=first,
             validation_mark=validation_mark(blocked=marks.blocked.get(d["run_id"], 0), summary_missing=missing),
             validation_blocked=marks.blocked.get(d["run_id"], 0),
-            interrupted_by=interrupted_by, interrupted_at=interrupted_at, first_ts=first_ts, age_s=age,
+            interrupted_by=interrupted_by, interrupted_at=interrupted_at, teardown_crash=teardown, first_ts=first_ts,
+            age_s=age,
             duration_s=took,
             rank_rates=rank_rates, step_statistic=statistic, rank_step_ms=rank_step,
         )

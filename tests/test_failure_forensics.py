@@ -294,17 +294,24 @@ def test_a_crash_after_training_reads_as_a_teardown_crash_on_every_surface(real_
     (as_json,) = json.loads(proc.stdout)["runs"]
     assert as_json["rank_states"] == {"0": "completed", "1": "failed"}
     assert (as_json["failure"]["cause"], as_json["failure"]["step"]) == ("teardown-crash", None)
+    assert as_json["status_text"] == "failed r1 after training"  # the word every surface prints (describe)
+    table = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--index", str(index)],
+                           capture_output=True, text=True, env=cli_env, timeout=120, check=False)
+    (row,) = [ln for ln in table.stdout.splitlines() if ln.startswith(run.name)]
+    assert "failed r1 after training" in row
 
-    async def screen() -> str:
+    async def screen() -> tuple[str, str]:
         source = IndexSource(index)
         app = create_app(source, poll_interval=0.02)
         try:
             async with app.run_test(size=(120, 40)) as pilot:
                 await d.settle(pilot)
-                app.open_run(next(r.run_id for r in app.runs_snapshot.rows if r.name == run.name))
+                (row,) = [r for r in app.runs_snapshot.rows if r.name == run.name]
+                app.open_run(row.run_id)
                 await d.settle(pilot)
-                return app.screen.query_one(FailurePanel).render().plain
+                return row.marks, app.screen.query_one(FailurePanel).render().plain
         finally:
             source.close()
 
-    assert line in asyncio.run(screen())
+    marks, panel = asyncio.run(screen())
+    assert marks == "after training" and line in panel

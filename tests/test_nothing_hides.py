@@ -140,6 +140,9 @@ def test_marks_read_in_one_order():
     at = 1_796_051_689.0  # 15:14:49 UTC
     assert signal_name(130) == "SIGINT" and signal_name(3) is None
     assert marks_text("1 blocked", ((1, 12.4), (3, 7.0)), "SIGINT", at) == "SIGINT 15:14 r1,r3 silent 12s ⚠ 1 blocked"
+    # a failure after every rank's script returned (core.state.crashed_in_teardown)
+    assert describe("failed", (1,), marks=marks_text("1 blocked", teardown=True)) == \
+        "failed r1 after training ⚠ 1 blocked"
 
 
 # --------------------------------------------------------------------------- the committed real runs

@@ -553,12 +553,18 @@ def compact_age(seconds: float) -> str:
     return f"{s / 86400:.1f}d"
 
 
+#: The mark of a failed run whose failure came after its training (:func:`crashed_in_teardown`).
+TEARDOWN_MARK = "after training"
+
+
 def marks_text(mark: Optional[str] = None, quiet: Sequence[tuple[int, float]] = (),
-               interrupted_by: Optional[str] = None, interrupted_at: Optional[float] = None) -> str:
+               interrupted_by: Optional[str] = None, interrupted_at: Optional[float] = None,
+               teardown: bool = False) -> str:
     """The marks every surface prints after a run's word (:func:`describe`): ``SIGINT 21:14`` (what interrupted
-    it and when, UTC), ``r1 silent 12s`` (quiet ranks: ``(rank, seconds)``, the longest silence), ``⚠ 2 blocked``
+    it and when, UTC), ``r1 silent 12s`` (quiet ranks: ``(rank, seconds)``, the longest silence), ``after training``
+    (a crash in teardown, after every rank's script returned: :func:`crashed_in_teardown`), ``⚠ 2 blocked``
     (validation)."""
-    parts = []
+    parts = [TEARDOWN_MARK] if teardown else []
     if interrupted_by:
         when = time.strftime(" %H:%M", time.gmtime(interrupted_at)) if interrupted_at is not None else ""
         parts.append(interrupted_by + when)
