@@ -15,7 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Optional
+from typing import Any, Optional
+
+from traceml_tui.core.signals import shielded, unblock_async_signals
 
 from . import decode
 
@@ -68,6 +70,18 @@ def core_free() -> bool:
     return cores >= 2 and load <= cores - 1
 
 
+def decode_worker(futures: Any, multiprocessing: Any) -> Any:
+    """The decode process's pool (``concurrent.futures``, ``multiprocessing`` passed in: imported only when a
+    large backlog needs it).
+
+    spawn: a fork would copy the writer's SQLite connection and the watcher's threads. Its first submit starts
+    the pool's threads and the process from a shielded block (core/signals.py); the process inherits that mask
+    through ``exec``, so it unblocks its signals first (a SIGTERM sent to it must still end it).
+    """
+    return futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=unblock_async_signals)
+
+
 class ColdPath:
     """The backlog being read now (``progress``, None when there is none) and the decode process."""
 
@@ -109,9 +123,7 @@ class ColdPath:
                 import concurrent.futures
                 import multiprocessing
 
-                # spawn: a fork would copy the writer's SQLite connection and the watcher's threads.
-                self.worker = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+                self.worker = decode_worker(concurrent.futures, multiprocessing)
             except Exception as exc:  # no worker: the writer decodes, as for small passes
                 log.warning("traceml daemon: no decode worker (%s)", exc)
                 self.worker = None
@@ -146,7 +158,9 @@ class ColdPath:
             return
         block = data[: nl + 1]
         try:
-            self.ahead[file_id] = (offset, block, self.worker.submit(decode.prepare_block, block, offset))
+            with shielded():  # the pool's threads, started by its first submit, leave signals to the main thread
+                future = self.worker.submit(decode.prepare_block, block, offset)
+            self.ahead[file_id] = (offset, block, future)
         except Exception:
             self.stop()
 

@@ -15,6 +15,7 @@ from typing import Callable, Iterator, Optional
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from traceml_tui.core.signals import shielded
 from traceml_tui.core.state import LIVE_RUN_STATES, BacklogState, RankState, RunStatus
 
 from .metrics_qc import qc_families
@@ -291,4 +292,5 @@ def serve(index_path: str, host: str, port: int, retention_s: float = DEFAULT_RE
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(IndexCollector(index_path, retention_s, stall_floor_s=stall_floor_s))
-    return start_http_server(port, addr=host, registry=registry)
+    with shielded():  # its thread and each request's (started from it) leave signals to the main thread
+        return start_http_server(port, addr=host, registry=registry)

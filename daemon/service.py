@@ -34,6 +34,7 @@ import weakref
 from typing import Callable, Optional
 
 from traceml_tui.core import rundir
+from traceml_tui.core.signals import shielded
 
 from . import cold, columns, decode, leases, live, locations, plan, refusals, sidefiles, store, stream, wal, watcher
 from . import index as idx
@@ -293,7 +294,8 @@ class Ingester:
         self.open()
         self._stop.clear()
         self._thread = threading.Thread(target=self.serve, name="traceml-ingester", daemon=True)
-        self._thread.start()
+        with shielded():  # (core/signals.py: a signal sent to the watch goes to its main thread)
+            self._thread.start()
 
     def stop(self) -> None:
         """Stop the background loop (or ``serve`` on the default event) and close."""

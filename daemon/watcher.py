@@ -25,6 +25,8 @@ import os
 import threading
 from typing import Callable
 
+from traceml_tui.core.signals import shielded
+
 log = logging.getLogger("traceml.daemon")
 
 READ_DELAY_MS = 20  # after the first event of a burst, wait this long so that the rest comes in the same read
@@ -127,7 +129,8 @@ class Watcher:
             return False
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="traceml-inotify", daemon=True)
-        self._thread.start()
+        with shielded():  # (core/signals.py: a SIGTERM sent to the daemon goes to the main thread, which serves)
+            self._thread.start()
         return True
 
     def stop(self) -> None:

@@ -44,6 +44,16 @@ def block_async_signals() -> Optional[set[int]]:
         return None
 
 
+def unblock_async_signals() -> None:
+    """Unblock, in the calling thread, the signals :func:`block_async_signals` blocks: the first thing a worker
+    process started from a shielded thread does (a pool's ``initializer``), so that it keeps its SIGTERM."""
+    if hasattr(signal, "pthread_sigmask"):
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(signal.valid_signals()) - SYNCHRONOUS_SIGNALS)
+        except (OSError, ValueError):
+            pass
+
+
 def restore_signals(mask: Optional[set[int]]) -> None:
     """Put back the mask :func:`block_async_signals` returned (a signal that arrived meanwhile is delivered now)."""
     if mask is not None:
