@@ -19,6 +19,7 @@ import pytest
 from traceml_tui.core.signals import SYNCHRONOUS_SIGNALS, shielded, unshielded
 
 from support.procfs import blocked_signals, ignored_signals, process_blocked_signals
+from support.waiting import until
 
 TRACEML = [sys.executable, "-m", "traceml_tui"]
 PROC_TASKS = Path("/proc/self/task")
@@ -82,12 +83,7 @@ def test_a_process_started_unshielded_from_a_shielded_thread_keeps_its_signals()
 
 
 def _wait_for(predicate, timeout: float = 120.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+    return until(predicate, timeout)
 
 
 @pytest.mark.timeout(300)  # a real launch of one process (about a second)

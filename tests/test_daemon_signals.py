@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from traceml_tui.core.signals import shielded
 
 from support.daemon_files import write_steps
 from support.procfs import blocked_signals
+from support.waiting import until
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads signal masks in /proc")
 
@@ -49,15 +49,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _until(predicate, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_a_running_daemon_takes_sigterm_on_its_serving_thread_only(tmp_path, traceml_cmd, cli_env):
     root = tmp_path / "logs"
     write_steps(root / "r", 0, range(1, 4))
@@ -74,9 +65,9 @@ def test_a_running_daemon_takes_sigterm_on_its_serving_thread_only(tmp_path, tra
             return False
 
     try:
-        assert _until(scraped), "the daemon never served its metrics"
+        assert until(scraped), "the daemon never served its metrics"
         # the inotify reader and the metrics server are running (a scrape was answered on a request thread)
-        assert _until(lambda: len(_task_masks(proc.pid)) >= 3), _task_masks(proc.pid)
+        assert until(lambda: len(_task_masks(proc.pid)) >= 3), _task_masks(proc.pid)
         masks = _task_masks(proc.pid)
         assert signal.SIGTERM not in masks[proc.pid]  # the main thread serves and acts on it
         helpers = {tid: mask for tid, mask in masks.items() if tid != proc.pid}
@@ -97,7 +88,7 @@ def test_the_embedded_ingester_and_its_watcher_leave_signals_to_the_main_thread(
     ingester = service.Ingester(str(tmp_path / "index.sqlite"), [str(root)])
     ingester.start()
     try:
-        assert _until(lambda: ingester.records_ingested >= 3)
+        assert until(lambda: ingester.records_ingested >= 3)
         started = [t for t in threading.enumerate() if t.native_id not in before and t.name.startswith("traceml-")]
         assert {t.name for t in started} >= {"traceml-ingester", "traceml-inotify"}, started
         for thread in started:

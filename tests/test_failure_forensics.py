@@ -52,6 +52,15 @@ def _reported_exit_code(run, rank: int) -> Optional[int]:
     return int(codes[0]) if codes else None
 
 
+def _status_json(index, cli_env) -> dict:
+    """The one run of ``index`` as `traceml status --json` gives it."""
+    proc = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--json", "--index", str(index)],
+                          capture_output=True, text=True, env=cli_env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    (as_json,) = json.loads(proc.stdout)["runs"]
+    return as_json
+
+
 def _expected(run, case: str) -> tuple:
     """EXPECTED[case], for ``rank_exits`` as torchrun saw rank 1 end: its sys.exit(3), or (under load, seen in
     CI) SIGABRT from gloo tearing down a process that left mid-collective — still the first failure."""
@@ -116,10 +125,7 @@ def test_status_and_run_screen_show_culprit_and_victim(real_runs, case, tmp_path
     index = tmp_path / "index.sqlite"
     d.ingest(index, [run.logs_dir])
 
-    proc = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--json", "--index", str(index)],
-                          capture_output=True, text=True, env=cli_env, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    (as_json,) = json.loads(proc.stdout)["runs"]
+    as_json = _status_json(index, cli_env)
     assert as_json["status"] == "failed"
     assert as_json["rank_states"] == {"0": "aborted", "1": state}
     failure = as_json["failure"]
@@ -288,10 +294,7 @@ def test_a_crash_after_training_reads_as_a_teardown_crash_on_every_surface(real_
 
     index = tmp_path / "index.sqlite"
     d.ingest(index, [run.logs_dir])
-    proc = subprocess.run([sys.executable, "-m", "traceml_tui", "status", "--json", "--index", str(index)],
-                          capture_output=True, text=True, env=cli_env, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    (as_json,) = json.loads(proc.stdout)["runs"]
+    as_json = _status_json(index, cli_env)
     assert as_json["rank_states"] == {"0": "completed", "1": "failed"}
     assert (as_json["failure"]["cause"], as_json["failure"]["step"]) == ("teardown-crash", None)
     assert as_json["status_text"] == "failed r1 after training"  # the word every surface prints (describe)
