@@ -130,7 +130,10 @@ class _Tracer:
     # -- wrappers on the module's methods -------------------------------------------------------
     def _wrap(self, pl_module: Any) -> None:
         """Time every update through the module's own methods (instance wrappers; see :data:`_WRAPPERS`)."""
-        tracer, u = weakref.ref(self), self._u
+        u = self._u
+        # The wrappers hold the update object, and the callback only weakly: once the callback is collected
+        # with its wrappers still on the module, _tracer_gone makes them pass through, as the callback's end.
+        tracer = weakref.ref(self, functools.partial(_tracer_gone, u))
         for name, make in _WRAPPERS.items():
             if getattr(pl_module.__dict__.get(name), "_traceml_of", None) is not None:
                 continue
@@ -328,6 +331,15 @@ def _open(u: _Update, batch: Any, tracer: Callable) -> None:
     count = examples_in(batch)
     if count is not None:
         u.examples = count if u.examples is None else u.examples + count
+
+
+def _tracer_gone(u: _Update, _ref: Any) -> None:
+    """The callback was collected with its wrappers still on the module: they pass through from now on, and an
+    update still open ends unrecorded."""
+    u.on = False
+    u.stepped = None
+    if u.live:
+        u.session.end_update(u, perf_counter(), False)
 
 
 def _fail(tracer: Callable, where: str, exc: Exception) -> None:
