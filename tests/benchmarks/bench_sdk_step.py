@@ -182,6 +182,7 @@ def lightning_rows(n: int, loss: Any, batch: Any) -> tuple[Callable[[], None], C
             update(plain, plain_loop, i)
 
     def traced() -> None:
+        assert callback is not None  # held here, as Lightning's trainer holds it: its wrappers hold it weakly
         for i in range(n):
             update(module, loop, i)
 

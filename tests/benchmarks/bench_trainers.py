@@ -42,6 +42,13 @@ untraced one's, the median over cycles. The SDK's once-a-second memory sample is
 stretched by the same factor as the write window (else callgrind's slow clock
 would make it a per-few-updates file read that the native run does not do).
 
+The write window's share is the one part the load moves: callgrind's slowdown is not a fixed 50× (with
+``--cache`` nearer 100×, and slower on a loaded machine), so the number of updates per write, and with it
+the write's share of each update, changes from run to run (docs/trainers.md, "The second-level cache").
+Compare runs made side by side, or run ``TRACEML_WRITE_WINDOW_MS=9000 ... --instructions``: a window set
+in the environment is kept as it is (not stretched), and at 9 s every write lands in a switch's uncounted
+update (the per-update path alone).
+
 ``--cache`` (with ``--instructions``) adds callgrind's cache simulation, its last
 level sized as one core's second-level cache (:data:`L2_BYTES`), and prints
 each mode's simulated second-level misses per update (code and data lines
@@ -378,8 +385,9 @@ def instructions(argv: list[str], only: str | None, cache: bool = False) -> int:
         out = os.path.join(work, f"{name}.%p")
         # callgrind runs the training about 50× slower: a write window 50× as long holds as many updates per
         # write as the native run (sdk/window.py), so the counts compare with the clock's figures
+        # (a window set in the environment is kept: 9000 ms leaves every write to the switches' updates)
         env = dict(os.environ, **{CALLGRIND_ENV: plans, "TRACEML_HANG_WATCHDOG": "0",
-                                  WINDOW_ENV: str(CALLGRIND_SLOWDOWN * 20)})
+                                  WINDOW_ENV: os.environ.get(WINDOW_ENV) or str(CALLGRIND_SLOWDOWN * 20)})
         sim = ["--cache-sim=yes", f"--LL={L2_BYTES},8,64"] if cache else []
         cmd = ["valgrind", "--tool=callgrind", *sim, "--instr-atstart=no", "--dump-before=getppid",
                f"--callgrind-out-file={out}", sys.executable, *argv, "--only", name]

@@ -52,16 +52,36 @@ from traceml_tui.integrations.support import (
     examples_in,
     fail_open,
     guarded,
-    timed_backward,
     unmeasured,
 )
 from traceml_tui.sdk import env
 from traceml_tui.sdk import loader as _loader
+from traceml_tui.sdk.session import OpenUpdate
 
 NAME = "Lightning Trainer"
 #: Namespace -> the module holding its ``Callback`` base class.
 NAMESPACES = {"lightning.pytorch": "lightning.pytorch.callbacks", "pytorch_lightning": "pytorch_lightning.callbacks"}
 _classes: dict[str, type] = {}
+
+
+class _Update(OpenUpdate):
+    """Everything the update's wrappers read and write, in one object reused by every update (the SDK's step
+    state, sdk/session.py ``OpenUpdate``, plus the callback's own figures): a wrapper reads this object held in
+    its closure, never the callback's attribute dict through a weak reference (docs/trainers.md, "The
+    second-level cache")."""
+
+    __slots__ = ("on", "stepped", "accumulate", "to_scheduler", "boundary", "saved", "session")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False  # the module's wrappers time the update (set up for the fit, not switched off)
+        # perf_counter at the end of an applied optimizer_step whose update ends at the scheduler step
+        self.stepped: Optional[float] = None
+        self.accumulate = 1
+        self.to_scheduler = False  # updates end after the epoch loop's scheduler step (else at optimizer_step)
+        self.boundary = False  # (batch hooks only) the accumulated update was applied in this batch
+        self.saved = False  # a checkpoint save began; publish its file once it exists
+        self.session: Any = None  # the recording session (sdk.Session) of the open update
 
 
 class _Tracer:
@@ -72,89 +92,55 @@ class _Tracer:
     def __init__(self) -> None:
         self._traceml_off = False
         self._auto = False  # added by the import hook (stands down when the script added its own)
-        self._session: Any = None
-        self._state: Any = None  # the SDK step state of the open update (sdk/session.py _StepState)
-        self._by_module = False  # the update is timed by wrappers on the module's methods
-        self._accumulate = 1
+        self._u = _Update()
         self._module_ref: Any = None
         self._loop_ref: Any = None  # the fit's training epoch loop, whose scheduler step ends an update
-        # perf_counter at the end of an applied optimizer_step whose update ends at the scheduler step
-        self._stepped: Optional[float] = None
         self._published: set[str] = set()
-        self._saved = False  # a checkpoint save began; publish its file once it exists
         self._before_val: dict[str, Any] = {}
         self._fitting = False  # set up for Trainer.fit (a separate trainer.validate() records nothing)
-        self._reset()
 
-    def _reset(self) -> None:
-        self._loss: Any = None
-        self._examples: Optional[int] = None
-        self._lr: Any = None
-        self._boundary = False
+    @property
+    def _loss(self) -> Any:
+        """The open update's loss so far (a float once read, or the tensor; None before ``training_step``)."""
+        return self._u.loss
+
+    @property
+    def _state(self) -> Any:
+        """The open update's step state (None between updates)."""
+        return self._u if self._u.live else None
 
     def _traceml_abandon(self) -> None:
-        self._stepped = None
+        self._u.stepped = None
         self._close(False)
         self._unwrap()
 
     # -- the update ---------------------------------------------------------------------------
     def _open(self, batch: Any) -> None:
         """A training batch starts: open the update on its first micro-batch; count its examples."""
-        if self._saved:
-            module = self._module_ref() if self._module_ref is not None else None
-            if module is not None:
-                self._publish_saved(module.trainer)
-        if self._stepped is not None:  # the scheduler step was never seen: the update ended with its optimizer_step
-            self._close(True, self._stepped)
-        if self._state is None:  # (the previous update's _close reset the values)
-            session = sdk._session
-            if session is None:
-                session = sdk.init()
-            if session.closed:
-                return
-            self._session = session
-            state = self._state = session.begin(perf_counter())
-            state.opt_manual = True  # optimizer timed here, never by torch's hooks around the closure
-        count = examples_in(batch)
-        if count is not None:
-            self._examples = count if self._examples is None else self._examples + count
+        _open(self._u, batch, weakref.ref(self))
 
     def _close(self, ok: bool, end: Optional[float] = None) -> None:
-        """The update ends (``ok``: its optimizer stepped) now or at ``end``: its values, then its record."""
-        self._stepped = None
-        state, self._state = self._state, None
-        if state is None:
-            return
-        values = state.values  # what sdk.log(loss=, lr=, batch_size=) stores, without the call
-        if self._loss is not None:
-            values["loss"] = self._loss
-            self._loss = None
-        if self._lr is not None:
-            values["lr"] = self._lr
-            self._lr = None
-        if self._examples is not None:
-            values["batch_size"] = self._examples
-            self._examples = None
-        self._boundary = False  # (self._reset() inline: this runs once per update)
-        self._session.end(state, perf_counter() if end is None else end, ok)
-
-    def _read_lr(self, optimizer: Any) -> None:
-        if self._lr is None:
-            groups = getattr(optimizer, "param_groups", None)
-            if groups:
-                self._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
+        """The update ends (``ok``: its optimizer stepped) now or at ``end``."""
+        u = self._u
+        u.stepped = None
+        u.boundary = False
+        if u.live:
+            u.session.end_update(u, perf_counter() if end is None else end, ok)
 
     # -- wrappers on the module's methods -------------------------------------------------------
     def _wrap(self, pl_module: Any) -> None:
         """Time every update through the module's own methods (instance wrappers; see :data:`_WRAPPERS`)."""
-        tracer = weakref.ref(self)
+        u = self._u
+        # The wrappers hold the update object, and the callback only weakly: once the callback is collected
+        # with its wrappers still on the module, _tracer_gone makes them pass through, as the callback's end.
+        tracer = weakref.ref(self, functools.partial(_tracer_gone, u))
         for name, make in _WRAPPERS.items():
             if getattr(pl_module.__dict__.get(name), "_traceml_of", None) is not None:
                 continue
             original = getattr(pl_module, name, None)
             if original is None:
                 continue
-            wrapper = make(original, tracer)
+            wrapper = make(original, u, tracer)
             wrapper.__wrapped__ = original  # type: ignore[attr-defined]
             wrapper._traceml_of = original  # type: ignore[attr-defined]
             pl_module.__dict__[name] = wrapper
@@ -162,12 +148,13 @@ class _Tracer:
         loop = _epoch_loop(pl_module)
         if loop is not None and getattr(loop.__dict__.get(_SCHEDULER_STEP), "_traceml_of", None) is None:
             original = getattr(loop, _SCHEDULER_STEP)
-            wrapper = _update_lr_schedulers(original, tracer)
+            wrapper = _update_lr_schedulers(original, u, tracer)
             wrapper.__wrapped__ = original  # type: ignore[attr-defined]
             wrapper._traceml_of = original  # type: ignore[attr-defined]
             loop.__dict__[_SCHEDULER_STEP] = wrapper
             self._loop_ref = weakref.ref(loop)
-        self._by_module = True
+        u.to_scheduler = self._loop_ref is not None
+        u.on = not self._traceml_off
         if _dispatcher_skips_none(self._traceml_namespace):
             for hook in _BATCH_HOOKS:  # the update needs none of them now: Lightning skips a hook set to None
                 setattr(self, hook, None)
@@ -182,7 +169,7 @@ class _Tracer:
         if loop is not None and getattr(loop.__dict__.get(_SCHEDULER_STEP), "_traceml_of", None) is not None:
             del loop.__dict__[_SCHEDULER_STEP]
         self._module_ref = self._loop_ref = None
-        self._by_module = False
+        self._u.on = self._u.to_scheduler = False
         for hook in _BATCH_HOOKS:
             self.__dict__.pop(hook, None)
 
@@ -192,9 +179,9 @@ class _Tracer:
     # -- checkpoints ----------------------------------------------------------------------------
     def _publish_saved(self, trainer: Any) -> None:
         """Publish the files the checkpoint callbacks wrote since the last look (they exist by now)."""
-        if not self._saved:
+        if not self._u.saved:
             return
-        self._saved = False
+        self._u.saved = False
         if not os.environ.get(env.VALIDATION_DIGEST) or not trainer.is_global_zero:
             return
         for callback in getattr(trainer, "checkpoint_callbacks", ()):
@@ -226,7 +213,7 @@ class _Tracer:
         if not _loader.dataloader_done:
             _loader.install_dataloader()  # the training DataLoader's fetches are the data wait
         self._fitting = True
-        self._accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        self._u.accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
         reason = _unmeasurable_phases(trainer, pl_module)
         if reason is not None:
             unmeasured("forward backward optimizer", reason)
@@ -240,27 +227,32 @@ class _Tracer:
     # optimization, torch.compile, DeepSpeed, FSDP); with the wrappers they are set to None or return at once.
     @guarded(NAME)
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if not self._by_module:
+        if not self._u.on:
             self._module_ref = self._module_ref or weakref.ref(pl_module)
             self._open(batch)
 
     @guarded(NAME)
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self._by_module or self._state is None:
+        u = self._u
+        if u.on or not u.live:
             return
-        self._boundary = True  # Lightning calls this only when the accumulated update is applied
-        self._read_lr(optimizer)
+        u.boundary = True  # Lightning calls this only when the accumulated update is applied
+        if u.lr is None:
+            groups = getattr(optimizer, "param_groups", None)
+            if groups:
+                u.lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
 
     @guarded(NAME)
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._by_module or self._state is None:
+        u = self._u
+        if u.on or not u.live:
             return
         loss = outputs.get("loss") if type(outputs) is dict else outputs
         if loss is not None and hasattr(loss, "detach"):
             if loss.requires_grad:  # Lightning hands a detached copy; a custom output may not be
                 loss = loss.detach()
-            self._loss = loss if self._loss is None else self._loss + loss
-        if self._boundary:  # else a micro-batch of an update still accumulating
+            u.loss = loss if u.loss is None else u.loss + loss
+        if u.boundary:  # else a micro-batch of an update still accumulating
             self._close(True)
 
     @guarded(NAME)
@@ -283,7 +275,7 @@ class _Tracer:
 
     @guarded(NAME)
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
-        self._saved = True  # the file is written after this hook returns
+        self._u.saved = True  # the file is written after this hook returns
 
     @guarded(NAME)
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
@@ -311,43 +303,93 @@ class _Tracer:
 # -- the wrappers: one factory per method of the LightningModule -------------------------------------
 # Each returns the original's result unchanged and lets its exceptions through; an exception of traceml's own
 # work switches the callback off (fail-open). The phase fields and CUDA events are those of sdk/phases.py
-# begin_phase/end_phase, written inline: these run several times per update.
+# begin_phase/end_phase, written inline: these run several times per update. Each reads and writes only the
+# update object ``u`` held in its closure (the callback, through the weak reference ``tracer``, only on the
+# rare paths): one object's few memory lines per update, not the callback's attribute dict.
 
-def _on_train_batch_start(original: Callable, tracer: Callable) -> Callable:
-    def on_train_batch_start(batch: Any, *args: Any, **kwargs: Any) -> Any:
+def _open(u: _Update, batch: Any, tracer: Callable) -> None:
+    """A training batch starts: open the update on its first micro-batch; count its examples."""
+    if u.saved:
         me = tracer()
-        if me is not None and me._by_module and not me._traceml_off:
+        module = me._module_ref() if me is not None and me._module_ref is not None else None
+        if module is not None:
+            me._publish_saved(module.trainer)
+    if u.stepped is not None:  # the scheduler step was never seen: the update ended with its optimizer_step
+        me = tracer()
+        if me is not None:
+            me._close(True, u.stepped)
+    if not u.live:
+        session = u.session
+        if session is None or session.closed:  # (sdk._session is replaced only once closed)
+            session = sdk._session
+            if session is None:
+                session = sdk.init()
+            if session.closed:
+                return
+            u.session = session
+        session.open_update(u, perf_counter())
+    count = examples_in(batch)
+    if count is not None:
+        u.examples = count if u.examples is None else u.examples + count
+
+
+def _tracer_gone(u: _Update, _ref: Any) -> None:
+    """The callback was collected with its wrappers still on the module: they pass through from now on, and an
+    update still open ends unrecorded."""
+    u.on = False
+    u.stepped = None
+    if u.live:
+        u.session.end_update(u, perf_counter(), False)
+
+
+def _fail(tracer: Callable, where: str, exc: Exception) -> None:
+    me = tracer()
+    if me is not None:
+        me._fail(where, exc)
+
+
+def _on_train_batch_start(original: Callable, u: _Update, tracer: Callable) -> Callable:
+    def on_train_batch_start(batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if u.on:
             try:
-                me._open(batch)
+                session = u.session
+                if u.live or u.saved or u.stepped is not None or session is None or session.closed:
+                    _open(u, batch, tracer)  # a micro-batch of an open update, and the rare cases
+                else:  # (_open's usual case inline, one call fewer: this runs once per update)
+                    session.open_update(u, perf_counter())
+                    # (examples_in's usual case inline: a tuple or list whose first item is a batched tensor)
+                    kind = type(batch)
+                    shape = getattr(batch[0], "shape", None) if (kind is tuple or kind is list) and batch else None
+                    u.examples = int(shape[0]) if shape else examples_in(batch)
             except Exception as exc:  # noqa: BLE001 - fail-open
-                me._fail("on_train_batch_start", exc)
+                _fail(tracer, "on_train_batch_start", exc)
         result = original(batch, *args, **kwargs)
-        if result is not None and result == -1 and me is not None and me._state is not None and me._loss is None:
-            me._close(False)  # the module skips the rest of the epoch: no update ran
+        if result is not None and result == -1 and u.live and u.loss is None:
+            me = tracer()
+            if me is not None:
+                me._close(False)  # the module skips the rest of the epoch: no update ran
         return result
 
     return on_train_batch_start
 
 
-def _training_step(original: Callable, tracer: Callable) -> Callable:
+def _training_step(original: Callable, u: _Update, tracer: Callable) -> Callable:
     def training_step(*args: Any, **kwargs: Any) -> Any:
-        me = tracer()
-        state = me._state if me is not None else None
-        if state is None:
+        if not u.live:
             return original(*args, **kwargs)
-        gpu = state.gpu
+        gpu = u.gpu
         if gpu is not None:
             gpu.open("forward")
         start = perf_counter()
         out = original(*args, **kwargs)
-        state.fwd_ms = (state.fwd_ms or 0.0) + (perf_counter() - start) * 1000.0
+        u.fwd_ms = (u.fwd_ms or 0.0) + (perf_counter() - start) * 1000.0
         if gpu is not None:
             gpu.close_phase("forward")
         try:
             loss = out if hasattr(out, "detach") else out.get("loss") if isinstance(out, Mapping) else None
             if loss is not None and hasattr(loss, "detach"):
-                if me._accumulate != 1 or me._loss is not None:
-                    loss = loss.detach() / me._accumulate  # what Lightning hands the batch end
+                if u.accumulate != 1 or u.loss is not None:
+                    loss = loss.detach() / u.accumulate  # what Lightning hands the batch end
                 elif getattr(loss, "is_cpu", False):
                     # A CPU loss is read now, while torch's dispatch is warm from the forward pass, and the
                     # update no longer holds the tensor (and its autograd graph) until it ends; the record's
@@ -356,86 +398,101 @@ def _training_step(original: Callable, tracer: Callable) -> Callable:
                         loss = loss.item()
                     except (RuntimeError, ValueError):  # not one element: the record's loss stays null
                         pass
-                me._loss = loss if me._loss is None else me._loss + loss
+                u.loss = loss if u.loss is None else u.loss + loss
         except Exception as exc:  # noqa: BLE001 - fail-open
-            me._fail("training_step", exc)
+            _fail(tracer, "training_step", exc)
         return out
 
     return training_step
 
 
-def _on_before_optimizer_step(original: Callable, tracer: Callable) -> Callable:
+def _backward(original: Callable, u: _Update, tracer: Callable) -> Callable:
+    """The module's ``backward``: its time is the update's backward (support.timed_backward's, on ``u``)."""
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        if not u.live:  # evaluation, or between updates
+            return original(*args, **kwargs)
+        gpu = u.gpu
+        if gpu is not None:
+            gpu.open("backward")
+        start = perf_counter()
+        out = original(*args, **kwargs)
+        u.bwd_ms = (u.bwd_ms or 0.0) + (perf_counter() - start) * 1000.0
+        if gpu is not None:
+            gpu.close_phase("backward")
+        return out
+
+    return backward
+
+
+def _on_before_optimizer_step(original: Callable, u: _Update, tracer: Callable) -> Callable:
     def on_before_optimizer_step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        me = tracer()
-        state = me._state if me is not None else None
-        if state is not None:
+        if u.live:
             try:
-                if me._lr is None:  # (me._read_lr(optimizer) inline: this runs once per update)
+                if u.lr is None:
                     groups = getattr(optimizer, "param_groups", None)
                     if groups:
-                        me._lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
+                        u.lr = groups[0].get("lr")  # before the scheduler steps: this update's lr
             except Exception as exc:  # noqa: BLE001 - fail-open
-                me._fail("on_before_optimizer_step", exc)
+                _fail(tracer, "on_before_optimizer_step", exc)
             else:
-                if state.gpu is not None:
-                    state.gpu.open("optimizer")
-                state.opt_start = perf_counter()
+                if u.gpu is not None:
+                    u.gpu.open("optimizer")
+                u.opt_start = perf_counter()
         return original(optimizer, *args, **kwargs)
 
     return on_before_optimizer_step
 
 
-def _optimizer_step(original: Callable, tracer: Callable) -> Callable:
+def _optimizer_step(original: Callable, u: _Update, tracer: Callable) -> Callable:
     def optimizer_step(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
-        me = tracer()
-        state = me._state if me is not None else None
-        if state is not None:
+        if u.live:
             try:
                 now = perf_counter()
-                start = state.opt_start
+                start = u.opt_start
                 if start is not None:
-                    state.opt_ms = (state.opt_ms or 0.0) + (now - start) * 1000.0
-                    if state.gpu is not None:
-                        state.gpu.close_phase("optimizer")
-                if me._loop_ref is None:
-                    me._close(True, now)
-                else:  # the update ends after the scheduler step that follows (_update_lr_schedulers)
-                    state.opt_start = now if start is not None else None
-                    me._stepped = now
+                    u.opt_ms = (u.opt_ms or 0.0) + (now - start) * 1000.0
+                    if u.gpu is not None:
+                        u.gpu.close_phase("optimizer")
+                if u.to_scheduler:  # the update ends after the scheduler step that follows (_update_lr_schedulers)
+                    u.opt_start = now if start is not None else None
+                    u.stepped = now
+                else:
+                    u.stepped = None
+                    u.session.end_update(u, now, True)
             except Exception as exc:  # noqa: BLE001 - fail-open
-                me._fail("optimizer_step", exc)
+                _fail(tracer, "optimizer_step", exc)
         return out
 
     return optimizer_step
 
 
-def _update_lr_schedulers(original: Callable, tracer: Callable) -> Callable:
+def _update_lr_schedulers(original: Callable, u: _Update, tracer: Callable) -> Callable:
     """The training epoch loop's scheduler step (Lightning runs it right after the batch's optimization, before
     the batch-end hooks): an update whose optimizer stepped ends when it returns, its time in the optimizer part."""
     def update_lr_schedulers(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
-        me = tracer()
-        if me is not None and me._stepped is not None:
+        if u.stepped is not None:
             try:
                 now = perf_counter()
-                state = me._state
-                if state is not None and state.opt_start is not None:
-                    state.opt_ms = (state.opt_ms or 0.0) + (now - state.opt_start) * 1000.0
-                    state.opt_start = None
-                me._close(True, now)
+                u.stepped = None
+                if u.live:
+                    start = u.opt_start
+                    if start is not None:
+                        u.opt_ms = (u.opt_ms or 0.0) + (now - start) * 1000.0
+                    u.session.end_update(u, now, True)
             except Exception as exc:  # noqa: BLE001 - fail-open
-                me._fail("update_lr_schedulers", exc)
+                _fail(tracer, "update_lr_schedulers", exc)
         return out
 
     return update_lr_schedulers
 
 
 #: The LightningModule methods wrapped per fit, in the order Lightning calls them in an update.
-_WRAPPERS: dict[str, Callable[[Callable, Callable], Callable]] = {
+_WRAPPERS: dict[str, Callable[[Callable, _Update, Callable], Callable]] = {
     "on_train_batch_start": _on_train_batch_start,
     "training_step": _training_step,
-    "backward": timed_backward,
+    "backward": _backward,
     "on_before_optimizer_step": _on_before_optimizer_step,
     "optimizer_step": _optimizer_step,
 }

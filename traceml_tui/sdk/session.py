@@ -210,6 +210,48 @@ class _StepState:
         self.opt_manual = False
 
 
+def _detached(state: _StepState, loss: Any, lr: Any, examples: Optional[int]) -> _StepState:
+    """A copy of a reused step state for :meth:`Session.end`, its figures among its values; the state keeps none."""
+    copy = _StepState(state.start, state.input_wait_ms, state.data_wait)
+    copy.data_in_step, copy.fwd_ms, copy.bwd_ms, copy.opt_ms = state.data_in_step, state.fwd_ms, state.bwd_ms, state.opt_ms
+    copy.gpu, copy.opt_manual = state.gpu, state.opt_manual
+    values = copy.values
+    if state.values:
+        values.update(state.values)
+        state.values.clear()
+    if loss is not None:
+        values["loss"] = loss
+    if lr is not None:
+        values["lr"] = lr
+    if examples is not None:
+        values["batch_size"] = examples
+    state.gpu = None
+    return copy
+
+
+class OpenUpdate(_StepState):
+    """A trainer integration's step state: one object per callback, reused by every update it times.
+
+    :meth:`Session.open_update` resets it and makes it the current step (the loader's data wait, ``traceml.log``
+    and the phase hooks see it as any step state); :meth:`Session.end_update` hands its figures to the write
+    window as one flat tuple and keeps no object. An update then touches the same few memory lines every time
+    instead of a new step state and values dict: a trainer's own working set evicts every line traceml
+    touches between two updates, so each distinct line is a cache miss per update (docs/trainers.md,
+    "The second-level cache"). ``loss``, ``lr`` and ``examples`` (the update's examples, as ``batch_size``)
+    are the integration's figures; ``live`` says an update is open.
+    """
+
+    __slots__ = ("live", "loss", "lr", "examples")
+
+    def __init__(self) -> None:
+        super().__init__(0.0, None, None)
+        self.live = False
+        self.loss: Any = None
+        self.lr: Any = None
+        self.examples: Optional[int] = None
+        self.opt_manual = True  # the caller times the optimizer part, never torch's hooks around a closure
+
+
 class Session:
     """The recording state of one rank for one attempt."""
 
@@ -224,11 +266,24 @@ class Session:
         max_steps: Optional[int] = None,
         window_s: Optional[float] = None,
     ) -> None:
+        # The attributes every update reads or writes come first: an instance's attribute values are stored in
+        # the order they are first set, so these share one or two memory lines (docs/trainers.md, "The
+        # second-level cache").
+        self.closed = False
+        self.thread: Optional[int] = get_ident()  # the thread whose loader waits count (None once closed)
+        self.current: Optional[_StepState] = None
+        self.data_source: Optional[int] = None  # id() of the loader iterator that produced data_pending
+        self.data_pending: Optional[float] = None  # loader wait (s) since the previous step ended
+        self.prev_end: Optional[float] = None
+        self.carry: dict[str, Any] = {}  # values logged outside a step join the next one
+        self.cuda = False
+        self.next_step = 1
+        self.max_steps = max_steps
+        self.window: Any = None
         self.run_dir = run_dir
         self.run_name = run_name
         self.rank = rank
         self.world_size = world_size
-        self.max_steps = max_steps
         last_attempt, last_step = last_recorded_step(run_dir, rank)
         self.attempt = last_attempt + 1
         if start_step is None:
@@ -254,26 +309,18 @@ class Session:
             world_size=world_size,
         )
         atomic.append_line(self.fd, records.encode(header))
-        self.prev_end: Optional[float] = None
-        self.current: Optional[_StepState] = None
-        self.thread: Optional[int] = get_ident()  # the thread whose loader waits count (None once closed)
-        self.data_pending: Optional[float] = None  # loader wait (s) since the previous step ended
-        self.data_source: Optional[int] = None  # id() of the loader iterator that produced it
-        self.carry: dict[str, Any] = {}  # values logged outside a step join the next one
         # cumulative across attempts: a resume counts on from the previous attempts' record of the update before
         self.examples: Optional[int] = examples_before(run_dir, rank, start_step)
         self.pending: deque = deque()  # steps waiting for their CUDA events
-        self.cuda = False
         self._torch: Any = None
         self.gpu_prev_end: Any = None  # CUDA event at the end of the previous step (GPU input wait)
         self.hooked_model: Any = None
         self.unmeasured: set[str] = set()  # streams already reported dark (one record per stream per session)
         # the step records' writer (sdk/window.py); its lock also keeps the watchdog's writes off a descriptor
         # that close() is closing (never taken twice per step)
-        self.window = _window.WriteWindow(self.fd, self._build, _window.window_s() if window_s is None else window_s)
+        self.window = _window.WriteWindow(self.fd, self._record, _window.window_s() if window_s is None else window_s)
         self._mem = records.Memory()  # the last step's memory figures (RSS is sampled once a second)
         self._rss_at = -_RSS_PERIOD_S
-        self.closed = False
         self.watchdog: Any = None  # sdk.watchdog.Watchdog, started by traceml.init()
         self.failed = False
         self.interrupted = False  # the uncaught exception was a KeyboardInterrupt (Ctrl-C)
@@ -349,8 +396,70 @@ class Session:
             # the device — behind a hung collective, forever, with the window's lock held (docs/run.md, "SDK").
             self.window.flush(now)  # the held updates first: ``examples`` counts on in step order
             self.window.add(now, self._build(step, now, state, None))
-        else:
-            self.window.add(now, (step, now, state, None))  # built when written (sdk/window.py)
+        else:  # built when written (sdk/window.py)
+            self.window.add(now, (step, now, state.start, state.input_wait_ms, state.data_wait, state.data_in_step,
+                                  state.fwd_ms, state.bwd_ms, state.opt_ms, None, None, None, state.values))
+
+    def open_update(self, state: OpenUpdate, now: float) -> None:
+        """Open an update on a trainer integration's reused step state (:meth:`begin` without a new object)."""
+        prev = self.prev_end
+        state.start = now
+        state.input_wait_ms = (now - prev) * 1000.0 if prev is not None else None
+        pending = state.data_wait = self.data_pending
+        if pending is not None:
+            self.data_pending = self.data_source = None
+        state.data_in_step = state.fwd_ms = state.bwd_ms = state.opt_start = state.opt_ms = None
+        state.fwd_start = state.bwd_start = None
+        if self.carry:
+            state.values.update(self.carry)
+            self.carry.clear()
+        if self.cuda:
+            from traceml_tui.sdk.phases import GpuStepEvents
+
+            state.gpu = GpuStepEvents(self._torch, self.gpu_prev_end)
+        state.live = True
+        self.current = state
+
+    def end_update(self, state: OpenUpdate, now: float, ok: bool) -> None:
+        """End the update :meth:`open_update` opened (``ok``: it counts as a step) at ``now``.
+
+        Its figures (phases, ``loss``, ``lr``, ``examples`` as the update's batch size) go to the write window
+        as one flat tuple, the state is cleared for the next update and no object is kept: the record is built
+        when written, exactly as :meth:`end`'s. An update with CUDA events, values logged through
+        ``traceml.log`` or a tensor off the CPU takes :meth:`end`'s path with a copy of the state.
+        """
+        state.live = False
+        loss, lr, examples = state.loss, state.lr, state.examples
+        state.loss = state.lr = state.examples = None
+        if state.gpu is not None or state.values or (
+                loss is not None and type(loss) is not float and _on_device(loss)) or (
+                lr is not None and type(lr) is not float and _on_device(lr)):
+            self.end(_detached(state, loss, lr, examples), now, ok)
+            return
+        self.current = None
+        self.prev_end = now
+        if not ok:
+            return
+        step = self.next_step
+        self.next_step = step + 1
+        if self.max_steps is not None and step > self.max_steps:
+            return
+        entry = (step, now, state.start, state.input_wait_ms, state.data_wait, state.data_in_step, state.fwd_ms,
+                 state.bwd_ms, state.opt_ms, loss, lr, examples)
+        window = self.window
+        with window.lock:  # (window.add(now, entry) inline, one call fewer per update: its rules, sdk/window.py)
+            held = window.held
+            held.append(entry)
+            if len(held) > 1:
+                if now - window.oldest >= window.window_s:
+                    window._flush(now)
+            elif now - window.written_at >= window.window_s or not window.window_s:
+                window._flush(now)
+            else:
+                window.oldest = now
+                if window.idle:
+                    window.idle = False
+                    window.wake.set()
 
     def drain_gpu(self, *, block: bool, now: Optional[float] = None) -> None:
         """Hand the steps whose CUDA events completed (all of them when ``block``) to the write window.
@@ -383,20 +492,28 @@ class Session:
         self.window.flush(perf_counter())
 
     def _build(self, step: int, now: float, state: _StepState, gpu: Optional[records.Phases]) -> records.Step:
+        """One update's step record from its step state (:meth:`_record`)."""
+        return self._record(step, now, state.start, state.input_wait_ms, state.data_wait, state.data_in_step,
+                            state.fwd_ms, state.bwd_ms, state.opt_ms, None, None, None, state.values, gpu)
+
+    def _record(self, step: int, now: float, start: float, input_wait_ms: Optional[float], data_wait: Optional[float],
+                data_in_step: Optional[float], fwd_ms: Optional[float], bwd_ms: Optional[float],
+                opt_ms: Optional[float], loss: Any = None, lr: Any = None, batch_size: Optional[int] = None,
+                values: Optional[dict[str, Any]] = None, gpu: Optional[records.Phases] = None) -> records.Step:
         """One update's step record; in step order (``examples`` counts on from the previous record).
 
-        No helper called for a value that was not logged, one Memory object reused until its figures
-        change (RSS is read once a second).
+        The write window's builder: a held entry is this call's arguments. ``loss``, ``lr`` and ``batch_size``
+        are a trainer integration's figures (:meth:`end_update`); ``values`` what ``traceml.log`` stored (an
+        integration's figure wins over a logged one, a logged ``examples`` over ``batch_size``). No helper
+        called for a value that was not logged, one Memory object reused until its figures change (RSS is
+        read once a second).
         """
-        values = state.values
-        data_wait = state.data_wait
         if data_wait is not None:
             data_wait *= 1000.0
-        data_in_step = state.data_in_step
         if data_in_step is not None:
             data_in_step *= 1000.0
-        cpu = records.Phases((now - state.start) * 1000.0, state.input_wait_ms, None, state.fwd_ms, state.bwd_ms,
-                             state.opt_ms, data_wait, data_in_step)  # (_PHASES_ORDER)
+        cpu = records.Phases((now - start) * 1000.0, input_wait_ms, None, fwd_ms, bwd_ms, opt_ms, data_wait,
+                             data_in_step)  # (_PHASES_ORDER)
         if gpu is not None:  # loader waits are CPU measurements; steptime caps them to the GPU gap/envelope
             gpu.data_wait = data_wait
             gpu.data_in_step = data_in_step
@@ -412,22 +529,26 @@ class Session:
                 mem = self._mem = records.Memory(rss=mem.rss, cuda_peak_allocated=int(torch.cuda.max_memory_allocated()),
                                                  cuda_peak_reserved=int(torch.cuda.max_memory_reserved()))
         if values:
+            if loss is None:
+                loss = values.get("loss")
+            if lr is None:
+                lr = values.get("lr")
             if "examples" in values:
                 self.examples = values["examples"]
-            elif "batch_size" in values:
-                self.examples = (self.examples or 0) + values["batch_size"]
-            loss, lr, grad_norm = values.get("loss"), values.get("lr"), values.get("grad_norm")
-            components, metrics = values.get("components"), values.get("metrics")
-            record = records.Step(  # (_STEP_ORDER)
-                records.RECORD_VERSION, self.run_name, self.rank, self.attempt, step, now + self._wall_offset, cpu,
-                gpu, None if loss is None else _as_float(loss), None if lr is None else _as_float(lr),
-                None if grad_norm is None else _as_float(grad_norm), self.examples, mem,
-                _components(components) if components else None, _metrics(metrics) if metrics else None,
-            )
+                batch_size = None
+            elif batch_size is None:
+                batch_size = values.get("batch_size")
+            grad_norm, components, metrics = values.get("grad_norm"), values.get("components"), values.get("metrics")
         else:
-            record = records.Step(records.RECORD_VERSION, self.run_name, self.rank, self.attempt, step,
-                                  now + self._wall_offset, cpu, gpu, None, None, None, self.examples, mem)
-        return record
+            grad_norm = components = metrics = None
+        if batch_size is not None:
+            self.examples = (self.examples or 0) + batch_size
+        return records.Step(  # (_STEP_ORDER)
+            records.RECORD_VERSION, self.run_name, self.rank, self.attempt, step, now + self._wall_offset, cpu,
+            gpu, None if loss is None else _as_float(loss), None if lr is None else _as_float(lr),
+            None if grad_norm is None else _as_float(grad_norm), self.examples, mem,
+            _components(components) if components else None, _metrics(metrics) if metrics else None,
+        )
 
     # -- other records ------------------------------------------------------------------------
     @property

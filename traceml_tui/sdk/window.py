@@ -77,17 +77,22 @@ class WriteWindow:
         # Re-entrant: the SIGTERM handler closes the session on the main thread, which the signal may have
         # interrupted while it held the lock.
         self.lock = threading.RLock()
-        self.held: list[Any] = []  # (step, end, state) tuples to build, or records built already (GPU steps)
+        # tuples of an update's figures to build (Session._record's arguments: the update keeps no object
+        # alive), or records built already (GPU steps)
+        self.held: list[Any] = []
         self.oldest = 0.0  # perf_counter end of the oldest held record's update
         self.written_at = float("-inf")  # perf_counter of the last write
         self.idle = False  # the watchdog thread sleeps until woken: set ``wake`` when a record is held
         self.wake: Optional[threading.Event] = None  # the watchdog thread's (None: no thread)
         self.closed = False
-        self._build = build  # (step, end, state, gpu) -> records.Step or None (Session._build)
+        self._build = build  # (*held tuple) -> records.Step or None (Session._record)
 
     # -- the training thread --------------------------------------------------------------------
     def add(self, now: float, entry: Any) -> None:
-        """A step record (or its update's values) at an update's end ``now``: hold it, or write what is due."""
+        """A step record (or its update's values) at an update's end ``now``: hold it, or write what is due.
+
+        (``Session.end_update`` runs the same lines inline: change both.)
+        """
         with self.lock:
             held = self.held
             held.append(entry)
