@@ -444,22 +444,8 @@ class Session:
         self.next_step = step + 1
         if self.max_steps is not None and step > self.max_steps:
             return
-        entry = (step, now, state.start, state.input_wait_ms, state.data_wait, state.data_in_step, state.fwd_ms,
-                 state.bwd_ms, state.opt_ms, loss, lr, examples)
-        window = self.window
-        with window.lock:  # (window.add(now, entry) inline, one call fewer per update: its rules, sdk/window.py)
-            held = window.held
-            held.append(entry)
-            if len(held) > 1:
-                if now - window.oldest >= window.window_s:
-                    window._flush(now)
-            elif now - window.written_at >= window.window_s or not window.window_s:
-                window._flush(now)
-            else:
-                window.oldest = now
-                if window.idle:
-                    window.idle = False
-                    window.wake.set()
+        self.window.add(now, (step, now, state.start, state.input_wait_ms, state.data_wait, state.data_in_step,
+                              state.fwd_ms, state.bwd_ms, state.opt_ms, loss, lr, examples))
 
     def drain_gpu(self, *, block: bool, now: Optional[float] = None) -> None:
         """Hand the steps whose CUDA events completed (all of them when ``block``) to the write window.

@@ -89,10 +89,7 @@ class WriteWindow:
 
     # -- the training thread --------------------------------------------------------------------
     def add(self, now: float, entry: Any) -> None:
-        """A step record (or its update's values) at an update's end ``now``: hold it, or write what is due.
-
-        (``Session.end_update`` runs the same lines inline: change both.)
-        """
+        """A step record (or its update's values) at an update's end ``now``: hold it, or write what is due."""
         with self.lock:
             held = self.held
             held.append(entry)
