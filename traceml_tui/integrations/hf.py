@@ -46,6 +46,7 @@ from traceml_tui.integrations.support import (
     examples_in,
     fail_open,
     guarded,
+    open_session,
     timed_backward,
     timed_forward,
     unmeasured,
@@ -214,10 +215,8 @@ class _Tracer:
         try:
             if self._state is not None:  # an update that never ended (an exception the trainer swallowed)
                 self._close(False)
-            session = sdk._session
+            session = open_session()
             if session is None:
-                session = sdk.init()
-            if session.closed:
                 return
             self._session = session
             self._state = session.begin(perf_counter())

@@ -52,6 +52,7 @@ from traceml_tui.integrations.support import (
     examples_in,
     fail_open,
     guarded,
+    open_session,
     unmeasured,
 )
 from traceml_tui.sdk import env
@@ -321,10 +322,8 @@ def _open(u: _Update, batch: Any, tracer: Callable) -> None:
     if not u.live:
         session = u.session
         if session is None or session.closed:  # (sdk._session is replaced only once closed)
-            session = sdk._session
+            session = open_session()
             if session is None:
-                session = sdk.init()
-            if session.closed:
                 return
             u.session = session
         session.open_update(u, perf_counter())

@@ -172,6 +172,17 @@ def eval_metrics(metrics: Any, *prefixes: str) -> dict[str, Any]:
     return out
 
 
+def open_session() -> Any:
+    """The rank's recording session for a trainer's next update: the SDK's (started when there is none yet), or
+    None once it is closed (the rank ended: nothing more is recorded)."""
+    from traceml_tui import sdk
+
+    session = sdk._session
+    if session is None:
+        session = sdk.init()
+    return None if session.closed else session
+
+
 def _timed_phase(original: Callable, tracer: Callable, phase: str) -> Callable:
     """A wrapper of a method that runs one phase of an update (``"forward"`` or ``"backward"``): inside an update
     it adds its time to that phase and opens and closes the phase on the GPU; outside one it only calls the
@@ -206,6 +217,7 @@ def timed_forward(original: Callable, tracer: Callable) -> Callable:
 
 
 def timed_backward(original: Callable, tracer: Callable) -> Callable:
-    """A wrapper of the method that runs backward (the Hugging Face ``Accelerator.backward``, the Lightning
-    module's ``backward``): its time is the update's backward, the autograd pass with DDP's all-reduce."""
+    """A wrapper of the method that runs backward (the Hugging Face ``Accelerator.backward``): its time is the
+    update's backward, the autograd pass with DDP's all-reduce. (Lightning's wrappers time its module's
+    ``backward`` on their reused update object instead: integrations/lightning.py, docs/trainers.md.)"""
     return _timed_phase(original, tracer, "backward")
