@@ -67,7 +67,9 @@ def test_a_running_daemon_takes_sigterm_on_its_serving_thread_only(tmp_path, tra
     try:
         assert until(scraped), "the daemon never served its metrics"
         # the inotify reader and the metrics server are running (a scrape was answered on a request thread)
-        assert until(lambda: len(_task_masks(proc.pid)) >= 3), _task_masks(proc.pid)
+        # (the main thread blocks them only for the instant it starts a thread: wait until it serves)
+        assert until(lambda: len(m := _task_masks(proc.pid)) >= 3 and signal.SIGTERM not in m[proc.pid]), \
+            _task_masks(proc.pid)
         masks = _task_masks(proc.pid)
         assert signal.SIGTERM not in masks[proc.pid]  # the main thread serves and acts on it
         helpers = {tid: mask for tid, mask in masks.items() if tid != proc.pid}
