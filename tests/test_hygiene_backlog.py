@@ -165,6 +165,9 @@ def test_a_sigkilled_drainers_worker_never_runs_beside_the_next_one(tmp_path, tr
     try:
         assert _wait_for(lambda: log.exists() and "start" in log.read_text()), "the first worker never started"
         first_pid = int(log.read_text().split()[1])
+        # the drainer names the worker in its claim once it started it: the worker may log first
+        assert _wait_for(lambda: (backlog.read_claim(run_dir, ckpt) or {}).get("worker") is not None), \
+            "the claim never named the worker"
         claim = backlog.read_claim(run_dir, ckpt)
         assert claim["worker"]["pgid"] == first_pid  # the claim names the worker's own process group
         assert os.getpgid(first_pid) == first_pid
