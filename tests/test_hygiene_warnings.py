@@ -21,7 +21,8 @@ from support import realruns
 
 NEVER_APPLIED = ("early stopping never applied: hygiene.early_stopping is declared but the script never consulted "
                  "it (no early_stopping.json; call EarlyStopping.should_stop after each update)")
-NO_GRAD_NORM = "grad_norm never logged: no step record carries grad_norm (traceml.log(grad_norm=...))"
+NO_GRAD_NORM = ("grad_norm never logged: no step record carries grad_norm (traceml.log(grad_norm=...); a Lightning "
+                "fit computes none: call it in the LightningModule's on_before_optimizer_step)")
 NO_VALIDATION = ("loss logged without validation: this run trains but declares no hygiene.validation (seed 004: "
                  "validation is mandatory for learning experiments; docs/hygiene.md)")
 

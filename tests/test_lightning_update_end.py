@@ -32,6 +32,8 @@ import traceml_tui as traceml
 from traceml_tui.integrations.lightning import TraceMLCallback
 
 SCHEDULER_S, BATCH_END_S, ACCUMULATE = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+LOG_GRAD_NORM = len(sys.argv) > 4 and sys.argv[4] == "grad-norm"
+norms = []
 
 def slow_factor(step):
     if step:  # (the scheduler's own first call, at set-up, is not a step)
@@ -45,6 +47,11 @@ class Net(L.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         return nn.functional.mse_loss(self.net(x), y)
+    def on_before_optimizer_step(self, optimizer):
+        if LOG_GRAD_NORM:  # the recipe the hygiene warning names (docs/trainers.md): Lightning computes none
+            norm = float(torch.nn.utils.get_total_norm([p.grad for p in self.parameters()]))
+            norms.append(norm)
+            traceml.log(grad_norm=norm)
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, slow_factor)
@@ -61,7 +68,7 @@ trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, ena
                     callbacks=[TraceMLCallback(), SlowBatchEnd()])
 trainer.fit(Net(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=4))
 traceml.finish()
-print(json.dumps({"path": str(traceml.current_run().path)}))
+print(json.dumps({"path": str(traceml.current_run().path), "norms": norms}))
 """
 
 
@@ -75,6 +82,9 @@ def _plan(tmp_path_factory):
         (folder / "fit.py").write_text(_FIT)
         plan[f"accumulate-{accumulate}"] = integrations_support.Fit(
             folder / "fit.py", folder, (str(SCHEDULER_S), str(BATCH_END_S), str(accumulate)))
+    folder = folders["grad-norm"] = tmp_path_factory.mktemp("update-end-grad-norm")
+    (folder / "fit.py").write_text(_FIT)
+    plan["grad-norm"] = integrations_support.Fit(folder / "fit.py", folder, ("0", "0", "1", "grad-norm"))
     return plan, folders
 
 
@@ -85,7 +95,9 @@ if importlib.util.find_spec("lightning") is not None:
 @pytest.fixture(scope="module")
 def fits(request):
     procs, folders = integrations_support.runs(__name__.rpartition(".")[2], request)
-    return {accumulate: (procs[f"accumulate-{accumulate}"], folders[accumulate]) for accumulate in ACCUMULATIONS}
+    out = {accumulate: (procs[f"accumulate-{accumulate}"], folders[accumulate]) for accumulate in ACCUMULATIONS}
+    out["grad-norm"] = (procs["grad-norm"], folders["grad-norm"])
+    return out
 
 
 @pytest.mark.slow
@@ -111,3 +123,20 @@ def test_the_scheduler_step_is_in_the_update_and_the_batch_end_hooks_are_not(fit
     # the last micro-batch's batch end runs between updates: in the gap before the next update
     for r in rows[1:]:
         assert r["cpu_ms"]["input_wait"] >= BATCH_END_S * 1000
+
+
+@pytest.mark.slow
+@needs_lightning
+@pytest.mark.xdist_group(integrations_support.GROUP)
+def test_a_gradient_norm_logged_in_on_before_optimizer_step_is_on_its_updates_record(fits) -> None:
+    """Lightning computes no gradient norm; the hygiene warning tells a script to log one in the module's
+    ``on_before_optimizer_step`` (hygiene/warnings.py): each value lands on the record of the update it was
+    computed in."""
+    done, folder = fits["grad-norm"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = [r for r in map(json.loads, (folder / out["path"]).read_text().splitlines()) if r["kind"] == "step"]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert len(out["norms"]) == 3 and all(n > 0 for n in out["norms"])
+    assert [r["grad_norm"] for r in rows] == out["norms"]
+    assert all(r["loss"] is not None and r["lr"] == 0.1 for r in rows)  # the integration's figures are kept

@@ -17,6 +17,15 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
+#: How a script adds the value, in the warning's parentheses. A Lightning fit computes no gradient norm, and a
+#: user who wrote no traceml code (the trainers' automatic path) needs to know where one call goes
+#: (docs/trainers.md, "What each step records, per rank").
+_WHERE_TO_LOG = {
+    "lr": "traceml.log(lr=...)",
+    "grad_norm": "traceml.log(grad_norm=...); a Lightning fit computes none: call it in the LightningModule's "
+                 "on_before_optimizer_step",
+}
+
 
 def step_facts(steps: Iterable[Any]) -> dict[str, Any]:
     """What the warnings need from rank 0's step records: the last update and which values were ever logged."""
@@ -51,5 +60,5 @@ def hygiene_warnings(hygiene: Optional[dict], validation: Optional[dict], facts:
                    f"hygiene.early_stopping.max_budget is {budget}")
     for name in ("lr", "grad_norm"):
         if last is not None and not facts.get(name):
-            out.append(f"{name} never logged: no step record carries {name} (traceml.log({name}=...))")
+            out.append(f"{name} never logged: no step record carries {name} ({_WHERE_TO_LOG[name]})")
     return out
