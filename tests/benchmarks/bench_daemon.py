@@ -27,11 +27,20 @@ from daemon import blockcheck, decode, live  # noqa: E402
 from daemon import index as idx  # noqa: E402
 from daemon.reader import Reader  # noqa: E402
 from daemon.service import Ingester  # noqa: E402
-from traceml_tui.core import records  # noqa: E402
+from traceml_tui.core import artifacts, records  # noqa: E402
 from traceml_tui.core.atomic import append_line, open_append  # noqa: E402
 
 FILES = 64
 
+
+
+def running_manifest(run: str, ranks: int) -> bytes:
+    """The manifest a launcher writes as a one-node run of ``ranks`` ranks starts: what the daemon reads at every
+    scan of a real run (a damaged one would cost each scan an error row and a line on stderr)."""
+    return artifacts.encode(artifacts.Manifest(
+        run_name=run, status="running", started_at=time.time(),
+        topology=artifacts.Topology(nnodes=1, nproc_per_node=ranks, world_size=ranks),
+        launch=artifacts.Launch(kind="torch.distributed.run")))
 
 def make_dataset(root: Path, total: int, files: int = FILES) -> None:
     """``files`` rank streams of realistic step records (cpu phases, loss, lr, mem, one component)."""
@@ -238,7 +247,7 @@ def bench_idle(tmp: Path, runs: int = 100, seconds: float = 20.0) -> None:
                                                                     step=s, ts=float(s))) for s in range(1, 11)))
         (run_dir / "nodes" / "node_0").mkdir(parents=True)
         (run_dir / "nodes" / "node_0" / "system.jsonl").write_bytes(b"")
-        (run_dir / "manifest.json").write_text('{"status": "running"}')
+        (run_dir / "manifest.json").write_bytes(running_manifest(run_dir.name, 4))
     index = tmp / "idle.sqlite"
     for label, extra in (("default (poll 1 s, rescan 5 s, inotify)", []),
                          ("polling only (poll 1 s, rescan 5 s)", ["--no-inotify"])):

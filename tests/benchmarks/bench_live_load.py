@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
-from bench_daemon import _daemon, _stop  # noqa: E402
+from bench_daemon import _daemon, _stop, running_manifest  # noqa: E402
 
 from daemon.reader import Reader  # noqa: E402
 from daemon.service import Ingester  # noqa: E402
@@ -82,7 +82,7 @@ def make_runs(root: Path, runs: int, ranks: int, steps: int = 10, prefix: str = 
             lines += [_step(run, rank, s, 1000.0 + s, rng) for s in range(1, steps + 1)]
             path.write_bytes(b"".join(lines))
             out.append((run, rank))
-        (root / run / "manifest.json").write_text('{"status": "running"}')
+        (root / run / "manifest.json").write_bytes(running_manifest(run, ranks))
     return out
 
 
