@@ -230,8 +230,14 @@ dist.destroy_process_group()  # without it gloo may abort at interpreter exit
 
 
 def _two_nodes(seed_dir: Path, tmp_path: Path, name: str, *, fail_node: str | None = None,
-               node1_dir: Path | None = None, plant=None) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess, dict]:
-    """Two launchers on one machine sharing one logs dir; returns (node0, node1, manifest)."""
+               node1_dir: Path | None = None, plant=None, finalize_timeout: str = "4",
+               ) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess, dict]:
+    """Two launchers on one machine sharing one logs dir; returns (node0, node1, manifest).
+
+    ``finalize_timeout``: how long node 0 waits for node 1's outcome. Short where node 1's outcome never
+    reaches the shared run (it waits all of it); long where it does, since the wait ends when it arrives and a
+    loaded machine can finish node 1 seconds after node 0 (a 4 s wait once read a completed pair as incomplete).
+    """
     (seed_dir / "node.py").write_text(NODE_SCRIPT)
     node1_dir = node1_dir or seed_dir
     if node1_dir != seed_dir:
@@ -241,7 +247,7 @@ def _two_nodes(seed_dir: Path, tmp_path: Path, name: str, *, fail_node: str | No
     extra = {"FAIL_NODE": fail_node} if fail_node is not None else {}
     env = _env(tmp_path, **extra)
     common = ["--run-name", name, "--nnodes", "2", "--nproc-per-node", "1", "--master-port", port,
-              "--logs-dir", str(logs), "--finalize-timeout", "4"]
+              "--logs-dir", str(logs), "--finalize-timeout", finalize_timeout]
     # node 0's output goes to files, not pipes: an unread pipe that fills up would block node 0
     # mid-training and, through the collectives, node 1 too.
     out0, err0 = tmp_path / f"{name}-node0.out", tmp_path / f"{name}-node0.err"
@@ -287,7 +293,7 @@ def _forged_outcome(run_dir: Path, digest: str, size_pad: int = 0) -> None:
 
 
 def test_two_nodes_completed(seed_dir: Path, tmp_path: Path) -> None:
-    node0, node1, manifest = _two_nodes(seed_dir, tmp_path, "mn-ok")
+    node0, node1, manifest = _two_nodes(seed_dir, tmp_path, "mn-ok", finalize_timeout="60")
     assert (node0.returncode, node1.returncode) == (0, 0), node0.stderr[-2000:] + node1.stderr[-2000:]
     training = manifest["guard"]["training"]
     assert training["status"] == "completed"
@@ -299,7 +305,7 @@ def test_two_nodes_completed(seed_dir: Path, tmp_path: Path) -> None:
 
 
 def test_two_nodes_one_training_fails(seed_dir: Path, tmp_path: Path) -> None:
-    node0, node1, manifest = _two_nodes(seed_dir, tmp_path, "mn-fail", fail_node="1")
+    node0, node1, manifest = _two_nodes(seed_dir, tmp_path, "mn-fail", fail_node="1", finalize_timeout="60")
     assert node1.returncode != 0
     training = manifest["guard"]["training"]
     assert training["status"] == "incomplete"
