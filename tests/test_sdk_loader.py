@@ -135,6 +135,37 @@ for i, batch in enumerate(train):
     assert after_eval and all(steptime.step_parts(s.cpu_ms).between_steps >= 80.0 for s in after_eval)
 
 
+def test_a_validation_loop_before_the_next_epoch_is_not_that_epochs_data_wait(tmp_path: Path) -> None:
+    """Epochs of a hand-written loop, each followed by a plain ``for`` over a validation DataLoader. CPython
+    gives the next epoch's training iterator the address of the validation iterator just freed, so a session
+    that knew the loader that fed the wait by its ``id()`` added the validation fetches to the next epoch's
+    first data wait (about 200 ms here); it holds the iterator itself."""
+    body = """
+import torch
+from torch.utils.data import DataLoader
+class Sleepy:
+    def __init__(self, n, s, key): self.n, self.s, self.key = n, s, key
+    def __len__(self): return self.n
+    def __getitem__(self, i):
+        nap(self.key, self.s)
+        return torch.ones(1)
+train = DataLoader(Sleepy(2, 0.0, "train"), batch_size=1)
+val = DataLoader(Sleepy(4, 0.05, "val"), batch_size=1)
+for epoch in range(3):
+    for batch in train:
+        with traceml.trace_step():
+            pass
+    for v in val:
+        pass
+"""
+    steps = _script(tmp_path, body)
+    _check_sum(steps)
+    assert [s.step for s in steps] == [1, 2, 3, 4, 5, 6]
+    for s in steps:  # every fetch of the training loader is instant; 4 × 50 ms of validation would show
+        assert s.cpu_ms.data_wait is None or s.cpu_ms.data_wait < 50.0, (s.step, s.cpu_ms.data_wait)
+    assert all(steptime.step_parts(s.cpu_ms).between_steps >= 150.0 for s in steps if s.step in (3, 5))
+
+
 def test_next_inside_the_traced_step_is_data_in_step_and_other_threads_are_ignored(tmp_path: Path) -> None:
     body = """
 import threading

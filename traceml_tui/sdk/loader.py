@@ -50,7 +50,7 @@ def _timed(source: Any, fn: Any, arg: Any) -> Any:
         return fn(arg)
     finally:
         _busy = False
-        session.loader_wait(id(source), perf_counter() - start)
+        session.loader_wait(source, perf_counter() - start)
 
 
 class TimedIterator:
@@ -201,10 +201,10 @@ def install_dataloader() -> None:
             seconds = perf_counter() - start
             if session.current is None and session.data_source is None:
                 # the first fetch since the last step began (Session.loader_wait's case, without the call)
-                session.data_source = id(self)
+                session.data_source = self
                 session.data_pending = seconds
             else:
-                session.loader_wait(id(self), seconds)
+                session.loader_wait(self, seconds)
 
     __next__._traceml_timed = True  # type: ignore[attr-defined]
     __next__.__wrapped__ = original  # type: ignore[attr-defined]

@@ -272,7 +272,10 @@ class Session:
         self.closed = False
         self.thread: Optional[int] = get_ident()  # the thread whose loader waits count (None once closed)
         self.current: Optional[_StepState] = None
-        self.data_source: Optional[int] = None  # id() of the loader iterator that produced data_pending
+        # The loader iterator that produced data_pending, held (not its id(): a validation loop's iterator,
+        # freed, leaves its address to the next epoch's training iterator, which would then add the
+        # validation fetches to its data wait); released when the next step begins.
+        self.data_source: Any = None
         self.data_pending: Optional[float] = None  # loader wait (s) since the previous step ended
         self.prev_end: Optional[float] = None
         self.carry: dict[str, Any] = {}  # values logged outside a step join the next one
@@ -336,7 +339,7 @@ class Session:
             self._torch = torch
             self.cuda = True
 
-    def loader_wait(self, source: int, seconds: float) -> None:
+    def loader_wait(self, source: Any, seconds: float) -> None:
         """Credit one timed loader ``next()`` (``sdk/loader.py``) to the step it fed.
 
         Inside a traced step it is that step's; between steps only the loader that
@@ -345,7 +348,7 @@ class Session:
         state = self.current
         if state is not None:
             state.data_in_step = seconds if state.data_in_step is None else state.data_in_step + seconds
-        elif self.data_source == source:
+        elif self.data_source is source:
             self.data_pending += seconds  # type: ignore[operator]
         else:
             self.data_source = source
