@@ -172,6 +172,32 @@ def test_nothing_is_written_after_close(tmp_path):
     assert _kinds(session.path) == [("step", 1), ("step", 2), ("step", 3), ("rank_end", 3)]
 
 
+def test_nothing_follows_rank_end_when_a_hang_or_a_sigterm_comes_while_the_session_closes(tmp_path):
+    """``close`` writes ``rank_end`` and marks the session closed under one hold of the window's lock. Between
+    that and the watchdog thread's stop, a hang the thread records is not written (it once followed
+    ``rank_end``), and a SIGTERM handled there (its handler closes the session again) writes no second
+    ``rank_end``. The stop stands in for both moments: it makes the records the thread and the handler would."""
+    session = Session(tmp_path / "run", "w", rank=0, world_size=1, window_s=9.0)
+    dog = Watchdog(session, hang=False).start()
+    session.watchdog = dog
+    stop = dog.stop
+    written: list[bool] = []
+
+    def stop_after_late_writers() -> None:
+        hang = records.Hang(v=records.RECORD_VERSION, run=session.run_name, rank=0, attempt=0,
+                            step=session.last_step, ts=time.time(), waited_s=1.0, limit_s=1.0)
+        written.append(session.write_aside(hang))  # the watchdog thread's look, a moment late
+        session.close("terminated", 143)  # the SIGTERM handler's close
+        stop()
+
+    dog.stop = stop_after_late_writers
+    _quick_steps(session, 3)
+    session.close("completed")
+    assert written == [False]
+    assert _kinds(session.path) == [("step", 1), ("step", 2), ("step", 3), ("rank_end", 3)]
+    assert _lines(session.path)[-1]["status"] == "completed"
+
+
 def test_the_window_setting(monkeypatch):
     monkeypatch.delenv(window_mod.WINDOW_ENV, raising=False)
     assert window_mod.window_s() == window_mod.WINDOW_S

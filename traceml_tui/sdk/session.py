@@ -569,24 +569,28 @@ class Session:
             self.drain_gpu(block=wait_gpu)
         except Exception:  # noqa: BLE001 - a CUDA error at exit must not hide the rank_end record
             pass
-        self.write(  # after every step record the window holds
-            records.RankEnd(
-                v=records.RECORD_VERSION,
-                run=self.run_name,
-                rank=self.rank,
-                attempt=self.attempt,
-                step=self.last_step if self.max_steps is None else min(self.last_step, self.max_steps),
-                ts=time.time(),
-                status=status,
-                exit_code=exit_code,
-            )
-        )
+        line = records.encode(records.RankEnd(
+            v=records.RECORD_VERSION,
+            run=self.run_name,
+            rank=self.rank,
+            attempt=self.attempt,
+            step=self.last_step if self.max_steps is None else min(self.last_step, self.max_steps),
+            ts=time.time(),
+            status=status,
+            exit_code=exit_code,
+        ))
+        # rank_end (after every step record the window holds) and the closed flags under one hold of the
+        # window's lock: a hang the watchdog thread records, or a SIGTERM handled on this thread, after it is
+        # written finds the session closed, so nothing follows rank_end in the file (and no second rank_end)
+        with self.window.lock:
+            if self.closed:
+                return
+            self.window.write(line, perf_counter())
+            self.window.closed = self.closed = True
         if self.watchdog is not None:
             self.watchdog.stop()
         with self.window.lock:
-            self.window.closed = True
             os.close(self.fd)
-            self.closed = True
         self.thread = None
 
 
