@@ -93,6 +93,10 @@ def test_a_training_step_of_its_own_is_timed_by_model_hooks_from_its_second_upda
     seen, rows = trained
     own = rows[UPDATES:]
     assert [r["step"] for r in own] == list(range(UPDATES + 1, 2 * UPDATES + 1))
+    # a second train() in the process: its first update has no input wait, as the first train()'s first (the
+    # time between the two trainers, building the second, is not the training loop's)
+    assert rows[0]["cpu_ms"]["input_wait"] is None and own[0]["cpu_ms"]["input_wait"] is None
+    assert all(r["cpu_ms"]["input_wait"] is not None for r in own[1:])
     # the first update showed that neither method runs: its forward and backward are missing, never wrong ...
     assert own[0]["cpu_ms"]["forward"] is None and own[0]["cpu_ms"]["backward"] is None
     # ... and the model's hooks time them from then on (one forward pre-hook and one forward hook)

@@ -32,7 +32,8 @@ import traceml_tui as traceml
 from traceml_tui.integrations.lightning import TraceMLCallback
 
 SCHEDULER_S, BATCH_END_S, ACCUMULATE = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-LOG_GRAD_NORM = len(sys.argv) > 4 and sys.argv[4] == "grad-norm"
+MODE = sys.argv[4] if len(sys.argv) > 4 else ""
+LOG_GRAD_NORM = MODE == "grad-norm"
 norms = []
 
 def slow_factor(step):
@@ -63,10 +64,15 @@ class SlowBatchEnd(L.Callback):  # what a checkpoint save at the batch end costs
 
 torch.manual_seed(0)
 x = torch.randn(32, 4)
-trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=ACCUMULATE,
-                    callbacks=[TraceMLCallback(), SlowBatchEnd()])
-trainer.fit(Net(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=4))
+def fit():
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=ACCUMULATE,
+                        callbacks=[TraceMLCallback(), SlowBatchEnd()])
+    trainer.fit(Net(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=4))
+fit()
+if MODE == "two-fits":  # other work, then a second fit in the same process (the same session)
+    time.sleep(0.5)
+    fit()
 traceml.finish()
 print(json.dumps({"path": str(traceml.current_run().path), "norms": norms}))
 """
@@ -85,6 +91,9 @@ def _plan(tmp_path_factory):
     folder = folders["grad-norm"] = tmp_path_factory.mktemp("update-end-grad-norm")
     (folder / "fit.py").write_text(_FIT)
     plan["grad-norm"] = integrations_support.Fit(folder / "fit.py", folder, ("0", "0", "1", "grad-norm"))
+    folder = folders["two-fits"] = tmp_path_factory.mktemp("update-end-two-fits")
+    (folder / "fit.py").write_text(_FIT)
+    plan["two-fits"] = integrations_support.Fit(folder / "fit.py", folder, ("0", "0", "1", "two-fits"))
     return plan, folders
 
 
@@ -96,7 +105,8 @@ if importlib.util.find_spec("lightning") is not None:
 def fits(request):
     procs, folders = integrations_support.runs(__name__.rpartition(".")[2], request)
     out = {accumulate: (procs[f"accumulate-{accumulate}"], folders[accumulate]) for accumulate in ACCUMULATIONS}
-    out["grad-norm"] = (procs["grad-norm"], folders["grad-norm"])
+    for name in ("grad-norm", "two-fits"):
+        out[name] = (procs[name], folders[name])
     return out
 
 
@@ -140,3 +150,19 @@ def test_a_gradient_norm_logged_in_on_before_optimizer_step_is_on_its_updates_re
     assert len(out["norms"]) == 3 and all(n > 0 for n in out["norms"])
     assert [r["grad_norm"] for r in rows] == out["norms"]
     assert all(r["loss"] is not None and r["lr"] == 0.1 for r in rows)  # the integration's figures are kept
+
+
+@pytest.mark.slow
+@needs_lightning
+@pytest.mark.xdist_group(integrations_support.GROUP)
+def test_a_second_fit_in_the_process_does_not_count_the_time_between_fits_as_input_wait(fits) -> None:
+    """Two fits, 0.5 s of other work between them: the second fit's first update has no input wait (as the
+    first fit's first update), not the gap since the first fit's last update; steps and examples count on."""
+    done, folder = fits["two-fits"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    path = folder / json.loads(done.stdout.strip().splitlines()[-1])["path"]
+    rows = [r for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == "step"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert rows[0]["cpu_ms"]["input_wait"] is None and rows[3]["cpu_ms"]["input_wait"] is None
+    assert all(r["cpu_ms"]["input_wait"] is not None and r["cpu_ms"]["input_wait"] < 400 for r in rows[1:3] + rows[4:])
+    assert [r["examples"] for r in rows] == [4, 8, 12, 16, 20, 24]

@@ -193,6 +193,7 @@ class _Tracer:
             self._traceml_off = True  # the script added its own: never instrumented twice
             return
         session = sdk.init()
+        session.loop_started()  # a second train() in this process: no input wait across the two
         if not _loader.dataloader_done:
             _loader.install_dataloader()  # the training DataLoader's fetches are the data wait
         self._phases = True

@@ -210,7 +210,7 @@ class _Tracer:
             unmeasured("all", f"{NAME} launches its own {trainer.world_size} processes; start the script with "
                                 f"`traceml run --nproc-per-node {trainer.world_size}` to record every rank")
             return
-        sdk.init()
+        sdk.init().loop_started()  # a second fit in this process: no input wait across the two
         if not _loader.dataloader_done:
             _loader.install_dataloader()  # the training DataLoader's fetches are the data wait
         self._fitting = True

@@ -339,6 +339,13 @@ class Session:
             self._torch = torch
             self.cuda = True
 
+    def loop_started(self) -> None:
+        """A trainer's training loop starts (each ``fit``/``train``): its first update's input wait is unknown, as
+        a session's first step's is, not the time since another loop's last step (model building, a test run)."""
+        self.prev_end = None
+        self.gpu_prev_end = None
+        self.data_pending = self.data_source = None
+
     def loader_wait(self, source: Any, seconds: float) -> None:
         """Credit one timed loader ``next()`` (``sdk/loader.py``) to the step it fed.
 
