@@ -340,6 +340,30 @@ def test_held_steps_are_written_on_sigterm(tmp_path):
     _assert_all_40(tmp_path, "terminated")
 
 
+def test_held_steps_are_written_when_a_sigterm_comes_while_they_are_being_built(tmp_path):
+    """A SIGTERM handled while ``finish()`` builds the held records (here: in the 21st record's loss read):
+    the handler's close finds them still held and writes every one, each counted once, before ``rank_end``
+    (they were once taken out of the held list first, so the handler wrote only ``rank_end``)."""
+    body = """
+class Loss:
+    def __init__(self, value, kill):
+        self.value, self.kill = value, kill
+    def item(self):
+        if self.kill:
+            self.kill = False
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.value
+for i in range(40):
+    with traceml.trace_step():
+        traceml.log(loss=Loss(float(i), i == 20), batch_size=2)
+traceml.finish()
+"""
+    proc = _script(tmp_path, "import signal\n" + body, **_LONG)
+    _communicate(proc)
+    assert proc.returncode == -signal.SIGTERM
+    _assert_all_40(tmp_path, "terminated")
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads' signal masks in /proc")
 def test_the_sdk_thread_leaves_every_signal_to_the_main_thread(tmp_path):
     session = Session(tmp_path / "run", "w", rank=0, world_size=1, window_s=3.0)

@@ -524,13 +524,14 @@ class Session:
             if torch is not None:
                 mem = self._mem = records.Memory(rss=mem.rss, cuda_peak_allocated=int(torch.cuda.max_memory_allocated()),
                                                  cuda_peak_reserved=int(torch.cuda.max_memory_reserved()))
+        examples = self.examples
         if values:
             if loss is None:
                 loss = values.get("loss")
             if lr is None:
                 lr = values.get("lr")
             if "examples" in values:
-                self.examples = values["examples"]
+                examples = values["examples"]
                 batch_size = None
             elif batch_size is None:
                 batch_size = values.get("batch_size")
@@ -538,13 +539,17 @@ class Session:
         else:
             grad_norm = components = metrics = None
         if batch_size is not None:
-            self.examples = (self.examples or 0) + batch_size
-        return records.Step(  # (_STEP_ORDER)
+            examples = (examples or 0) + batch_size
+        record = records.Step(  # (_STEP_ORDER)
             records.RECORD_VERSION, self.run_name, self.rank, self.attempt, step, now + self._wall_offset, cpu,
             gpu, None if loss is None else _as_float(loss), None if lr is None else _as_float(lr),
-            None if grad_norm is None else _as_float(grad_norm), self.examples, mem,
+            None if grad_norm is None else _as_float(grad_norm), examples, mem,
             _components(components) if components else None, _metrics(metrics) if metrics else None,
         )
+        # counted on once the record is built: a build that raised, or that a SIGTERM handler on this thread
+        # repeated (it writes the held records: sdk/window.py), counts its examples once
+        self.examples = examples
+        return record
 
     # -- other records ------------------------------------------------------------------------
     @property

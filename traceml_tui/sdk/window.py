@@ -141,20 +141,23 @@ class WriteWindow:
             return
         buf = line
         if batch:
-            self.held = []
-            try:
-                if not self._build_all(batch):
-                    batch = [record for record in batch if record is not None]
-                # One bytes object for every line: a bytearray emptied and refilled record by record was
-                # shrunk to nothing by each emptying and grown back by each record (several reallocs per
-                # write, in the allocator's cold paths; docs/trainers.md "Overhead")
-                buf = ENCODER.encode_lines(batch)
-            except BaseException:  # a KeyboardInterrupt before the write: nothing written, nothing lost
-                batch.extend(self.held)
-                self.held = batch
-                raise
-            if line:
-                buf += line
+            # The batch stays ``self.held`` until the bytes are built: a KeyboardInterrupt before the write
+            # leaves it held (nothing written, nothing lost), and a SIGTERM handled on this thread meanwhile
+            # (its handler closes the session through this lock, re-entrant) finds it and writes it before
+            # rank_end, where a batch taken out of ``held`` first was lost with rank_end counting it.
+            complete = self._build_all(batch)
+            # One bytes object for every line: a bytearray emptied and refilled record by record was
+            # shrunk to nothing by each emptying and grown back by each record (several reallocs per
+            # write, in the allocator's cold paths; docs/trainers.md "Overhead")
+            buf = ENCODER.encode_lines(batch if complete else [record for record in batch if record is not None])
+            if self.held is batch:
+                self.held = []
+                if line:
+                    buf += line
+            elif self.closed:  # a handler on this thread wrote it, and closed the session, meanwhile
+                return
+            else:  # a handler on this thread wrote it meanwhile: only ``line`` is left to write
+                buf = line
         if buf:
             # whole lines, as atomic.append_line writes them, looping on a short write (never seen on a local disk)
             written = os.write(self.fd, buf)
