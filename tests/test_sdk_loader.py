@@ -13,7 +13,8 @@ import pytest
 from traceml_tui.core import records, steptime
 
 #: Every script can ``nap(key, seconds)``: a sleep whose real length (a loaded machine oversleeps) is kept under
-#: ``key`` and written to ``took.json`` at exit, so the tests compare each figure with what really happened.
+#: ``key`` and written to ``took.json`` at exit, so the tests compare each figure with what really happened;
+#: ``Sleepy(n, s, key)`` is a dataset of ``n`` one-element tensors, each fetched by such a nap.
 _PRELUDE = """import atexit, json, time
 import traceml_tui as traceml
 took = {}
@@ -22,6 +23,13 @@ def nap(key, seconds):
     time.sleep(seconds)
     took.setdefault(key, []).append((time.perf_counter() - start) * 1000.0)
 atexit.register(lambda: open("took.json", "w").write(json.dumps(took)))
+class Sleepy:
+    def __init__(self, n, s, key): self.n, self.s, self.key = n, s, key
+    def __len__(self): return self.n
+    def __getitem__(self, i):
+        import torch
+        nap(self.key, self.s)
+        return torch.ones(1)
 """
 
 
@@ -109,12 +117,6 @@ def test_a_validation_loader_between_steps_is_between_steps_and_a_wrapped_datalo
     body = """
 import torch
 from torch.utils.data import DataLoader
-class Sleepy:
-    def __init__(self, n, s, key): self.n, self.s, self.key = n, s, key
-    def __len__(self): return self.n
-    def __getitem__(self, i):
-        nap(self.key, self.s)
-        return torch.ones(1)
 train = traceml.wrap_loader(DataLoader(Sleepy(8, 0.04, "train"), batch_size=1))  # wrapped and patched: timed once
 val = DataLoader(Sleepy(5, 0.02, "val"), batch_size=1)
 for i, batch in enumerate(train):
@@ -143,12 +145,6 @@ def test_a_validation_loop_before_the_next_epoch_is_not_that_epochs_data_wait(tm
     body = """
 import torch
 from torch.utils.data import DataLoader
-class Sleepy:
-    def __init__(self, n, s, key): self.n, self.s, self.key = n, s, key
-    def __len__(self): return self.n
-    def __getitem__(self, i):
-        nap(self.key, self.s)
-        return torch.ones(1)
 train = DataLoader(Sleepy(2, 0.0, "train"), batch_size=1)
 val = DataLoader(Sleepy(4, 0.05, "val"), batch_size=1)
 for epoch in range(3):
