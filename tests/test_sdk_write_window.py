@@ -87,6 +87,35 @@ def test_a_held_update_whose_record_cannot_be_built_costs_only_its_own_line(tmp_
     session.close("completed")
 
 
+def test_a_keyboard_interrupt_while_held_records_are_built_leaves_them_held_whole(tmp_path, capsys):
+    # Ctrl-C while the held records are built: nothing is written and every update stays held, those built
+    # already included; one that could not be built still leaves no line (never a "null") when they are.
+    session = Session(tmp_path / "run", "w", rank=0, world_size=1, window_s=9.0)
+
+    class Interrupting:
+        interrupted = False
+
+        def item(self) -> float:
+            if not Interrupting.interrupted:
+                Interrupting.interrupted = True
+                raise KeyboardInterrupt
+            return 0.25
+
+    _quick_steps(session, 2)
+    for value in ({"batch_size": "eight"}, {"loss": Interrupting()}):  # step 3 cannot be built; step 4 is cut
+        state = session.begin(time.perf_counter())
+        state.values.update(value)
+        session.end(state, time.perf_counter(), True)
+    _quick_steps(session, 1)
+    with pytest.raises(KeyboardInterrupt):
+        session.flush()
+    assert _steps(session.path) == [1] and len(session.window.held) == 4
+    session.close("completed")
+    assert _kinds(session.path) == [("step", 1), ("step", 2), ("step", 4), ("step", 5), ("rank_end", 5)]
+    assert [r["loss"] for r in _lines(session.path) if r["kind"] == "step"] == [0.5, 0.5, 0.25, 0.5]
+    assert "step 3 not recorded" in capsys.readouterr().err
+
+
 def test_another_record_of_the_rank_is_written_after_the_held_steps(tmp_path):
     from traceml_tui import sdk as traceml  # what `import traceml_tui as traceml` gives, and its session
 

@@ -168,7 +168,8 @@ class WriteWindow:
     def _build_all(self, batch: list[Any]) -> bool:
         """Build the records of held updates in place (in order: examples count on from one to the next).
 
-        False when a record could not be built (its entry is None now).
+        False when a record could not be built (its entry is None now, or was left None by an earlier build of
+        this batch that a KeyboardInterrupt cut short: the batch stays held).
         """
         build = self._build
         complete = True
@@ -182,4 +183,6 @@ class WriteWindow:
                           file=sys.stderr, flush=True)
                 if record is None:
                     complete = False
+            elif entry is None:
+                complete = False
         return complete
