@@ -29,6 +29,7 @@ from support import tui_data as d
 STEPS = 3
 #: Each rank prints to stdout and to stderr every step, and ends stdout without a newline.
 SCRIPT = f"""
+import gc
 import sys
 from datetime import timedelta
 
@@ -54,8 +55,11 @@ for step in range(1, {STEPS} + 1):
     print(f"step {{step}} printed by rank {{rank}}")
     print(f"step {{step}} warned by rank {{rank}}", file=sys.stderr)
 sys.stdout.write(f"last words of rank {{rank}}")
-del model, optimizer  # DDP's reducer holds the gloo group: freed and destroyed here, not at interpreter exit,
-dist.destroy_process_group()  # where gloo aborts now and then (docs/trainers.md "Limits")
+# DDP's reducer holds the gloo group: freed (gc: DDP sits in reference cycles) and destroyed here, not at
+# interpreter exit, where gloo aborts now and then (docs/trainers.md "Limits")
+del model, optimizer
+gc.collect()
+dist.destroy_process_group()
 """
 PRINTED = re.compile(r"^step (\d) (printed|warned) by rank (\d)$|^last words of rank (\d)$")
 
