@@ -442,6 +442,57 @@ def test_sigterm_is_acted_on_whichever_thread_the_kernel_hands_it_to(tmp_path):
         _assert_all_40(folder, "terminated")
 
 
+# A second session in one process (init() after finish()): the process's hooks serve it too. Its SIGTERM handler
+# used to be installed only over SIGTERM's default action and to look at the first, closed session, so a rank
+# ended by SIGTERM in its second session left no rank_end (found by an independent review).
+_TWO_SESSIONS = """
+for i in range(3):
+    with traceml.trace_step():
+        traceml.log(loss=float(i), batch_size=2)
+traceml.finish()
+traceml.init()
+for i in range(5):
+    with traceml.trace_step():
+        traceml.log(loss=float(i), batch_size=2)
+"""
+
+
+def _two_session_files(tmp_path: Path) -> tuple[list[dict], list[dict]]:
+    rank = tmp_path / "run" / "ranks" / "rank_0"
+    assert sorted(p.name for p in rank.glob("steps-*.jsonl")) == ["steps-0.jsonl", "steps-1.jsonl"]
+    return _lines(rank / "steps-0.jsonl"), _lines(rank / "steps-1.jsonl")
+
+
+def _assert_second_session_ended(tmp_path: Path, end: str) -> None:
+    first, second = _two_session_files(tmp_path)
+    assert [(r["kind"], r.get("status")) for r in first if r["kind"] == "rank_end"] == [("rank_end", "completed")]
+    assert [r["step"] for r in second if r["kind"] == "step"] == [4, 5, 6, 7, 8]
+    assert [(r["kind"], r.get("status")) for r in second if r["kind"] == "rank_end"] == [("rank_end", end)]
+    assert second[-1]["kind"] == "rank_end"
+
+
+def test_a_second_session_is_ended_by_sigterm(tmp_path):
+    proc = _script(tmp_path, _TWO_SESSIONS + "print('ready', flush=True)\ntime.sleep(3600)\n", **_LONG)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        _wait_asleep(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _communicate(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM
+    _assert_second_session_ended(tmp_path, "terminated")
+
+
+@pytest.mark.parametrize("body, end, code", [("", "exited", 0), ("raise RuntimeError('boom')\n", "failed", 1)])
+def test_a_second_session_is_ended_once_at_exit(tmp_path, body, end, code):
+    proc = _script(tmp_path, _TWO_SESSIONS + body, **_LONG)
+    out, err = _communicate(proc)
+    assert proc.returncode == code, err
+    assert err.count("Traceback") == code  # the exception printed once: the hooks did not pile up
+    _assert_second_session_ended(tmp_path, end)
+
+
 def test_a_sigkill_right_after_a_long_update_loses_no_step(tmp_path):
     # 40 short updates (held), then one longer than the window: its end writes them and itself at once.
     body = _QUICK + """

@@ -661,6 +661,22 @@ def resolve_run(run_name: Optional[str], logs_dir: Optional[str]) -> tuple[Path,
     return Path(logs_dir or "logs") / run_name, run_name
 
 
+#: Every session this process registered, oldest first, with its ``after`` and the pid that made it: ``init()``
+#: after ``finish()`` starts another session, and the exit, exception and SIGTERM hooks (installed once per
+#: process) act on each one this process owns. Per-session hooks piled up, and the SIGTERM handler, installed
+#: only over the default action, kept pointing at the first (closed) session, so a second session's rank ended
+#: by SIGTERM left no ``rank_end``.
+_REGISTERED: list[tuple[Session, Optional[Callable[[Session], Any]], int]] = []
+#: The pid whose exception and exit hooks are installed (a forked child that starts a session installs its own).
+_hooks_pid: Optional[int] = None
+
+
+def _owned_sessions() -> list[Session]:
+    """This process's registered sessions, oldest first (a forked child owns none of its parent's)."""
+    pid = os.getpid()
+    return [session for session, _after, owner in _REGISTERED if owner == pid]
+
+
 def register_exit(session: Session, after: Optional[Callable[[Session], Any]] = None) -> None:
     """Write ``rank_end`` at interpreter exit, then call ``after(session)`` (also after ``finish()``).
 
@@ -669,19 +685,32 @@ def register_exit(session: Session, after: Optional[Callable[[Session], Any]] = 
     ``exited`` with a code the SDK cannot see (``sys.exit(n)`` never reaches an
     exception hook), so ``exit_code`` stays null rather than a guessed 0; the
     launcher records the real code in the manifest. A forked child inherits the
-    session but is not its writer: it never writes to the rank's file.
+    session but is not its writer: it never writes to the rank's file. The
+    hooks are installed once per process and serve every session it starts
+    (:data:`_REGISTERED`).
     """
+    global _hooks_pid
+    pid = os.getpid()
+    _REGISTERED.append((session, after, pid))
+    if _hooks_pid != pid:
+        _hooks_pid = pid
+        _install_exception_and_exit_hooks(pid)
+    _end_on_sigterm()
+
+
+def _install_exception_and_exit_hooks(owner_pid: int) -> None:
     previous_hook = sys.excepthook
-    owner_pid = os.getpid()
 
     def _excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
-        session.failed = True
-        session.interrupted = issubclass(exc_type, KeyboardInterrupt)
-        if os.getpid() == owner_pid and not session.closed:
-            try:  # the held step records go to disk now: a crash during the teardown that follows keeps them
-                session.flush(wait_gpu=False)
-            except Exception:  # noqa: BLE001 - the traceback matters more
-                pass
+        if os.getpid() == owner_pid:
+            for session in _owned_sessions():
+                session.failed = True
+                session.interrupted = issubclass(exc_type, KeyboardInterrupt)
+                if not session.closed:
+                    try:  # the held step records go to disk now: a crash during the teardown keeps them
+                        session.flush(wait_gpu=False)
+                    except Exception:  # noqa: BLE001 - the traceback matters more
+                        pass
         if issubclass(exc_type, Refused):  # an SDK refusal is its one line, not a traceback (sdk/errors.py)
             print(str(exc), file=sys.stderr)
             return
@@ -692,23 +721,36 @@ def register_exit(session: Session, after: Optional[Callable[[Session], Any]] = 
     def _at_exit() -> None:
         if os.getpid() != owner_pid:
             return
-        if not session.closed:
-            if session.failed:
-                session.close("interrupted" if session.interrupted else "failed", 1)
-            else:
-                session.close("exited", None)
-        if after is not None:
-            after(session)  # e.g. the summary of a run without a launcher (sdk/direct.py); it never raises
-
-    def _in_child() -> None:
-        session.closed = True  # one writer per file: the fork's copy must stay silent
-        session.window.closed = True  # (its held records are the parent's to write)
-        session.window.lock = threading.RLock()  # another thread of the parent may have held it at the fork
+        for session, after, owner in list(_REGISTERED):
+            if owner != owner_pid:
+                continue
+            if not session.closed:
+                if session.failed:
+                    session.close("interrupted" if session.interrupted else "failed", 1)
+                else:
+                    session.close("exited", None)
+            if after is not None:
+                after(session)  # e.g. the summary of a run without a launcher (sdk/direct.py); it never raises
 
     atexit.register(_at_exit)
-    _end_on_sigterm(session, owner_pid)
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_in_child)
+    if not _fork_hook_installed and hasattr(os, "register_at_fork"):
+        _install_fork_hook()
+
+
+_fork_hook_installed = False
+
+
+def _install_fork_hook() -> None:
+    global _fork_hook_installed
+    _fork_hook_installed = True
+
+    def _in_child() -> None:
+        for session, _after, _owner in _REGISTERED:
+            session.closed = True  # one writer per file: the fork's copy must stay silent
+            session.window.closed = True  # (its held records are the parent's to write)
+            session.window.lock = threading.RLock()  # another thread of the parent may have held it at the fork
+
+    os.register_at_fork(after_in_child=_in_child)
 
 
 def close_at_script_end(session: Session, code: object = None) -> bool:
@@ -738,36 +780,42 @@ def close_at_script_end(session: Session, code: object = None) -> bool:
 TERMINATED = "terminated"
 
 
-def _end_on_sigterm(session: Session, owner_pid: int) -> None:
+def _end_on_sigterm() -> None:
     """On SIGTERM, write ``rank_end`` ``terminated`` (exit code 143), then die of SIGTERM as before.
 
     SIGTERM's default action skips ``atexit``, so a rank torchrun stops (a
     peer failed, or the launcher died and torchrun got its parent-death signal)
     would leave no end record and read as the rank that failed first
     (docs/contracts.md, rank state rule). Installed only when SIGTERM has its
-    default action and only from the main thread; a handler the script installs
-    later replaces it. GPU steps still in flight are not waited for: a hung
-    collective must not keep a terminated process alive.
+    default action and only from the main thread (a session started later from
+    the main thread installs it then); a handler the script installs later
+    replaces it. The handler ends every open session of this process (the one
+    ``init()`` started after a ``finish()`` too). GPU steps still in flight are
+    not waited for: a hung collective must not keep a terminated process alive.
     """
     if threading.current_thread() is not threading.main_thread():
         return
     try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        current = signal.getsignal(signal.SIGTERM)
+        if current is _terminated or current is not signal.SIG_DFL:
             return
-
-        def _terminated(signum: int, _frame: Any) -> None:
-            if not session.closed and os.getpid() == owner_pid:
-                try:  # an exception already on its way out (then SIGTERM at shutdown) keeps the rank failed
-                    if session.failed and not session.interrupted:
-                        session.close("failed", 1, wait_gpu=False)
-                    else:
-                        session.close(TERMINATED, 128 + signum, wait_gpu=False)
-                except Exception:  # noqa: BLE001 - dying as asked matters more than the record
-                    pass
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
         signal.signal(signal.SIGTERM, _terminated)
     except (ValueError, OSError):  # not the main thread of the main interpreter
         return
+
+
+def _terminated(signum: int, _frame: Any) -> None:
+    """The SIGTERM handler :func:`_end_on_sigterm` installs."""
+    for session in _owned_sessions():
+        if session.closed:
+            continue
+        try:  # an exception already on its way out (then SIGTERM at shutdown) keeps the rank failed
+            if session.failed and not session.interrupted:
+                session.close("failed", 1, wait_gpu=False)
+            else:
+                session.close(TERMINATED, 128 + signum, wait_gpu=False)
+        except Exception:  # noqa: BLE001 - dying as asked matters more than the record
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
