@@ -38,6 +38,7 @@ import msgspec
 from traceml_tui.core import artifacts, atomic, coverage, lifeline
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
 from traceml_tui.core.signals import shielded, unshielded
+from traceml_tui.run.curve_refresh import CurveRefresher
 from traceml_tui.run.lease import LeaseKeeper
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.run.rank_logs import NodeLog, PipeTee, RankLogs
@@ -427,7 +428,7 @@ class Launcher:
         finally:
             sampler.stop()
             if curve is not None:
-                curve.set()
+                curve.stop()  # a render in flight is killed: the final one (finalize) supersedes it
         try:
             if validation is not None:
                 self._drain_after_training(*validation)
@@ -612,17 +613,13 @@ class Launcher:
 
     def _render_curve(self) -> None:
         try:
-            with unshielded():  # (also run by the shielded curve thread: the render keeps its signals)
+            with unshielded():  # the render keeps its own signals, whichever thread runs this
                 subprocess.run(self._curve_cmd(), check=False, timeout=120, stdout=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
             _warn(f"could not render the learning curve: {exc}")
 
-    def _start_curve_refresher(self) -> Optional[threading.Event]:
-        """Refresh learning_curve.png every ``hygiene.curve.cadence`` updates while training runs.
-
-        Node 0 polls rank 0's step files (a cheap tail read) and renders in a
-        subprocess, so matplotlib never loads into the launcher.
-        """
+    def _start_curve_refresher(self) -> Optional[CurveRefresher]:
+        """Refresh learning_curve.png every ``hygiene.curve.cadence`` updates while training runs (node 0)."""
         if self.hygiene is None or self.options.node_rank != 0:
             return None
         cadence = int((self.hygiene.get("curve") or {}).get("cadence") or 0)
@@ -630,20 +627,8 @@ class Launcher:
             return None
         from traceml_tui.sdk.session import last_recorded_step
 
-        stop = threading.Event()
-
-        def loop() -> None:
-            rendered_bucket = -1
-            while not stop.wait(2.0):
-                _, step = last_recorded_step(self.run_dir, 0)
-                bucket = step // cadence
-                if step >= 1 and bucket != rendered_bucket:
-                    rendered_bucket = bucket
-                    self._render_curve()
-
-        with shielded():
-            threading.Thread(target=loop, name="traceml-curve-refresh", daemon=True).start()
-        return stop
+        return CurveRefresher(self._curve_cmd(), cadence, lambda: last_recorded_step(self.run_dir, 0)[1],
+                              _warn).start()
 
     # -- validation backlog (hygiene) -------------------------------------------------------------
     def _start_validation_drainer(self) -> Optional[tuple[Any, threading.Event, threading.Thread]]:

@@ -1,0 +1,68 @@
+"""The launcher's curve refresher: no render outlives it (run/curve_refresh.py, docs/hygiene.md).
+
+Found by running the Lightning example under `traceml run` again and again: a
+refresh still rendering when training ended kept running after the launcher
+returned, and wrote ``learning_curve.png`` into the run folder afterwards (the
+next launch of the same run name was refused: "logs/r holds learning_curve.png").
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from traceml_tui.run.curve_refresh import CurveRefresher
+
+#: A stand-in for `traceml curve` that says it started, then takes longer than any test waits.
+SLOW_RENDER = """
+import os, sys, time
+from pathlib import Path
+Path(sys.argv[1]).write_text(str(os.getpid()))
+time.sleep(60)
+Path(sys.argv[2]).write_text("written after the launcher stopped")
+"""
+
+
+def _wait_for(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def test_stop_kills_the_render_in_flight_and_waits_for_it(tmp_path):
+    started, late = tmp_path / "started", tmp_path / "late.png"
+    warnings: list[str] = []
+    refresher = CurveRefresher([sys.executable, "-c", SLOW_RENDER, str(started), str(late)], cadence=10,
+                               last_step=lambda: 10, warn=warnings.append, poll_s=0.05).start()
+    _wait_for(started)
+    render = psutil.Process(int(started.read_text()))
+    refresher.stop()
+    assert not render.is_running()  # killed and reaped before stop() returned
+    assert not late.exists()
+    assert warnings == []
+
+
+def test_one_render_per_bucket_of_cadence_updates(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    render = f"import time; from pathlib import Path; Path({str(marks)!r}, str(time.monotonic_ns())).touch()"
+    steps = iter([0, 3, 9, 10, 11, 19, 20, 20, 45])
+    last = [0]
+
+    def last_step() -> int:
+        last[0] = next(steps, last[0])
+        return last[0]
+
+    refresher = CurveRefresher([sys.executable, "-c", render], cadence=10, last_step=last_step,
+                               warn=print, poll_s=0.01).start()
+    deadline = time.monotonic() + 60.0
+    while last[0] != 45 or len(list(marks.iterdir())) < 4:
+        assert time.monotonic() < deadline, sorted(p.name for p in marks.iterdir())
+        time.sleep(0.05)
+    refresher.stop()
+    # buckets 0 (steps 3, 9), 1 (10, 11, 19), 2 (20), 4 (45): one render each, none before the first step
+    assert len(list(marks.iterdir())) == 4
