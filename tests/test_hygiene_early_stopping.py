@@ -312,3 +312,34 @@ def test_the_curve_marks_a_budget_stop_at_its_update(tmp_path):
     assert [str(line.get_label()) for line in stop] == ["early stop (max_budget) at update 600"]
     assert list(stop[0].get_xdata()) == [600, 600]
     plt.close(fig)
+
+
+def test_a_decision_reads_only_the_requests_not_yet_consumed(tmp_path, monkeypatch):
+    # Called every update: reading every request each time made a long run's early stopping cost grow with the
+    # checkpoints it published (1.1 ms per update after 13 checkpoints of the hygiene example, on rank 0, which
+    # every rank then waits for). The decisions are the same as a fresh reader's (the other tests).
+    run_dir = tmp_path / "run"
+    es = EarlyStopping(run_dir, **POLICY)
+    for step, value in SCHEDULE[:4]:
+        _complete(run_dir, _request(run_dir, step), value)
+    pending = _request(run_dir, 50)
+    read: list[str] = []
+    real = backlog.read_backlog_file
+
+    def counting(path, folder, *args, **kwargs):
+        if folder == "requests":
+            read.append(path.stem)
+        return real(path, folder, *args, **kwargs)
+
+    monkeypatch.setattr(backlog, "read_backlog_file", counting)
+    assert es.update(50) is False
+    assert sorted(read) == sorted(f"step-{s:08d}" for s, _ in SCHEDULE[:4]) + [pending]  # the first look: all
+    assert es.summary()["last_consumed"] == "step-00000040"
+    read.clear()
+    for _ in range(3):
+        es.update(50)
+    assert read == [pending] * 3  # after it: the one still waiting, never a consumed one
+    _complete(run_dir, pending, SCHEDULE[4][1])
+    read.clear()
+    assert es.update(50) is False
+    assert read == [pending] and es.summary()["last_consumed"] == pending

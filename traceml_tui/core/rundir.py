@@ -33,7 +33,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional
+from typing import Collection, Iterator, NamedTuple, Optional
 
 from traceml_tui.core import bounds
 
@@ -559,14 +559,20 @@ class RunDir:
         """The lock taken while a stale claim of ``checkpoint`` is broken (hidden: never a backlog file)."""
         return self.backlog_dir("claims", kind) / f".{checkpoint}.break"
 
-    def backlog_files(self, folder: str, kind: str = VALIDATION) -> list[Path]:
-        """The JSON files of one backlog folder of ``kind`` (regular files, no hidden temp files), by name."""
+    def backlog_files(self, folder: str, kind: str = VALIDATION, skip: Collection[str] = ()) -> list[Path]:
+        """The JSON files of one backlog folder of ``kind`` (regular files, no hidden temp files), by name,
+        but those whose name without ``.json`` is in ``skip`` (not even looked at: early stopping asks every
+        update, and a long run's folder holds thousands)."""
         out = []
         real = _real_dir(self.path, BACKLOG_ROOTS[kind], folder) if folder in BACKLOG_KINDS else None
         for entry in _scandir(real) if real is not None else ():
-            if entry.name.endswith(".json") and not entry.name.startswith(".") and _regular_stat(entry) is not None:
-                out.append(Path(entry.path))
-        return sorted(out)
+            name = entry.name
+            if not name.endswith(".json") or name.startswith(".") or (skip and name[:-5] in skip):
+                continue
+            if _regular_stat(entry) is not None:
+                out.append((name, entry.path))
+        out.sort()  # by name: one folder's paths sort as their names do
+        return [Path(path) for _, path in out]
 
     # -- one listing of everything the daemon ingests
     def scan(self) -> Listing:

@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Collection, Iterator, Optional
 
 from traceml_tui.core import artifacts, hygiene_files, state
 from traceml_tui.core import backlog as core_backlog
@@ -118,11 +118,13 @@ def read_early_stopping(path: Path, errors: Optional[list[str]] = None) -> Optio
     return decode_bounded(data)
 
 
-def list_requests(run_dir: Path, errors: Optional[list[str]] = None, kind: str = VALIDATION) -> list[dict]:
+def list_requests(run_dir: Path, errors: Optional[list[str]] = None, kind: str = VALIDATION,
+                  skip: Collection[str] = ()) -> list[dict]:
     """All readable requests, in checkpoint order (:func:`traceml_tui.core.backlog.request_order`; damaged ones
-    reported in ``errors``)."""
+    reported in ``errors``), but those of the checkpoints in ``skip``, which are not read at all (a request's
+    file is named after its checkpoint: ``core.hygiene_files.decode_named`` refuses any other)."""
     requests = []
-    for path in RunDir(run_dir).backlog_files("requests", kind):
+    for path in RunDir(run_dir).backlog_files("requests", kind, skip=skip):
         request = read_backlog_file(path, "requests", errors, kind)
         if request is not None:
             requests.append(request)

@@ -203,7 +203,9 @@ class EarlyStopping:
         changed = False
         if self.policy["enabled"]:
             consumed = set(state["consumed"])
-            for request in backlog.list_requests(self.run_dir):
+            # Called every update: the consumed requests are not read again (a run's requests only grow, and
+            # reading them all made each call cost O(checkpoints published): docs/hygiene.md "Early stopping").
+            for request in backlog.list_requests(self.run_dir, skip=consumed):
                 ckpt = request["checkpoint"]
                 if ckpt in consumed:
                     continue
