@@ -26,7 +26,7 @@ import numpy as np
 
 from traceml_tui.core import state
 
-from . import figures, live, sidefiles
+from . import figures, live, rates, sidefiles
 from . import index as idx
 
 RankKey = tuple[int, int, int]  # (run_id, rank, attempt)
@@ -132,6 +132,19 @@ class Aggregates:
     def _load_tail(self, w: live.RankWindow, key: RankKey) -> None:
         """Fill ``w``'s rolling window with the rank's newest stored rows (at most ``live.WINDOW``)."""
         tail = self.conn.execute(_NEWEST_SQL, (*key, live.WINDOW)).fetchall()
+        if len(tail) == live.WINDOW and tail[0][1] is not None and tail[-1][1] is not None \
+                and tail[-1][1] > tail[0][1] - rates.RATE_WINDOW_S:
+            # A fast rank: its last 64 steps span less than the rate's seconds; the steps before them within
+            # those seconds (and one mark's time) become its marks, as the live window made them (daemon/rates.py)
+            since = tail[0][1] - rates.RATE_WINDOW_S - rates.MARK_S
+            older = []
+            for row in self.conn.execute(_NEWEST_SQL, (*key, -1)):
+                if row[0] >= tail[-1][0]:
+                    continue  # the window's own steps
+                if row[1] is not None and row[1] < since:
+                    break
+                older.append((row[0], row[1], row[2]))
+            w.add_marks(older[::-1])
         w.add_stored(tail[::-1])
 
     def header_node(self, key: RankKey) -> Optional[int]:

@@ -31,6 +31,8 @@ from traceml_tui.core import records, steptime
 from . import rates
 
 WINDOW = 64  # steps in the rolling window
+#: Marks a window keeps for the rate rule (daemon/rates.py ``MARK_S``): every mark of the rate's seconds and a few
+MARKS = int(rates.RATE_WINDOW_S / rates.MARK_S) + 8
 SERIES_POINTS = 512  # buckets per (run, rank, metric): more than a terminal chart has columns, within the ≤ 2,000 asked
 
 _extra_encoder = msgspec.json.Encoder()
@@ -178,7 +180,7 @@ class RankWindow:
     """
 
     __slots__ = ("records", "first_step", "last_step", "last_ts", "loss", "ratios", "steps", "ts", "_cpu", "_gpu",
-                 "_unsplit", "timings", "arrays", "fresh_rows", "examples", "ended", "exit_code", "end_ts", "node", "seen", "fresh")
+                 "_unsplit", "timings", "arrays", "fresh_rows", "examples", "marks", "ended", "exit_code", "end_ts", "node", "seen", "fresh")
 
     def __init__(self) -> None:
         self.records = 0
@@ -199,6 +201,9 @@ class RankWindow:
         self.arrays: Optional[np.ndarray] = None
         self.fresh_rows = 0
         self.examples: deque = deque(maxlen=WINDOW)
+        #: (ts, step, examples, bucket) of the first step of each rates.MARK_S of record time: the rate rule's
+        #: seconds of records where the window's steps span less (a fast rank)
+        self.marks: deque = deque(maxlen=MARKS)
         self.ended: Optional[str] = None  # the rank_end record's status, once it came
         self.exit_code: Optional[int] = None
         self.end_ts: Optional[float] = None  # the rank_end record's ts
@@ -225,9 +230,25 @@ class RankWindow:
         self.steps.append(step)
         self.ts.append(ts)
         self.examples.append(examples)
+        if ts is not None:
+            self._mark(step, ts, examples)
         self._unsplit.append(timings)  # one that leaves the window before the next split is never split
         self.timings.append(timings)
         self.fresh_rows += 1
+
+    def _mark(self, step: int, ts: float, examples: Optional[int]) -> None:
+        """Keep ``step`` as a mark when it is the first of its ``rates.MARK_S`` of record time."""
+        bucket = ts // rates.MARK_S
+        marks = self.marks
+        if not marks or marks[-1][3] != bucket:
+            marks.append((ts, step, examples, bucket))
+
+    def add_marks(self, rows: Iterable[Sequence]) -> None:
+        """Mark older steps (``(step, ts, examples)`` rows, ascending step) that will not enter the window: those
+        the rate's seconds reach back to (a reloaded window, the first rows of a large batch)."""
+        for step, ts, examples in rows:
+            if ts is not None:
+                self._mark(step, ts, examples)
 
     def _split(self) -> None:
         """Split the steps that entered the window since the last call (the newest WINDOW of them)."""
@@ -270,6 +291,8 @@ class RankWindow:
         self.records += inserted
         if not cols or not cols[COL_STEP]:
             return
+        if len(cols[COL_STEP]) > WINDOW:  # the rows before the batch's newest WINDOW: marks for the rate only
+            self._mark_before_tail(cols)
         tail = sorted(zip(*(c[-WINDOW:] for c in cols)), key=lambda r: r[COL_STEP])
         for r in tail:
             if self.steps and r[COL_STEP] <= self.steps[-1]:
@@ -285,6 +308,22 @@ class RankWindow:
             self.last_ts = cols[COL_TS][i]
             if cols[COL_LOSS][i] is not None:
                 self.loss = cols[COL_LOSS][i]
+
+    def _mark_before_tail(self, cols: Sequence[Sequence]) -> None:
+        """Mark the batch's rows before its newest WINDOW (file order) that are new to the window and within
+        the rate's seconds (and one mark's time) of the batch's newest record time."""
+        head = len(cols[COL_STEP]) - WINDOW
+        times = [t for t in cols[COL_TS] if t is not None]
+        if not times:
+            return
+        since = max(times) - rates.RATE_WINDOW_S - rates.MARK_S
+        newest = self.steps[-1] if self.steps else None
+        for step, ts, examples in zip(cols[COL_STEP][:head], cols[COL_TS][:head], cols[COL_EXAMPLES][:head]):
+            if newest is not None and step <= newest:
+                continue  # a duplicate or an older step: not appended on the live path either
+            newest = step
+            if ts is not None and ts >= since:
+                self._mark(step, ts, examples)
 
     def add_row(self, r: Sequence, inserted: int) -> None:
         """Fold one row tuple into the window (what :meth:`add_columns` does with a one-row batch)."""
@@ -331,7 +370,7 @@ class RankWindow:
         Cheap (a walk back over the last few seconds of steps), so the live daemon writes it on every write,
         not only when the medians are recomputed.
         """
-        found = rates.window_rate(self.steps, self.ts, self.examples)
+        found = rates.window_rate(self.steps, self.ts, self.examples, marks=self.marks)
         return (None, None) if found is None else (found.steps_per_s, found.examples_per_s)
 
     def figures(self) -> dict[str, Any]:

@@ -32,12 +32,21 @@ from __future__ import annotations
 
 import bisect
 import math
+from operator import itemgetter
 from typing import Iterable, NamedTuple, Optional, Sequence
 
 from traceml_tui.core.state import QUIET_FLOOR_S, QUIET_INTERVALS, RankState, quiet_limit_s
 
 #: Seconds of a rank's newest records its rate is measured over.
 RATE_WINDOW_S = 5.0
+
+#: A rank's newest steps (``daemon.live.WINDOW``, 64) span less than :data:`RATE_WINDOW_S` once it steps faster
+#: than 64 per window (12.8 steps/s): its older records within the window are kept thinned, as *marks* — the
+#: first record of each ``MARK_S`` of record time (``floor(ts / MARK_S)``: the same marks whichever record a
+#: daemon started from). The rate then starts at the oldest mark within the window's seconds: at most
+#: ``MARK_S`` (1.6 % of the window) later than the oldest record there.
+MARK_S = RATE_WINDOW_S / 64
+_MARK_TS = itemgetter(0)
 
 #: The rule in words (`traceml status --json` ``figures.rate_rule`` and the Help screen of `traceml watch`).
 RATE_RULE = (f"steps completed over each rank's last {RATE_WINDOW_S:g} s of records; the run's is its slowest "
@@ -62,11 +71,14 @@ class Rate(NamedTuple):
 
 
 def window_rate(steps: Sequence[int], ts: Sequence[Optional[float]], examples: Sequence[Optional[int]],
-                seconds: float = RATE_WINDOW_S) -> Optional[Rate]:
+                seconds: float = RATE_WINDOW_S, marks: Sequence[tuple] = ()) -> Optional[Rate]:
     """The rates over the records within ``seconds`` of the newest one (at least the two newest).
 
     ``steps``, ``ts`` and ``examples`` are the rank's newest records, oldest first (``examples`` cumulative, as
-    the SDK writes them). None with fewer than two timed records or when they span no time.
+    the SDK writes them). ``marks`` are older records of the rank, thinned (:data:`MARK_S`), as ``(ts, step,
+    examples, …)`` oldest first: when the newest records do not reach back ``seconds``, the rates start at the
+    oldest mark within ``seconds`` of the newest record that is older than them. None with fewer than two
+    timed records or when they span no time.
     """
     n = len(steps)
     if n < 2 or ts[-1] is None:
@@ -84,10 +96,15 @@ def window_rate(steps: Sequence[int], ts: Sequence[Optional[float]], examples: S
     start = times[first]
     if start is None or end <= start:
         return None
+    step0, examples0 = steps[first], examples[first]
+    if marks and first == 0 and start > end - seconds:  # the newest records do not reach back the seconds
+        i = bisect.bisect_left(marks, end - seconds, key=_MARK_TS)
+        if i < len(marks) and end - seconds <= marks[i][0] < start:
+            start, step0, examples0 = marks[i][0], marks[i][1], marks[i][2]
     span = end - start
-    done = examples[-1], examples[first]
+    done = examples[-1], examples0
     per_example = (done[0] - done[1]) / span if done[0] is not None and done[1] is not None else None
-    return Rate((steps[-1] - steps[first]) / span, per_example, span)
+    return Rate((steps[-1] - step0) / span, per_example, span)
 
 
 def _stretch(steps_per_s: float, silent_s: float, interval_s: Optional[float]) -> float:

@@ -133,7 +133,142 @@ def test_the_live_window_writes_the_rule(gaps):
     steps, ts, examples = _records(gaps)
     window = live.RankWindow()
     window.add_stored([(s, t, e, 50.0, 1.0, *([None] * 12)) for s, t, e in zip(steps, ts, examples)])
-    found = rates.window_rate(steps[-live.WINDOW:], ts[-live.WINDOW:], examples[-live.WINDOW:])
-    assert window.rates() == (found.steps_per_s, found.examples_per_s)
+    assert window.rates() == pytest.approx(_rule_over_marks(steps, ts, examples), rel=1e-9)
     fig = window.figures()
     assert (fig["steps_per_s"], fig["examples_per_s"]) == window.rates()
+
+
+# --------------------------------------------------------------------------- a rank faster than its window
+# 64 steps of a rank faster than 12.8 steps/s span less than the rate's 5 s: the window keeps marks (the first
+# record of each rates.MARK_S of record time) so that its rate is still over its last 5 s of records.
+
+_fast_gaps = st.lists(st.one_of(st.floats(min_value=0.001, max_value=0.05), st.floats(min_value=0.05, max_value=2.0)),
+                      min_size=1, max_size=400)
+
+
+def _rule_over_marks(steps, ts, examples) -> tuple[float, float]:
+    """The rule written out plainly over every record: start at the oldest record within RATE_WINDOW_S of the
+    newest that is either among the newest WINDOW or the first of its MARK_S of time (the second newest when
+    none is)."""
+    end, n = ts[-1], len(ts)
+    buckets = [t // rates.MARK_S for t in ts]
+    kept = [i for i in range(n - 1)
+            if (i >= n - live.WINDOW or i == 0 or buckets[i] != buckets[i - 1]) and ts[i] >= end - rates.RATE_WINDOW_S]
+    first = kept[0] if kept else n - 2
+    span = end - ts[first]
+    return (steps[-1] - steps[first]) / span, (examples[-1] - examples[first]) / span
+
+
+def _row(step: int, ts: float, examples: int) -> tuple:
+    """A step row tuple (daemon/live.py's layout) of one timed step."""
+    row = [None] * (live.COL_DATA_IN_STEP + 1)
+    row[live.COL_STEP], row[live.COL_TS], row[live.COL_EXAMPLES] = step, ts, examples
+    row[live.COL_STEP_MS], row[live.COL_INPUT_WAIT] = 50.0, 1.0
+    return tuple(row)
+
+
+@given(_fast_gaps)
+def test_a_fast_ranks_window_rates_over_its_last_seconds_of_records(gaps):
+    steps, ts, examples = _records(gaps)
+    window = live.RankWindow()
+    for s, t, e in zip(steps, ts, examples):
+        window.add_row(_row(s, t, e), 1)
+    want = _rule_over_marks(steps, ts, examples)
+    assert window.rates() == pytest.approx(want, rel=1e-9)
+    # the window's start is within one mark's time of the oldest record within the seconds
+    within = [i for i in range(len(ts) - 1) if ts[i] >= ts[-1] - rates.RATE_WINDOW_S]
+    if within and len(ts) > live.WINDOW:
+        found = rates.window_rate(steps[-live.WINDOW:], ts[-live.WINDOW:], examples[-live.WINDOW:],
+                                  marks=window.marks)
+        assert found.span_s >= ts[-1] - ts[within[0]] - rates.MARK_S - 1e-9
+
+
+@given(_fast_gaps, st.integers(min_value=1, max_value=400))
+def test_a_batch_marks_as_its_records_one_by_one(gaps, cut):
+    """The cold path (a batch: add_columns) and the live path (one row per pass) give a window the same rates."""
+    steps, ts, examples = _records(gaps)
+    rows = [_row(s, t, e) for s, t, e in zip(steps, ts, examples)]
+    one_by_one, batched = live.RankWindow(), live.RankWindow()
+    for r in rows:
+        one_by_one.add_row(r, 1)
+    cut = min(cut, len(rows))
+    batched.add_rows(rows[:cut], cut)
+    if rows[cut:]:
+        batched.add_rows(rows[cut:], len(rows) - cut)
+    assert batched.rates() == one_by_one.rates()
+
+
+def test_a_pause_inside_a_fast_ranks_last_seconds_lowers_its_rate():
+    """100 steps/s for 10 s but with a 1 s pause 2 s before the end: its last 5 s of records hold about
+    400 steps over 5 s (80 steps/s); its newest 64 steps alone (0.63 s, after the pause) said 100."""
+    gaps = [0.01] * 800 + [1.0] + [0.01] * 200
+    steps, ts, examples = _records(gaps)
+    window = live.RankWindow()
+    window.add_rows([_row(s, t, e) for s, t, e in zip(steps, ts, examples)], len(steps))
+    steps_per_s, _ = window.rates()
+    assert steps_per_s == pytest.approx(80.0, rel=0.03)
+    newest_64 = (steps[-1] - steps[-live.WINDOW]) / (ts[-1] - ts[-live.WINDOW])
+    assert newest_64 == pytest.approx(100.0, rel=1e-6)
+
+
+def test_a_fast_real_ranks_rate_is_the_rule_live_cold_and_after_a_restart(tmp_path):
+    """A real SDK session stepping about 300 times a second with a 1 s pause: the rate the cold ingest stores,
+    the one a live ingest (the file appended in pieces, a pass after each) stores, and the one a restarted
+    ingester's reloaded window gives are each the rule over the file's records (the reload marks the steps
+    before its 64 from the index)."""
+    import json
+    import shutil
+    import sqlite3
+    import time
+
+    from daemon.service import Ingester
+    from traceml_tui.sdk.session import Session
+
+    run = tmp_path / "cold" / "fast"
+    session = Session(run, "fast", rank=0, world_size=1, window_s=0.0)
+    for i in range(700):
+        state = session.begin(time.perf_counter())
+        time.sleep(1.0 if i == 500 else 0.002)
+        session.end(state, time.perf_counter(), True)
+    session.close("completed")
+    path = run / "ranks" / "rank_0" / "steps-0.jsonl"
+    steps_recs = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "step"]
+    steps = [r["step"] for r in steps_recs]
+    ts = [r["ts"] for r in steps_recs]
+    examples = [0 for _ in steps]  # the session logged no examples: compare steps/s alone
+    want = _rule_over_marks(steps, ts, examples)[0]
+    assert (steps[-1] - steps[-live.WINDOW]) / (ts[-1] - ts[-live.WINDOW]) > want * 1.5  # the window alone: off
+
+    def stored(index: Path) -> float:
+        with sqlite3.connect(index) as conn:
+            return conn.execute("SELECT steps_per_s FROM rank_live").fetchone()[0]
+
+    cold = Ingester(tmp_path / "cold.sqlite", [str(tmp_path / "cold")], use_inotify=False)
+    cold.run_once()
+    cold.close()
+    assert stored(tmp_path / "cold.sqlite") == pytest.approx(want, rel=1e-9)
+
+    live_run = tmp_path / "live" / "fast"
+    shutil.copytree(run, live_run)
+    lines = path.read_bytes().splitlines(keepends=True)
+    live_path = live_run / "ranks" / "rank_0" / "steps-0.jsonl"
+    live_path.write_bytes(lines[0])
+    ing = Ingester(tmp_path / "live.sqlite", [str(tmp_path / "live")], use_inotify=False)
+    for start in range(1, len(lines), 37):
+        with open(live_path, "ab") as handle:
+            handle.write(b"".join(lines[start:start + 37]))
+        ing.run_once()
+    ing.close()
+    assert stored(tmp_path / "live.sqlite") == pytest.approx(want, rel=1e-9)
+
+    restarted = Ingester(tmp_path / "cold.sqlite", [str(tmp_path / "cold")], use_inotify=False)
+    try:
+        restarted.run_once()
+        run_id = restarted.conn.execute("SELECT run_id FROM rank_live").fetchone()[0]
+        restarted.store.agg.windows.clear()
+        # (the index stores a record's time to the millisecond: a reloaded window's times are those)
+        stored_ts = [round(t, 3) for t in ts]
+        want_reloaded = _rule_over_marks(steps, stored_ts, examples)[0]
+        assert restarted.store.agg.window((run_id, 0, 0)).rates()[0] == pytest.approx(want_reloaded, rel=1e-9)
+    finally:
+        restarted.close()
