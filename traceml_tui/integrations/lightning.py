@@ -12,7 +12,10 @@ optimizer update (``accumulate_grad_batches`` micro-batches fold in):
   accumulated update is applied, around ``optimizer.step(closure)``, and steps
   the schedulers right after it, before the batch-end hooks); the training
   DataLoader fetch before it is the step's data wait, validation and
-  sanity-check fetches are not;
+  sanity-check fetches are not; a validation that Lightning runs between two
+  micro-batches of an update (an int ``val_check_interval`` not a multiple of
+  ``accumulate_grad_batches``) pauses the update: it is the update's input
+  wait, not its envelope;
 * forward: the LightningModule's ``training_step`` (the forward pass and the
   loss); backward: its ``backward``; optimizer: its ``on_before_optimizer_step``
   (after the closure ran forward and backward) → the end of the scheduler step.
