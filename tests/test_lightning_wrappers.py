@@ -121,3 +121,51 @@ def test_a_collected_callback_leaves_wrappers_that_record_nothing(session) -> No
     _update(module, 1)
     assert session.last_step == 1  # the wrappers pass through: the module's own methods still run
     assert module.calls[before:] == ["start", "forward", "backward", "before optimizer", "optimizer"]
+
+
+class _ValLoop:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.current: list[Any] = []
+
+    def run(self) -> list:
+        self.current.append(self.session.current)  # what a validation fetch or traceml.log would see
+        return []
+
+
+def test_a_validation_between_two_micro_batches_pauses_the_update(session) -> None:
+    """An int val_check_interval that is not a multiple of accumulate_grad_batches: Lightning's validation loop
+    runs between two micro-batches of an update, which is paused meanwhile (its time is not the update's)."""
+    module = _Module()
+    val_loop = _ValLoop(session)
+    module._trainer.fit_loop.epoch_loop.val_loop = val_loop
+    tracer = pl_adapter._Tracer()
+    trainer = SimpleNamespace(callbacks=[tracer], world_size=1, accumulate_grad_batches=2, strategy=None,
+                              fit_loop=module._trainer.fit_loop)
+    tracer.setup(trainer, module, "fit")
+    assert "run" in val_loop.__dict__ and tracer._val_ref() is val_loop
+    val_loop.run()  # a sanity check: no update open, nothing paused
+    batch = (SimpleNamespace(shape=(4, 2)),)
+    module.on_train_batch_start(batch, 0)
+    module.backward(None)  # (the first micro-batch: no optimizer step)
+    u = tracer._u
+    start = u.start
+    val_loop.run()  # the validation inside the update
+    assert val_loop.current == [None, None] and session.current is u and u.paused is None
+    assert not tracer._traceml_off
+    assert u.start > start  # the envelope starts later by the paused time
+    tracer.teardown(trainer, module, "fit")
+    assert "run" not in val_loop.__dict__  # the validation loop's own run again
+
+
+def test_without_a_validation_loop_to_wrap_the_validation_hooks_pause_the_update(session) -> None:
+    module = _Module()
+    tracer = _wrapped(module)  # (a trainer with no fit_loop: nothing to wrap)
+    assert tracer._val_ref is None
+    trainer = SimpleNamespace(sanity_checking=False, callback_metrics={}, checkpoint_callbacks=())
+    module.on_train_batch_start((SimpleNamespace(shape=(4, 2)),), 0)
+    u = tracer._u
+    tracer.on_validation_start(trainer, module)
+    assert session.current is None and u.paused is not None and u.live
+    tracer.on_validation_end(trainer, module)
+    assert session.current is u and u.paused is None and not tracer._traceml_off

@@ -3,10 +3,12 @@ the same step records as a step state of its own per update, and no object kept 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -99,3 +101,91 @@ def test_an_ended_update_leaves_only_its_figures_held_and_the_state_ready_for_th
     assert session.window.held == []
     assert session.path.read_bytes().count(b'"kind":"step"') == 4
     session.close("completed")
+
+
+def test_a_paused_update_moves_the_paused_time_to_its_input_wait_and_drops_the_fetches_in_between(tmp_path) -> None:
+    """``pause_update``/``resume_update`` (a Lightning validation between two micro-batches of an update): the
+    paused time leaves the traced envelope for the input wait, the loader fetches while paused are no update's
+    data wait, a value logged while paused joins the update."""
+    session = Session(tmp_path / "run", "u", rank=0, world_size=1, window_s=0.0)
+    state = OpenUpdate()
+    t = time.perf_counter() + 3600.0
+    session.open_update(state, t)
+    session.end_update(state, t + 0.010, True)  # update 1 ends at t + 10 ms
+    session.open_update(state, t + 0.011)  # update 2: 1 ms gap
+    session.loader_wait(7, 0.001)  # its first micro-batch's fetch: inside it
+    session.pause_update(state, t + 0.015)
+    assert session.current is None and state.live
+    session.loader_wait(8, 0.2)  # the validation's fetches
+    session.loader_wait(8, 0.2)
+    session.carry["metrics"] = {"acc": 0.5}  # what traceml.log stores while no step is current
+    session.resume_update(state, t + 0.515)
+    assert session.current is state and state.paused is None and not session.carry
+    assert session.data_pending is None and session.data_source is None
+    session.loader_wait(7, 0.002)  # the second micro-batch's fetch
+    session.end_update(state, t + 0.520, True)
+    session.open_update(state, t + 0.521)  # update 3: no validation fetch in its data wait
+    assert state.data_wait is None
+    session.end_update(state, t + 0.522, False)
+    session.flush()
+    rows = [json.loads(line) for line in session.path.read_text().splitlines() if '"kind":"step"' in line]
+    session.close("completed")
+    cpu = rows[1]["cpu_ms"]
+    assert cpu["step"] == pytest.approx(9.0, abs=1e-6)  # 509 ms less the 500 ms paused
+    assert cpu["input_wait"] == pytest.approx(501.0, abs=1e-6)  # the 1 ms gap and the 500 ms paused
+    assert cpu["data_in_step"] == pytest.approx(3.0, abs=1e-6)
+    assert rows[1]["metrics"] == {"acc": 0.5}
+
+
+def test_a_paused_update_of_the_first_step_leaves_the_paused_time_out(tmp_path) -> None:
+    session = Session(tmp_path / "run", "u", rank=0, world_size=1, window_s=0.0)
+    state = OpenUpdate()
+    t = time.perf_counter() + 3600.0
+    session.open_update(state, t)
+    session.pause_update(state, t + 0.005)
+    session.resume_update(state, t + 0.505)
+    session.end_update(state, t + 0.510, True)
+    session.flush()
+    row = next(json.loads(line) for line in session.path.read_text().splitlines() if '"kind":"step"' in line)
+    session.close("completed")
+    assert row["cpu_ms"]["input_wait"] is None  # unknown, as any first step's
+    assert row["cpu_ms"]["step"] == pytest.approx(10.0, abs=1e-6)
+
+
+class _Event:
+    """A CUDA event on a fake clock: ``elapsed_time`` in ms between two recorded times."""
+
+    clock = 0.0
+
+    def __init__(self, enable_timing: bool = True) -> None:
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.at = _Event.clock
+
+    def elapsed_time(self, other: "_Event") -> float:
+        return (other.at - self.at) * 1000.0
+
+    def query(self) -> bool:
+        return True
+
+
+def test_a_paused_update_on_the_gpu_moves_the_paused_time_to_its_input_wait() -> None:
+    from types import SimpleNamespace
+
+    from traceml_tui.sdk.phases import GpuStepEvents
+
+    torch = SimpleNamespace(cuda=SimpleNamespace(Event=_Event))
+    _Event.clock = 1.0
+    prev_end = _Event()
+    prev_end.record()
+    _Event.clock = 1.002
+    events = GpuStepEvents(torch, prev_end)  # the update starts 2 ms after the previous one's end
+    _Event.clock = 1.010
+    events.open("paused")
+    _Event.clock = 1.410
+    events.close_phase("paused")
+    _Event.clock = 1.415
+    events.close()
+    phases = events.resolve()
+    assert phases.step == pytest.approx(13.0) and phases.input_wait == pytest.approx(402.0)

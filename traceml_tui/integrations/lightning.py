@@ -12,7 +12,10 @@ optimizer update (``accumulate_grad_batches`` micro-batches fold in):
   accumulated update is applied, around ``optimizer.step(closure)``, and steps
   the schedulers right after it, before the batch-end hooks); the training
   DataLoader fetch before it is the step's data wait, validation and
-  sanity-check fetches are not;
+  sanity-check fetches are not; a validation that Lightning runs between two
+  micro-batches of an update (an int ``val_check_interval`` not a multiple of
+  ``accumulate_grad_batches``) pauses the update: it is the update's input
+  wait, not its envelope;
 * forward: the LightningModule's ``training_step`` (the forward pass and the
   loss); backward: its ``backward``; optimizer: its ``on_before_optimizer_step``
   (after the closure ran forward and backward) → the end of the scheduler step.
@@ -96,6 +99,7 @@ class _Tracer:
         self._u = _Update()
         self._module_ref: Any = None
         self._loop_ref: Any = None  # the fit's training epoch loop, whose scheduler step ends an update
+        self._val_ref: Any = None  # the fit's validation loop, whose run pauses an update open when it starts
         self._published: set[str] = set()
         self._before_val: dict[str, Any] = {}
         self._fitting = False  # set up for Trainer.fit (a separate trainer.validate() records nothing)
@@ -169,10 +173,29 @@ class _Tracer:
         loop = self._loop_ref() if self._loop_ref is not None else None
         if loop is not None and getattr(loop.__dict__.get(_SCHEDULER_STEP), "_traceml_of", None) is not None:
             del loop.__dict__[_SCHEDULER_STEP]
-        self._module_ref = self._loop_ref = None
+        val_loop = self._val_ref() if self._val_ref is not None else None
+        if val_loop is not None and getattr(val_loop.__dict__.get("run"), "_traceml_of", None) is not None:
+            del val_loop.__dict__["run"]
+        self._module_ref = self._loop_ref = self._val_ref = None
         self._u.on = self._u.to_scheduler = False
         for hook in _BATCH_HOOKS:
             self.__dict__.pop(hook, None)
+
+    def _wrap_validation(self, trainer: Any) -> None:
+        """Pause an update open when the fit's validation runs (see :func:`_validation_run`): its loop's ``run``
+        gets an instance wrapper (else the validation start and end hooks pause and resume it)."""
+        try:
+            val_loop = trainer.fit_loop.epoch_loop.val_loop
+        except AttributeError:
+            return
+        original = getattr(val_loop, "run", None)
+        if not callable(original) or getattr(val_loop.__dict__.get("run"), "_traceml_of", None) is not None:
+            return
+        wrapper = _validation_run(original, self._u, weakref.ref(self))
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapper._traceml_of = original  # type: ignore[attr-defined]
+        val_loop.__dict__["run"] = wrapper
+        self._val_ref = weakref.ref(val_loop)
 
     def _fail(self, where: str, exc: Exception) -> None:
         fail_open(self, NAME, where, exc)
@@ -220,6 +243,7 @@ class _Tracer:
             unmeasured("forward backward optimizer", reason)
         else:
             self._wrap(pl_module)
+        self._wrap_validation(trainer)
         param = next(iter(pl_module.parameters()), None)
         if param is not None and param.is_cuda:
             sdk.current_run().enable_cuda()
@@ -258,12 +282,18 @@ class _Tracer:
 
     @guarded(NAME)
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        u = self._u
+        if self._val_ref is None and u.live and u.stepped is None:  # (no validation loop wrapped: its hooks)
+            u.session.pause_update(u, perf_counter())
         self._publish_saved(trainer)
         if self._fitting and not trainer.sanity_checking:
             self._before_val = dict(trainer.callback_metrics)
 
     @guarded(NAME)
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        u = self._u
+        if self._val_ref is None and u.live and u.paused is not None:
+            u.session.resume_update(u, perf_counter())
         if not self._fitting or trainer.sanity_checking:
             return
         before = self._before_val
@@ -464,6 +494,33 @@ def _optimizer_step(original: Callable, u: _Update, tracer: Callable) -> Callabl
         return out
 
     return optimizer_step
+
+
+def _validation_run(original: Callable, u: _Update, tracer: Callable) -> Callable:
+    """The fit's validation loop's ``run`` (the sanity check and every validation; the whole of it: the loader's
+    iterator and workers, the eval and train modes, the hooks). Validation runs between updates, except where an
+    int ``val_check_interval`` is not a multiple of ``accumulate_grad_batches``: then it runs between two
+    micro-batches of an update, which is paused meanwhile (sdk/session.py ``pause_update``): its time goes to
+    the update's input wait, as validation between two updates goes to the next one's, and its fetches are
+    not data wait."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        paused = False
+        if u.live and u.stepped is None:  # (an update whose optimizer stepped has ended: at u.stepped)
+            try:
+                u.session.pause_update(u, perf_counter())
+                paused = True
+            except Exception as exc:  # noqa: BLE001 - fail-open
+                _fail(tracer, "validation", exc)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if paused and u.live and u.paused is not None:
+                try:
+                    u.session.resume_update(u, perf_counter())
+                except Exception as exc:  # noqa: BLE001 - fail-open
+                    _fail(tracer, "validation", exc)
+
+    return run
 
 
 def _update_lr_schedulers(original: Callable, u: _Update, tracer: Callable) -> Callable:

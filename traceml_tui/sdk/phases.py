@@ -61,8 +61,14 @@ class GpuStepEvents:
             return float(sum(a.elapsed_time(b) for a, b in pairs))
 
         wait = float(self.prev_end.elapsed_time(self.start)) if self.prev_end is not None else None
+        step = float(self.start.elapsed_time(self.end))
+        paused = total("paused")  # work that was no part of the step (Session.pause_update): in the gap instead
+        if paused:
+            step -= paused
+            if wait is not None:
+                wait += paused
         return records.Phases(
-            step=float(self.start.elapsed_time(self.end)),
+            step=step,
             input_wait=wait,
             forward=total("forward"),
             backward=total("backward"),

@@ -238,10 +238,11 @@ class OpenUpdate(_StepState):
     instead of a new step state and values dict: a trainer's own working set evicts every line traceml
     touches between two updates, so each distinct line is a cache miss per update (docs/trainers.md,
     "The second-level cache"). ``loss``, ``lr`` and ``examples`` (the update's examples, as ``batch_size``)
-    are the integration's figures; ``live`` says an update is open.
+    are the integration's figures; ``live`` says an update is open, ``paused`` since when work that is not its
+    own runs inside it (:meth:`Session.pause_update`).
     """
 
-    __slots__ = ("live", "loss", "lr", "examples")
+    __slots__ = ("live", "loss", "lr", "examples", "paused")
 
     def __init__(self) -> None:
         super().__init__(0.0, None, None)
@@ -249,6 +250,7 @@ class OpenUpdate(_StepState):
         self.loss: Any = None
         self.lr: Any = None
         self.examples: Optional[int] = None
+        self.paused: Optional[float] = None  # perf_counter when the open update was paused (None: running)
         self.opt_manual = True  # the caller times the optimizer part, never torch's hooks around a closure
 
 
@@ -428,6 +430,38 @@ class Session:
 
             state.gpu = GpuStepEvents(self._torch, self.gpu_prev_end)
         state.live = True
+        self.current = state
+
+    def pause_update(self, state: OpenUpdate, now: float) -> None:
+        """Work that is no part of the open update starts inside it (a trainer's validation run between two
+        micro-batches of an accumulated update): the update's clock stops until :meth:`resume_update`.
+
+        Meanwhile there is no current step: loader fetches are not the update's (nor the next update's data
+        wait: :meth:`resume_update` drops them), ``traceml.log`` values wait for the resume, the phase hooks
+        time nothing.
+        """
+        state.paused = now
+        self.current = None
+        if state.gpu is not None:
+            state.gpu.open("paused")
+
+    def resume_update(self, state: OpenUpdate, now: float) -> None:
+        """The update :meth:`pause_update` paused goes on: the paused time leaves its traced envelope for its input
+        wait (the between-steps part, core/steptime.py), so that it reads as if that work had run before the
+        update began, as the same work run between two updates does. The parts still sum to the step time; the
+        first update of a loop, whose input wait is unknown, leaves the paused time out of the step time."""
+        paused = now - state.paused if state.paused is not None else 0.0
+        state.paused = None
+        state.start += paused
+        if state.input_wait_ms is not None:
+            state.input_wait_ms += paused * 1000.0
+        # an open update leaves nothing pending (open_update took it): what is pending now was fetched while paused
+        self.data_pending = self.data_source = None
+        if self.carry:  # logged while paused: the update's, as values logged before an update are
+            state.values.update(self.carry)
+            self.carry.clear()
+        if state.gpu is not None:
+            state.gpu.close_phase("paused")
         self.current = state
 
     def end_update(self, state: OpenUpdate, now: float, ok: bool) -> None:
