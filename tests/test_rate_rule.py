@@ -239,7 +239,7 @@ def test_a_fast_real_ranks_rate_is_the_rule_live_cold_and_after_a_restart(tmp_pa
     want = _rule_over_marks(steps, ts, examples)[0]
     assert (steps[-1] - steps[-live.WINDOW]) / (ts[-1] - ts[-live.WINDOW]) > want * 1.5  # the window alone: off
 
-    def stored(index: Path) -> float:
+    def stored(index) -> float:
         with sqlite3.connect(index) as conn:
             return conn.execute("SELECT steps_per_s FROM rank_live").fetchone()[0]
 
