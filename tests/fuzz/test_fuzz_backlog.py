@@ -119,3 +119,76 @@ def test_backlog_corpus(hygiene, found):
     """Cases found by fuzzing (and the R4 repros), kept as regression inputs: ``<folder>__<name>__<case>.json``."""
     folder, name, _ = found.split("__", 2)
     _check(hygiene, f"validation/{folder}/{name}.json", (CORPUS / found).read_bytes())
+
+
+# --------------------------------------------------------------------------- the looks skip receipted requests
+# The dispatcher (``has_unreceipted``, ``next_retry_s``), the drainer's scan and the launcher's blocked warning
+# read only the requests without a receipt file (``backlog.open_requests``). Contract: over any backlog (receipts
+# good, damaged or folders; failures up to blocked; claims; stray files) they answer as reading every request.
+
+_BACKLOG_EVENTS = st.lists(st.one_of(
+    st.tuples(st.just("publish")),
+    st.tuples(st.just("complete"), st.integers(0, 20)),
+    st.tuples(st.just("fail"), st.integers(0, 20)),
+    st.tuples(st.just("claim"), st.integers(0, 20)),
+    st.tuples(st.just("damage_receipt"), st.integers(0, 20), st.binary(max_size=20)),
+    st.tuples(st.just("receipt_folder"), st.integers(0, 20)),
+    st.tuples(st.just("stray"), st.sampled_from([".x.json", "notes.txt", "dir.json"])),
+), max_size=30)
+
+
+def test_looks_at_open_requests_answer_as_reading_every_request(tmp_path_factory):
+    from hypothesis import HealthCheck, settings
+
+    from traceml_tui.core.rundir import RunDir
+    from traceml_tui.hygiene import backlog, dispatch
+    from traceml_tui.hygiene.checkpoints import publish_checkpoint
+
+    @given(events=_BACKLOG_EVENTS, backoff=st.sampled_from([0.0, 3600.0]))
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    def check(events, backoff):
+        run = tmp_path_factory.mktemp("open") / "run"
+        run.mkdir()
+        rd = RunDir(run)
+        published: list[str] = []
+        for kind, *args in events:
+            if kind == "publish":
+                (run / "w.bin").write_bytes(b"w")
+                published.append(publish_checkpoint(run, run / "w.bin", step=len(published) + 1, config_digest="d"))
+                continue
+            if kind == "stray":
+                folder = rd.backlog_dir("requests")
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / args[0]).mkdir() if args[0] == "dir.json" else (folder / args[0]).write_bytes(b"{}")
+                continue
+            if not published:
+                continue
+            ckpt = published[args[0] % len(published)]
+            request = backlog.read_json(rd.request(ckpt))
+            receipt = rd.receipt(ckpt)
+            if kind == "complete" and request is not None and not receipt.exists():
+                backlog.write_receipt(run, request, {"m": 1.0})
+            elif kind == "fail":
+                backlog.write_failure(run, ckpt, "boom")
+            elif kind == "claim":
+                backlog.try_claim(run, ckpt, {"host": "h", "pid": 1, "started": 0.0}, 60.0)
+            elif kind == "damage_receipt" and not receipt.is_dir():
+                receipt.parent.mkdir(parents=True, exist_ok=True)
+                receipt.write_bytes(args[1])
+            elif kind == "receipt_folder" and not receipt.exists():
+                receipt.mkdir(parents=True)
+        every = backlog.list_requests(run)
+        claimable = any(backlog.claimable(run, r["checkpoint"], max_attempts=2, backoff_s=backoff) for r in every)
+        assert dispatch.has_unreceipted(run, 2, backoff) == claimable
+        waits = [backlog.retry_wait(run, r["checkpoint"], max_attempts=2, backoff_s=backoff) for r in every
+                 if backlog.read_claim(run, r["checkpoint"]) is None]
+        known = [w for w in waits if w is not None]
+        got = dispatch.next_retry_s(run, 2, backoff)
+        assert (got is None) == (not known)
+        if known:
+            assert got == pytest.approx(min(known), abs=5.0)
+        receipted = {r["checkpoint"] for r in every if rd.receipt(r["checkpoint"]).exists()}
+        assert [r["checkpoint"] for r in backlog.open_requests(run)] == \
+            [r["checkpoint"] for r in every if r["checkpoint"] not in receipted or rd.receipt(r["checkpoint"]).is_dir()]
+
+    check()

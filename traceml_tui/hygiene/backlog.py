@@ -132,6 +132,18 @@ def list_requests(run_dir: Path, errors: Optional[list[str]] = None, kind: str =
     return requests
 
 
+def open_requests(run_dir: Path, kind: str = VALIDATION, skip: Collection[str] = ()) -> list[dict]:
+    """The readable requests of ``kind`` without a receipt file (and not in ``skip``), in checkpoint order.
+
+    What a drainer, the dispatcher and the launcher's blocked-request warning look at (every second while a run
+    trains): a request whose receipt exists is completed (:func:`retry_wait` says None for it), so it is not
+    even read. One listing of the receipts instead of reading every request and its receipt, failures and
+    claim: at 1,000 checkpoints a look cost most of a second (tests/benchmarks/bench_backlog_looks.py).
+    """
+    done = {path.stem for path in RunDir(run_dir).backlog_files("receipts", kind)}
+    return list_requests(run_dir, kind=kind, skip=done.union(skip) if skip else done)
+
+
 def read_receipt(run_dir: Path, checkpoint: str, kind: str = VALIDATION) -> Optional[dict]:
     return read_backlog_file(RunDir(run_dir).receipt(checkpoint, kind), "receipts", kind=kind)
 

@@ -46,7 +46,7 @@ def has_unreceipted(run_dir: Path, max_attempts: int, backoff_s: float = DEFAULT
     """Whether a request waits that a drainer may take now (no receipt, not blocked, not backing off)."""
     return any(backlog.claimable(run_dir, request["checkpoint"], max_attempts=max_attempts, backoff_s=backoff_s,
                                  kind=kind)
-               for request in backlog.list_requests(run_dir, kind=kind))
+               for request in backlog.open_requests(run_dir, kind))
 
 
 def next_retry_s(run_dir: Path, max_attempts: int, backoff_s: float = DEFAULT_RETRY_BACKOFF_S,
@@ -57,7 +57,7 @@ def next_retry_s(run_dir: Path, max_attempts: int, backoff_s: float = DEFAULT_RE
     """
     waits = [backlog.retry_wait(run_dir, request["checkpoint"], max_attempts=max_attempts, backoff_s=backoff_s,
                                 kind=kind)
-             for request in backlog.list_requests(run_dir, kind=kind)
+             for request in backlog.open_requests(run_dir, kind)
              if backlog.read_claim(run_dir, request["checkpoint"], kind=kind) is None]
     known = [w for w in waits if w is not None]
     return min(known) if known else None

@@ -212,7 +212,7 @@ def drain(
             result.reason = "runtime_limit"
             return result
         took = None
-        for request in backlog.list_requests(run_dir, kind=kind):
+        for request in backlog.open_requests(run_dir, kind, skip=tried):
             ckpt = request["checkpoint"]
             if ckpt in tried or not backlog.claimable(run_dir, ckpt, max_attempts=max_attempts,
                                                       backoff_s=retry_backoff_s, kind=kind):

@@ -679,7 +679,7 @@ class Launcher:
         """One line as soon as a request is blocked: no drainer retries it and early stopping skips it."""
         from traceml_tui.hygiene import backlog
 
-        for request in backlog.list_requests(self.run_dir):
+        for request in backlog.open_requests(self.run_dir, skip=warned):
             ckpt = request["checkpoint"]
             if ckpt in warned or backlog.retry_wait(self.run_dir, ckpt, max_attempts=max_attempts) is not None:
                 continue

@@ -1,11 +1,16 @@
-"""Benchmark: one early-stopping decision (``EarlyStopping.update``), called every update, as a run's checkpoints grow.
+"""Benchmark: the looks at a run's validation backlog that run while it trains, as its checkpoints grow.
 
-    python tests/benchmarks/bench_early_stopping.py
+    python tests/benchmarks/bench_backlog_looks.py
 
-For 10, 100 and 1,000 published checkpoints (every one evaluated and consumed but the newest, still pending:
-the steady state of a run), prints the median µs of one ``update()`` (rank 0 in the training loop; under DDP
-every rank waits for it in ``should_stop``'s broadcast) and, as the baseline measured in the same run, the
-same decision reading every request as it did before (``backlog.list_requests`` without ``skip``).
+For 10, 100 and 1,000 published checkpoints (every one evaluated but the newest, still pending: the steady
+state of a run) prints the median µs of
+
+* one early-stopping decision (``EarlyStopping.update``: rank 0, every update; under DDP every rank waits for
+  it in ``should_stop``'s broadcast), against the same decision reading every request (before);
+* the dispatcher's look (``dispatch.has_unreceipted``: the launcher, every second while no drainer runs; the
+  drainer's scan is the same walk), against the same answer from every request's claimability (before).
+
+Both baselines are measured in the same run, on the same folders.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from traceml_tui.core.rundir import RunDir  # noqa: E402
-from traceml_tui.hygiene import EarlyStopping, backlog  # noqa: E402
+from traceml_tui.hygiene import EarlyStopping, backlog, dispatch  # noqa: E402
 from traceml_tui.hygiene.checkpoints import publish_checkpoint  # noqa: E402
 
 DIGEST = "sha256:bench"
@@ -48,10 +53,16 @@ def _median_us(fn, repeat: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def _every_request_claimable(run_dir: Path) -> bool:
+    """The dispatcher's answer as it was found before: every request read, then its claimability."""
+    return any(backlog.claimable(run_dir, r["checkpoint"], max_attempts=3) for r in backlog.list_requests(run_dir))
+
+
 def main() -> None:
     root = Path(tempfile.mkdtemp())
-    print("| checkpoints | update() µs | reading every request (before) µs | ratio |")
-    print("|---|---|---|---|")
+    print("| checkpoints | decision µs | reading every request (before) µs | ratio "
+          "| dispatcher's look µs | every request's claimability (before) µs | ratio |")
+    print("|---|---|---|---|---|---|---|")
     real_list = backlog.list_requests
     for n in (10, 100, 1000):
         run_dir = _run_with(root, n)
@@ -65,7 +76,11 @@ def main() -> None:
             before = _median_us(decide, repeat)
         finally:
             backlog.list_requests = real_list
-        print(f"| {n:,} | {now:,.0f} | {before:,.0f} | {before / now:,.1f}× |")
+        look = _median_us(functools.partial(dispatch.has_unreceipted, run_dir, 3), repeat)
+        look_before = _median_us(functools.partial(_every_request_claimable, run_dir), max(5, repeat // 4))
+        assert dispatch.has_unreceipted(run_dir, 3) == _every_request_claimable(run_dir)
+        print(f"| {n:,} | {now:,.0f} | {before:,.0f} | {before / now:,.1f}× "
+              f"| {look:,.0f} | {look_before:,.0f} | {look_before / look:,.1f}× |")
 
 
 if __name__ == "__main__":
