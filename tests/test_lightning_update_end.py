@@ -54,12 +54,17 @@ class Net(L.LightningModule):
             norms.append(norm)
             traceml.log(grad_norm=norm)
     def configure_optimizers(self):
+        if MODE == "lbfgs":  # its closure evaluates training_step several times per micro-batch
+            return torch.optim.LBFGS(self.parameters(), lr=0.1, max_iter=4)
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, slow_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
+batch_losses = []
+
 class SlowBatchEnd(L.Callback):  # what a checkpoint save at the batch end costs
-    def on_train_batch_end(self, *args):
+    def on_train_batch_end(self, trainer, module, outputs, *args):
+        batch_losses.append(float(outputs["loss"]))  # what Lightning hands the batch end
         time.sleep(BATCH_END_S)
 
 torch.manual_seed(0)
@@ -74,7 +79,7 @@ if MODE == "two-fits":  # other work, then a second fit in the same process (the
     time.sleep(0.5)
     fit()
 traceml.finish()
-print(json.dumps({"path": str(traceml.current_run().path), "norms": norms}))
+print(json.dumps({"path": str(traceml.current_run().path), "norms": norms, "batch_losses": batch_losses}))
 """
 
 
@@ -91,6 +96,11 @@ def _plan(tmp_path_factory):
     folder = folders["grad-norm"] = tmp_path_factory.mktemp("update-end-grad-norm")
     (folder / "fit.py").write_text(_FIT)
     plan["grad-norm"] = integrations_support.Fit(folder / "fit.py", folder, ("0", "0", "1", "grad-norm"))
+    for accumulate in ACCUMULATIONS:
+        folder = folders[f"lbfgs-{accumulate}"] = tmp_path_factory.mktemp(f"update-end-lbfgs-{accumulate}")
+        (folder / "fit.py").write_text(_FIT)
+        plan[f"lbfgs-{accumulate}"] = integrations_support.Fit(folder / "fit.py", folder,
+                                                               ("0", "0", str(accumulate), "lbfgs"))
     folder = folders["two-fits"] = tmp_path_factory.mktemp("update-end-two-fits")
     (folder / "fit.py").write_text(_FIT)
     plan["two-fits"] = integrations_support.Fit(folder / "fit.py", folder, ("0", "0", "1", "two-fits"))
@@ -105,7 +115,7 @@ if importlib.util.find_spec("lightning") is not None:
 def fits(request):
     procs, folders = integrations_support.runs(__name__.rpartition(".")[2], request)
     out = {accumulate: (procs[f"accumulate-{accumulate}"], folders[accumulate]) for accumulate in ACCUMULATIONS}
-    for name in ("grad-norm", "two-fits"):
+    for name in ("grad-norm", "two-fits", *(f"lbfgs-{a}" for a in ACCUMULATIONS)):
         out[name] = (procs[name], folders[name])
     return out
 
@@ -166,3 +176,22 @@ def test_a_second_fit_in_the_process_does_not_count_the_time_between_fits_as_inp
     assert rows[0]["cpu_ms"]["input_wait"] is None and rows[3]["cpu_ms"]["input_wait"] is None
     assert all(r["cpu_ms"]["input_wait"] is not None and r["cpu_ms"]["input_wait"] < 400 for r in rows[1:3] + rows[4:])
     assert [r["examples"] for r in rows] == [4, 8, 12, 16, 20, 24]
+
+
+@pytest.mark.slow
+@needs_lightning
+@pytest.mark.xdist_group(integrations_support.GROUP)
+@pytest.mark.parametrize("accumulate", ACCUMULATIONS)
+def test_an_lbfgs_updates_loss_is_what_lightning_hands_the_batch_end(fits, accumulate) -> None:
+    """LBFGS's closure evaluates ``training_step`` several times for one micro-batch; the update's loss is the
+    last evaluation of each micro-batch (what Lightning hands the batch end), summed over the update's
+    micro-batches — not the sum of every evaluation (found by an independent review: 4–5× the loss)."""
+    done, folder = fits[f"lbfgs-{accumulate}"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = [r for r in map(json.loads, (folder / out["path"]).read_text().splitlines()) if r["kind"] == "step"]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    batch = out["batch_losses"]
+    assert len(batch) == 3 * accumulate
+    want = [sum(batch[i * accumulate:(i + 1) * accumulate]) for i in range(3)]
+    assert [r["loss"] for r in rows] == pytest.approx(want, rel=1e-6)

@@ -74,7 +74,7 @@ class _Update(OpenUpdate):
     its closure, never the callback's attribute dict through a weak reference (docs/trainers.md, "The
     second-level cache")."""
 
-    __slots__ = ("on", "stepped", "accumulate", "to_scheduler", "boundary", "saved", "session")
+    __slots__ = ("on", "stepped", "accumulate", "to_scheduler", "boundary", "saved", "session", "loss_before")
 
     def __init__(self) -> None:
         super().__init__()
@@ -86,6 +86,9 @@ class _Update(OpenUpdate):
         self.boundary = False  # (batch hooks only) the accumulated update was applied in this batch
         self.saved = False  # a checkpoint save began; publish its file once it exists
         self.session: Any = None  # the recording session (sdk.Session) of the open update
+        # the update's loss over its micro-batches before this one (None: this is its first): a training_step
+        # evaluated again for the same micro-batch (LBFGS's closure) replaces that micro-batch's loss
+        self.loss_before: Any = None
 
 
 class _Tracer:
@@ -349,6 +352,7 @@ def _open(u: _Update, batch: Any, tracer: Callable) -> None:
         me = tracer()
         if me is not None:
             me._close(True, u.stepped)
+    u.loss_before = u.loss if u.live else None  # a further micro-batch of the open update, or a new update
     if not u.live:
         session = u.session
         if session is None or session.closed:  # (sdk._session is replaced only once closed)
@@ -385,6 +389,7 @@ def _on_train_batch_start(original: Callable, u: _Update, tracer: Callable) -> C
                 if u.live or u.saved or u.stepped is not None or session is None or session.closed:
                     _open(u, batch, tracer)  # a micro-batch of an open update, and the rare cases
                 else:  # (_open's usual case inline, one call fewer: this runs once per update)
+                    u.loss_before = None
                     session.open_update(u, perf_counter())
                     # (examples_in's usual case inline: a tuple or list whose first item is a batched tensor)
                     kind = type(batch)
@@ -417,7 +422,8 @@ def _training_step(original: Callable, u: _Update, tracer: Callable) -> Callable
         try:
             loss = out if hasattr(out, "detach") else out.get("loss") if isinstance(out, Mapping) else None
             if loss is not None and hasattr(loss, "detach"):
-                if u.accumulate != 1 or u.loss is not None:
+                before = u.loss_before
+                if u.accumulate != 1 or before is not None:
                     loss = loss.detach() / u.accumulate  # what Lightning hands the batch end
                 elif getattr(loss, "is_cpu", False):
                     # A CPU loss is read now, while torch's dispatch is warm from the forward pass, and the
@@ -427,7 +433,9 @@ def _training_step(original: Callable, u: _Update, tracer: Callable) -> Callable
                         loss = loss.item()
                     except (RuntimeError, ValueError):  # not one element: the record's loss stays null
                         pass
-                u.loss = loss if u.loss is None else u.loss + loss
+                # An optimizer whose closure evaluates training_step again for one micro-batch (LBFGS): the
+                # last evaluation is the micro-batch's loss, as Lightning hands the batch end; never their sum
+                u.loss = loss if before is None else before + loss
         except Exception as exc:  # noqa: BLE001 - fail-open
             _fail(tracer, "training_step", exc)
         return out
