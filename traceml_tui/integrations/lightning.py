@@ -409,7 +409,7 @@ def _on_train_batch_start(original: Callable, u: _Update, tracer: Callable) -> C
 
 def _training_step(original: Callable, u: _Update, tracer: Callable) -> Callable:
     def training_step(*args: Any, **kwargs: Any) -> Any:
-        if not u.live:
+        if not u.live or u.paused is not None:  # (paused: a validation_step calling training_step, mid-update)
             return original(*args, **kwargs)
         gpu = u.gpu
         if gpu is not None:
@@ -446,7 +446,7 @@ def _training_step(original: Callable, u: _Update, tracer: Callable) -> Callable
 def _backward(original: Callable, u: _Update, tracer: Callable) -> Callable:
     """The module's ``backward``: its time is the update's backward (support.timed_backward's, on ``u``)."""
     def backward(*args: Any, **kwargs: Any) -> Any:
-        if not u.live:  # evaluation, or between updates
+        if not u.live or u.paused is not None:  # evaluation, or between updates, or a validation inside one
             return original(*args, **kwargs)
         gpu = u.gpu
         if gpu is not None:
