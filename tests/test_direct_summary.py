@@ -139,3 +139,27 @@ def test_under_the_launcher_the_sdk_leaves_the_summary_to_it(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "run" / "ranks" / "rank_0" / "steps-0.jsonl").is_file()
     assert not (tmp_path / "run" / "final_summary.json").exists()
+
+
+def test_two_sessions_of_one_run_folder_share_one_summary_over_both(tmp_path):
+    # init() -> steps -> finish() -> init() of the same run -> steps -> exit, no launcher: the summary, written
+    # once at exit, covers the second session's steps too (every session is closed before any summary is
+    # written; the second session's summary once came first and left out its held steps and rank_end).
+    script = tmp_path / "two.py"
+    script.write_text(
+        "import time\nimport traceml_tui as traceml\n"
+        "for session in range(2):\n"
+        "    traceml.init('r')\n"
+        "    for step in range(3):\n"
+        "        with traceml.trace_step():\n"
+        "            time.sleep(0.001)\n"
+        "    if session == 0:\n"
+        "        traceml.finish()\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    run_dir = tmp_path / "logs" / "r"
+    assert sorted(p.name for p in (run_dir / "ranks" / "rank_0").glob("steps-*.jsonl")) == \
+        ["steps-0.jsonl", "steps-1.jsonl"]
+    window = _summary(run_dir)["step_time"]["global"]["window"]
+    assert window["end_step"] == 6

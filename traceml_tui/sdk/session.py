@@ -755,14 +755,17 @@ def _install_exception_and_exit_hooks(owner_pid: int) -> None:
     def _at_exit() -> None:
         if os.getpid() != owner_pid:
             return
-        for session, after, owner in list(_REGISTERED):
-            if owner != owner_pid:
-                continue
+        owned = [(session, after) for session, after, owner in list(_REGISTERED) if owner == owner_pid]
+        # Every session closed before any ``after``: two sessions of one run folder (init() after finish())
+        # share its summary, which must see the second one's steps and rank_end (written once: the first
+        # ``after`` to find every rank ended writes it).
+        for session, _after in owned:
             if not session.closed:
                 if session.failed:
                     session.close("interrupted" if session.interrupted else "failed", 1)
                 else:
                     session.close("exited", None)
+        for session, after in owned:
             if after is not None:
                 after(session)  # e.g. the summary of a run without a launcher (sdk/direct.py); it never raises
 
