@@ -237,10 +237,12 @@ class RankWindow:
         self.fresh_rows += 1
 
     def _mark(self, step: int, ts: float, examples: Optional[int]) -> None:
-        """Keep ``step`` as a mark when it is the first of its ``rates.MARK_S`` of record time."""
+        """Keep ``step`` as a mark when it is the first of a later ``rates.MARK_S`` of record time than the last
+        mark's: marks only go forward in time (after a wall clock stepped back, none until it passes the last
+        one), so that they stay in time order for the rate's binary search."""
         bucket = ts // rates.MARK_S
         marks = self.marks
-        if not marks or marks[-1][3] != bucket:
+        if not marks or bucket > marks[-1][3]:
             marks.append((ts, step, examples, bucket))
 
     def add_marks(self, rows: Iterable[Sequence]) -> None:
@@ -310,20 +312,24 @@ class RankWindow:
                 self.loss = cols[COL_LOSS][i]
 
     def _mark_before_tail(self, cols: Sequence[Sequence]) -> None:
-        """Mark the batch's rows before its newest WINDOW (file order) that are new to the window and within
-        the rate's seconds (and one mark's time) of the batch's newest record time."""
+        """Mark the batch's rows before its newest WINDOW (file order) as :meth:`add_row` would, one by one:
+        a row new to the window (a step past every earlier one) whose time is in a later ``rates.MARK_S`` than
+        every earlier marked row's (:meth:`_mark`'s rule, written as running maxima over the batch's columns;
+        numpy's ``floor_divide`` is Python's ``//`` on floats)."""
         head = len(cols[COL_STEP]) - WINDOW
-        times = [t for t in cols[COL_TS] if t is not None]
-        if not times:
+        steps = np.asarray(cols[COL_STEP][:head], dtype=np.int64)
+        ts = np.asarray(cols[COL_TS][:head], dtype=np.float64)  # None -> NaN
+        before = self.steps[-1] if self.steps else np.iinfo(np.int64).min
+        new = steps > np.maximum.accumulate(np.concatenate(([before], steps[:-1])))
+        idx = np.flatnonzero(new & ~np.isnan(ts))
+        if not len(idx):
             return
-        since = max(times) - rates.RATE_WINDOW_S - rates.MARK_S
-        newest = self.steps[-1] if self.steps else None
-        for step, ts, examples in zip(cols[COL_STEP][:head], cols[COL_TS][:head], cols[COL_EXAMPLES][:head]):
-            if newest is not None and step <= newest:
-                continue  # a duplicate or an older step: not appended on the live path either
-            newest = step
-            if ts is not None and ts >= since:
-                self._mark(step, ts, examples)
+        buckets = np.floor_divide(ts[idx], rates.MARK_S)
+        last = self.marks[-1][3] if self.marks else -np.inf
+        later = buckets > np.maximum.accumulate(np.concatenate(([last], buckets[:-1])))
+        examples = cols[COL_EXAMPLES]
+        for i, bucket in zip(idx[later][-MARKS:].tolist(), buckets[later][-MARKS:].tolist()):
+            self.marks.append((cols[COL_TS][i], cols[COL_STEP][i], examples[i], bucket))
 
     def add_row(self, r: Sequence, inserted: int) -> None:
         """Fold one row tuple into the window (what :meth:`add_columns` does with a one-row batch)."""
