@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -355,17 +356,26 @@ def test_held_steps_are_written_by_the_exception_hook_before_the_teardown(tmp_pa
     assert steps == list(range(1, 41))
 
 
-def test_held_steps_are_written_on_sigterm(tmp_path):
-    proc = _script(tmp_path, _QUICK + "print('ready', flush=True)\ntime.sleep(3600)\n", **_LONG)
+def _terminated_when_asleep(tmp_path: Path, body: str, ready: Callable[[], None] = lambda: None) -> None:
+    """Run ``body`` then print ``ready`` and sleep; once it sleeps (``ready()`` checked first), SIGTERM it and
+    see it die of it."""
+    proc = _script(tmp_path, body + "print('ready', flush=True)\ntime.sleep(3600)\n", **_LONG)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        assert _steps(_steps_file(tmp_path)) == [1]  # the other 39 are held
+        ready()
         _wait_asleep(proc.pid)
         proc.send_signal(signal.SIGTERM)
         _communicate(proc)
     finally:
         proc.kill()
     assert proc.returncode == -signal.SIGTERM
+
+
+def test_held_steps_are_written_on_sigterm(tmp_path):
+    def only_the_first_is_written() -> None:
+        assert _steps(_steps_file(tmp_path)) == [1]  # the other 39 are held
+
+    _terminated_when_asleep(tmp_path, _QUICK, only_the_first_is_written)
     _assert_all_40(tmp_path, "terminated")
 
 
@@ -472,15 +482,7 @@ def _assert_second_session_ended(tmp_path: Path, end: str) -> None:
 
 
 def test_a_second_session_is_ended_by_sigterm(tmp_path):
-    proc = _script(tmp_path, _TWO_SESSIONS + "print('ready', flush=True)\ntime.sleep(3600)\n", **_LONG)
-    try:
-        assert proc.stdout.readline().strip() == "ready"
-        _wait_asleep(proc.pid)
-        proc.send_signal(signal.SIGTERM)
-        _communicate(proc)
-    finally:
-        proc.kill()
-    assert proc.returncode == -signal.SIGTERM
+    _terminated_when_asleep(tmp_path, _TWO_SESSIONS)
     _assert_second_session_ended(tmp_path, "terminated")
 
 
