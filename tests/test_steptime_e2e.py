@@ -139,7 +139,7 @@ def test_sleep_between_steps_without_a_loader_is_between_steps_not_input_bound(t
     for step in steps[1:]:
         parts = steptime.step_parts(step.cpu_ms)
         assert step.cpu_ms.data_wait is None
-        assert parts.between_steps == pytest.approx(200.0, abs=40.0)
+        assert parts.between_steps >= 200.0 * 0.99  # a 200 ms sleep (longer on a loaded machine, never shorter)
         assert parts.compute >= 0.0 and parts.residual >= 0.0
     summary = _assert_surfaces_sum(run_dir)
     section = summary["step_time"]
@@ -148,7 +148,7 @@ def test_sleep_between_steps_without_a_loader_is_between_steps_not_input_bound(t
     average = section["global"]["average"]
     assert average["data_wait_ms"] is None
     # averaged over the same 12 steps, the first of which has no previous step end
-    assert average["between_steps_ms"] == pytest.approx(200.0 * 11 / 12, abs=25.0)
+    assert average["between_steps_ms"] >= 200.0 * 11 / 12 * 0.99
     assert average["compute_ms"] >= 0.0
     text = (run_dir / "final_summary.txt").read_text()
     assert "Verdict: BETWEEN-STEPS" in text and "INPUT-BOUND" not in text
@@ -168,16 +168,18 @@ def test_slow_dataloader_is_input_bound_on_data_wait(tmp_path: Path) -> None:
     steps = _steps(run_dir)
     assert len(steps) == 16
     for step in steps[1:]:
-        assert step.cpu_ms.data_wait == pytest.approx(80.0, abs=25.0)
+        # four fetches of 20 ms sleeps: at least 80 ms (a loaded machine sleeps longer, never shorter: CI saw
+        # 106 ms), and the step's time between steps is the loader's, not the gap's
+        assert step.cpu_ms.data_wait >= 80.0 * 0.99
         parts = steptime.step_parts(step.cpu_ms)
         assert parts.data_wait == pytest.approx(step.cpu_ms.data_wait)
-        assert parts.between_steps < 10.0
+        assert parts.between_steps < 0.25 * parts.data_wait
     summary = _assert_surfaces_sum(run_dir)
     section = summary["step_time"]
     assert section["diagnosis"]["status"] == "INPUT-BOUND"
     assert section["diagnosis"]["metric"] == "data_wait_ms"
     average = section["global"]["average"]
-    assert average["data_wait_ms"] == pytest.approx(80.0 * 15 / 16, abs=20.0)
+    assert average["data_wait_ms"] >= 80.0 * 15 / 16 * 0.99  # averaged over 16 steps, the first without a wait
     assert average["dataloader_fetch_cpu_ms"] == average["data_wait_ms"]
     assert section["diagnosis"]["evidence"]["shares_pct"]["data_wait"] > 90.0
     assert "Verdict: INPUT-BOUND — Data wait is" in (run_dir / "final_summary.txt").read_text()
