@@ -247,7 +247,8 @@ class RankWindow:
 
     def add_marks(self, rows: Iterable[Sequence]) -> None:
         """Mark older steps (``(step, ts, examples)`` rows, ascending step) that will not enter the window: those
-        the rate's seconds reach back to (a reloaded window, the first rows of a large batch)."""
+        the rate's seconds reach back to, read from the index for a reloaded window (``Aggregates._load_tail``;
+        a batch marks its own first rows in :meth:`_mark_before_tail`)."""
         for step, ts, examples in rows:
             if ts is not None:
                 self._mark(step, ts, examples)

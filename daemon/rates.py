@@ -41,7 +41,7 @@ from traceml_tui.core.state import QUIET_FLOOR_S, QUIET_INTERVALS, RankState, qu
 RATE_WINDOW_S = 5.0
 
 #: A rank's newest steps (``daemon.live.WINDOW``, 64) span less than :data:`RATE_WINDOW_S` once it steps faster
-#: than 64 per window (12.8 steps/s): its older records within the window are kept thinned, as *marks* — the
+#: than 64 per window (12.8 steps/s): its older records within those seconds are kept thinned, as *marks* — the
 #: first record of each ``MARK_S`` of record time (``floor(ts / MARK_S)``: the same marks whichever record a
 #: daemon started from). The rate then starts at the oldest mark within the window's seconds: at most
 #: ``MARK_S`` (1.6 % of the window) later than the oldest record there.
