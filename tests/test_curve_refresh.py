@@ -66,3 +66,43 @@ def test_one_render_per_bucket_of_cadence_updates(tmp_path):
     refresher.stop()
     # buckets 0 (steps 3, 9), 1 (10, 11, 19), 2 (20), 4 (45): one render each, none before the first step
     assert len(list(marks.iterdir())) == 4
+
+
+#: `traceml curve` itself, its render held in the middle of its atomic write (the temp file written, not yet
+#: renamed) until the launcher stops it.
+CURVE_HELD_IN_ITS_WRITE = """
+import os, sys, time
+from pathlib import Path
+from traceml_tui.core.atomic import atomic_write_with
+from traceml_tui.hygiene import curve, curve_cli
+
+started = Path(sys.argv[1])
+
+def held_render(run_dir, out=None):
+    def write(handle):
+        handle.write(b"half a png")
+        handle.flush()
+        started.write_text(str(os.getpid()))
+        time.sleep(60)
+    target = Path(run_dir) / "learning_curve.png"
+    atomic_write_with(target, write)
+    return target
+
+curve.render_learning_curve = held_render
+sys.exit(curve_cli.main([sys.argv[2]]))
+"""
+
+
+def test_a_stopped_render_leaves_no_temp_file_in_the_run_folder(tmp_path):
+    """The render is stopped with SIGTERM, on which `traceml curve` unwinds through its atomic write: a SIGKILL
+    left the hidden `.learning_curve.png.*.tmp` behind in the run folder for good."""
+    run_dir, started = tmp_path / "run", tmp_path / "started"
+    (run_dir / "ranks").mkdir(parents=True)
+    refresher = CurveRefresher([sys.executable, "-c", CURVE_HELD_IN_ITS_WRITE, str(started), str(run_dir)],
+                               cadence=10, last_step=lambda: 10, warn=print, poll_s=0.05).start()
+    _wait_for(started)
+    assert [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]  # held inside the write
+    render = psutil.Process(int(started.read_text()))
+    refresher.stop()
+    assert not render.is_running()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["ranks"]  # no curve, no temp file

@@ -87,3 +87,18 @@ def unshielded() -> Iterator[None]:
         yield
     finally:
         restore_signals(old)
+
+
+def exit_on_sigterm() -> None:
+    """In the main thread: SIGTERM raises ``SystemExit(143)`` instead of ending the process where it stands.
+
+    For short commands that write side files: the exit unwinds through
+    ``core.atomic``'s cleanup, so a stopped write leaves neither a partial file
+    nor its hidden temp file behind (the launcher stops a learning-curve render
+    this way when training ends: run/curve_refresh.py).
+    """
+
+    def _exit(signum, frame):  # noqa: ARG001 - the signal module's handler signature
+        raise SystemExit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, _exit)

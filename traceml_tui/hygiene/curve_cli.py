@@ -7,6 +7,7 @@ from pathlib import Path
 
 from traceml_tui.core.cliargs import OneLineParser
 from traceml_tui.core.rundir import run_dir_problem
+from traceml_tui.core.signals import exit_on_sigterm
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +28,7 @@ def main(argv: list[str]) -> int:
         return 2
     from traceml_tui.hygiene.curve import render_learning_curve
 
+    exit_on_sigterm()  # a render stopped by the launcher removes its temp file (run/curve_refresh.py)
     try:
         path = render_learning_curve(run_dir, out)
     except OSError as exc:

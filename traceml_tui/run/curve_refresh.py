@@ -4,8 +4,10 @@ Node 0 polls rank 0's step files (a cheap tail read) and renders in a
 subprocess (``traceml curve``), so matplotlib never loads into the launcher
 (docs/hygiene.md, "The learning curve").
 
-Stopping kills a render still in flight and waits for it: the launcher's final
-render supersedes it. A render left running used to outlive the launcher and
+Stopping ends a render still in flight and waits for it: the launcher's final
+render supersedes it. The render gets SIGTERM first, on which ``traceml curve``
+unwinds through its atomic write (no hidden temp file left in the run folder),
+and SIGKILL only if it is still running ``TERM_GRACE_S`` later. A render left running used to outlive the launcher and
 write ``learning_curve.png`` after ``traceml run`` had returned — possibly
 over the final curve, from step files read before the last steps were written.
 """
@@ -24,6 +26,8 @@ from traceml_tui.core.signals import shielded, unshielded
 POLL_S = 2.0
 #: A render still running after this long is killed (and the next bucket tried later).
 RENDER_TIMEOUT_S = 120.0
+#: How long a stopped render has to remove its temp file before it is killed outright.
+TERM_GRACE_S = 5.0
 
 
 class CurveRefresher:
@@ -76,11 +80,20 @@ class CurveRefresher:
         try:
             while proc.poll() is None:
                 if self._stop.wait(0.05):
-                    proc.kill()  # stopped: the launcher's final render supersedes this one
+                    _end(proc)  # stopped: the launcher's final render supersedes this one
                     break
                 if time.monotonic() > deadline:
-                    proc.kill()
+                    _end(proc)
                     self.warn(f"could not render the learning curve: no result within {RENDER_TIMEOUT_S:.0f} s")
                     break
         finally:
             proc.wait()
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM (the render cleans up its temp file), then SIGKILL after ``TERM_GRACE_S``."""
+    proc.terminate()
+    try:
+        proc.wait(TERM_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
