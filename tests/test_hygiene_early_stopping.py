@@ -343,3 +343,22 @@ def test_a_decision_reads_only_the_requests_not_yet_consumed(tmp_path, monkeypat
     read.clear()
     assert es.update(50) is False
     assert read == [pending] and es.summary()["last_consumed"] == pending
+
+
+def test_a_receipt_of_another_validation_config_is_skipped_not_waited_for(tmp_path):
+    """A receipt bound to another config digest is not its request's result, and no drainer replaces it (receipts
+    are never overwritten): early stopping waited for it forever, deciding nothing for the rest of the run."""
+    run_dir = tmp_path / "run"
+    ckpts = {step: _request(run_dir, step) for step in (10, 20, 30)}
+    _complete(run_dir, ckpts[10], 1.0)
+    foreign = dict(backlog.read_json(RunDir(run_dir).request(ckpts[20])), config_digest="sha256:other")
+    backlog.write_receipt(run_dir, foreign, {"val_loss": 0.1})  # malformed input: made for another config
+    _complete(run_dir, ckpts[30], 0.5)
+    es = EarlyStopping(run_dir, metric="val_loss", direction="min", min_delta=0.0, patience=2)
+    assert es.update(30) is False
+    assert es.state["consumed"] == [ckpts[10], ckpts[20], ckpts[30]]
+    assert es.state["skipped"] == [{"checkpoint": ckpts[20], "step": 20, "reason":
+                                    "its receipt is bound to another validation config (sha256:other, the "
+                                    f"request's {DIGEST})"}]
+    # 0.1 of the other config never counted: the best is the request's own 0.5
+    assert (es.state["best_checkpoint"], es.state["evaluations"]) == (ckpts[30], 2)

@@ -210,10 +210,15 @@ class EarlyStopping:
                 if ckpt in consumed:
                     continue
                 receipt = backlog.read_receipt(self.run_dir, ckpt)
+                reason = None
                 if receipt is not None and receipt.get("config_digest") != request.get("config_digest"):
-                    receipt = None  # a result of another validation config is not this request's result
+                    # A result of another validation config is not this request's result, and no drainer will
+                    # replace it (a receipt is never overwritten): waiting for it froze early stopping for good.
+                    reason = (f"its receipt is bound to another validation config "
+                              f"({receipt.get('config_digest')}, the request's {request.get('config_digest')})")
+                    receipt = None
                 if receipt is None:
-                    reason = self._blocked(ckpt)
+                    reason = reason or self._blocked(ckpt)
                     if reason is None:
                         break  # pending or failed: wait for it, never count it, never skip it
                     # Blocked: no drainer retries it, so waiting would freeze early stopping for good.
