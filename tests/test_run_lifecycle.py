@@ -269,3 +269,52 @@ def test_deeply_nested_yaml_and_empty_run_name_are_one_line_refusals(tmp_path: P
     assert run_cli.main(["train.py", "--run-name", ""]) == 1
     assert "--run-name" in capsys.readouterr().err
     assert not (tmp_path / "RAN").exists()
+
+
+def test_resume_is_refused_while_the_run_is_still_running_and_taken_after_a_killed_launch(tmp_path: Path) -> None:
+    """Found trying the product: `--resume` of a run still training was accepted, and two launchers trained into
+    the same rank folders at once (steps-0 to 600 beside steps-1 from 324; the manifest said one attempt, the
+    summary was the last launcher's). While the run's launcher lease beats, the resume is refused in one line and
+    nothing is written; after that launch is SIGKILLed (its lease left `live`, beating no more) it is taken."""
+    (tmp_path / "train.py").write_text(RESUMABLE)
+    env = dict(_env(tmp_path), TRACEML_LAUNCHER_LEASE_S="3")  # beats every 0.5 s
+    go, waiting = tmp_path / "resumed.go", tmp_path / "resumed.waiting"
+
+    def launch(*extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen([*TRACEML, "run", "train.py", "--run-name", "r", *extra, "--args", "ok"],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while not waiting.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the launch never got going"
+            time.sleep(0.05)
+        return proc
+
+    def files() -> dict[str, str]:
+        # what the running launch itself still writes apart: its lease's beats and its held step records
+        return {k: v for k, v in _digest(tmp_path / "logs").items()
+                if not k.endswith(("launcher.lease", "steps-0.jsonl"))}
+
+    first = launch()
+    try:
+        before = files()
+        refused = _run(["train.py", "--run-name", "r", "--resume", "--args", "ok"], tmp_path)
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.strip() == ("traceml run: --resume: run 'r' is still running (its launcher's lease "
+                                          "beats); resume it once that launch has ended")
+        assert files() == before
+        go.write_text("1")
+        assert first.wait(timeout=60) == 0, first.stderr.read().decode()
+    finally:
+        first.kill()
+        first.wait()
+
+    go.unlink()
+    waiting.unlink()
+    killed = launch("--resume")
+    killed.kill()  # SIGKILL: no final word, the lease stays `live` and stops beating
+    killed.wait()
+    go.write_text("1")
+    taken = _run(["train.py", "--run-name", "r", "--resume", "--args", "ok"], tmp_path)
+    assert taken.returncode == 0, taken.stderr
+    assert "whether that launch still runs" in taken.stdout
+    assert _steps(tmp_path / "logs/r", 2) == [5, 6]  # on from the killed attempt's 3, 4

@@ -39,7 +39,7 @@ from traceml_tui.core import artifacts, atomic, coverage, lifeline
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
 from traceml_tui.core.signals import shielded, unshielded
 from traceml_tui.run.curve_refresh import CurveRefresher
-from traceml_tui.run.lease import LeaseKeeper
+from traceml_tui.run.lease import LeaseKeeper, still_beating
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.run.rank_logs import NodeLog, PipeTee, RankLogs
 from traceml_tui.sdk import env as sdk_env
@@ -139,6 +139,10 @@ class Launcher:
                 raise LaunchError(
                     f"--resume: run {opts.run_name!r} is guarded; a guarded run is never resumed (choose a fresh --run-name)"
                 )
+            if still_beating(self.layout.lease(0), lambda line: print(f"[traceml] --resume: {line}", flush=True)):
+                # Two launchers would train into the same rank folders (docs/run.md "Resume").
+                raise LaunchError(f"--resume: run {opts.run_name!r} is still running (its launcher's lease "
+                                  "beats); resume it once that launch has ended")
             topology = previous.topology
             recorded = (topology.nnodes, topology.nproc_per_node, topology.world_size)
             if recorded != (None, None, None) and recorded != (opts.nnodes, opts.nproc_per_node, opts.world_size):

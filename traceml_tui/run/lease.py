@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -86,3 +87,44 @@ class LeaseKeeper:
 
 
 __all__ = ["LeaseKeeper"]
+
+
+def _read(path: Path) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(core_lease.MAX_LEASE_BYTES + 1)
+    except OSError:
+        return None
+
+
+def still_beating(path: Path, say: Callable[[str], None]) -> bool:
+    """Whether the launcher that keeps the lease at ``path`` is still running (``traceml run --resume`` refuses
+    then: two launchers would train into one run folder, docs/run.md "Resume").
+
+    A lease that is missing, unreadable, ``done``, or not changed for twice its length is not beating. One changed
+    more recently (a launch killed moments ago, or one still running) is watched for up to two beat intervals
+    (5–10 s at the default 30 s lease; ``say`` tells the user why it waits): a new beat means it is running.
+    Only the lease's own bytes decide, as for the daemon (core/lease.py); the file's age only spares the wait for
+    a lease left long ago.
+    """
+    data = _read(path)
+    beat = core_lease.decode(data) if data is not None else None
+    if beat is None or beat.done:
+        return False
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError:
+        return False
+    if age > 2 * beat.lease_s:
+        return False
+    wait = 2 * core_lease.beat_interval_s(beat.lease_s)
+    say(f"its launcher's lease changed {max(0.0, age):.0f} s ago; watching it for up to {wait:.0f} s to see "
+        "whether that launch still runs")
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        time.sleep(min(0.1, wait / 20))
+        now = _read(path)
+        if now is not None and now != data:
+            later = core_lease.decode(now)
+            return later is not None and not later.done
+    return False
