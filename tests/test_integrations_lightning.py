@@ -45,7 +45,7 @@ def _plan(tmp_path_factory):
     in folders with no `traceml.yaml`, since what they test needs neither (no curve refreshes)."""
     work = prepare(tmp_path_factory.mktemp("lightning"), "lightning", "lightning_explicit.py")
     plain = tmp_path_factory.mktemp("lightning-plain")
-    for script in ("lightning_manual.py", "lightning_selfspawn.py"):
+    for script in ("lightning_manual.py", "lightning_selfspawn.py", "lightning_wrapped.py"):
         shutil.copy(SCRIPTS / script, plain / script)
     env = dict(os.environ, OMP_NUM_THREADS="1", XDG_STATE_HOME=str(work / "state"))
     env.pop("TRACEML_RUN_DIR", None)
@@ -56,12 +56,13 @@ def _plan(tmp_path_factory):
     }
     plan = {name: ([*TRACEML, "run", "--run-name", name, *args], cwd, env) for name, (args, cwd) in runs.items()}
     run_dirs = {name: cwd / "logs" / name for name, (_, cwd) in runs.items()}
-    direct, manual = work / "direct", plain / "manual"
-    direct.mkdir()
-    manual.mkdir()
+    direct, manual, wrapped = work / "direct", plain / "manual", plain / "wrapped"
+    for folder in (direct, manual, wrapped):
+        folder.mkdir()
     plan["direct"] = integrations_support.Fit(work / "lightning_explicit.py", direct)
     plan["manual"] = integrations_support.Fit(plain / "lightning_manual.py", manual, ("6",))
-    return plan, (direct, run_dirs, {"direct": direct, "manual": manual})
+    plan["wrapped"] = integrations_support.Fit(plain / "lightning_wrapped.py", wrapped, ("6",))
+    return plan, (direct, run_dirs, {"direct": direct, "manual": manual, "wrapped": wrapped})
 
 
 if importlib.util.find_spec("lightning") is not None:
@@ -124,6 +125,19 @@ def test_explicit_callback_records_what_the_automatic_path_does_once(pl):
     assert [r["step"] for r in evals(run_dir)] == [EVERY, UPDATES]
     assert {frozenset(measured_fields(r)) for r in explicit[1:]} == {frozenset(measured_fields(r)) for r in automatic[1:]}
     assert [r["lr"] for r in explicit] == pytest.approx([r["lr"] for r in automatic])
+
+
+def test_a_trace_step_inside_the_traced_update_is_ignored_the_run_is_traced_once(pl):
+    """Found trying the product: a Lightning script that also wraps its training_step in traceml.trace_step (as
+    the README shows for a hand-written loop) recorded each of 20 updates as two steps, one a ~0.1 ms phantom:
+    step time halved, steps/s doubled, the guard's figures wrong, without a word."""
+    _, runs = pl
+    proc, run_dir = runs["wrapped"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in steps(run_dir, 0)] == list(range(1, 7))
+    assert all(r["cpu_ms"]["forward"] is not None and r["cpu_ms"]["step"] > r["cpu_ms"]["forward"]
+               for r in steps(run_dir, 0))
+    assert proc.stderr.count("trace_step inside a step already traced") == 1
 
 
 def test_manual_optimization_is_named_unmeasured_never_split_wrongly(pl):

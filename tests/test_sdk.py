@@ -240,3 +240,31 @@ for i in range(4):
     assert steps[2].loss is None and [s.examples for s in steps] == [3, 3, 40, 40]
     assert steps[3].loss is None and steps[3].lr is None and steps[3].components is None
     assert all(s.mem is not None and s.mem.rss and s.mem.rss > 0 for s in steps)
+
+
+def test_a_nested_trace_step_is_ignored_once_said_and_a_negative_count_refused(tmp_path: Path) -> None:
+    """A trace_step inside an open step recorded a second step per iteration (5 iterations, 10 steps); the outer
+    step is the one recorded, its time the whole, and one line says the inner one is ignored. A negative
+    batch size made ``examples`` count down (-12 after 4 steps): refused."""
+    body = """import time
+for i in range(5):
+    with traceml.trace_step():
+        with traceml.trace_step():
+            time.sleep(0.01)
+        time.sleep(0.005)
+        traceml.log(loss=1.0, batch_size=3)
+for bad in ({"batch_size": -3}, {"examples": -1}):
+    try:
+        traceml.log(**bad)
+    except ValueError as exc:
+        print(exc)
+"""
+    proc = _script(tmp_path, body)
+    assert proc.returncode == 0, proc.stderr
+    steps = [r for r in _records(tmp_path) if isinstance(r, records.Step)]
+    assert [s.step for s in steps] == [1, 2, 3, 4, 5]
+    assert all(s.cpu_ms.step >= 15.0 for s in steps)  # the outer envelope: both sleeps
+    assert [s.examples for s in steps] == [3, 6, 9, 12, 15]
+    assert proc.stderr.count("trace_step inside a step already traced") == 1
+    assert proc.stdout.splitlines() == ["batch_size must be >= 0, not -3",
+                                        "examples must be a count of examples seen (>= 0), not -1"]

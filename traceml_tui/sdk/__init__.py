@@ -99,6 +99,12 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
     spent in an instrumented loader, ``sdk/loader.py``), the step envelope
     and, when ``model`` is given, forward/backward/optimizer phases. A step
     whose body raises is not recorded as completed.
+
+    A ``trace_step`` opened inside a step already traced (an outer
+    ``trace_step``, or the update a trainer integration traces: ``traceml run``
+    attaches one to Hugging Face and Lightning) is ignored, with one line on
+    stderr: the run is traced once (docs/trainers.md). Recorded, each update
+    became two steps, one of them a phantom of a fraction of a millisecond.
     """
 
     __slots__ = ("_model", "_state", "_session")
@@ -109,6 +115,10 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
     def __enter__(self) -> "trace_step":
         session = _session if _session is not None else init()
         self._session = session
+        if session.current is not None:
+            self._state = None  # nested: the step already open is the one recorded
+            _say_nested_once()
+            return self
         if not _loader.dataloader_done:
             _loader.install_dataloader()
         model = self._model
@@ -124,8 +134,20 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self._session.end(self._state, perf_counter(), exc_type is None)
+        if self._state is not None:
+            self._session.end(self._state, perf_counter(), exc_type is None)
         return False
+
+
+_said_nested = False
+
+
+def _say_nested_once() -> None:
+    global _said_nested
+    if not _said_nested:
+        _said_nested = True
+        print("traceml: trace_step inside a step already traced (an outer trace_step, or the update a trainer "
+              "integration traces) is ignored: the run is traced once", file=sys.stderr, flush=True)
 
 
 def _global_grad_norm(session: Any) -> Any:
@@ -181,8 +203,12 @@ def log(
             raise ValueError(f"grad_norm must be a number, a tensor or 'auto', not {grad_norm[:20]!r}")
         values["grad_norm"] = _global_grad_norm(session) if isinstance(grad_norm, str) else grad_norm
     if examples is not None:
+        if int(examples) < 0:
+            raise ValueError(f"examples must be a count of examples seen (>= 0), not {examples!r}")
         values["examples"] = int(examples)
     if batch_size is not None:
+        if int(batch_size) < 0:
+            raise ValueError(f"batch_size must be >= 0, not {batch_size!r}")
         values["batch_size"] = int(batch_size)
     if components:
         prepared = {}
