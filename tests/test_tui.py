@@ -247,6 +247,12 @@ async def test_compare_slower_pair_matches_cli(tmp_path, cli_env, traceml_cmd):
         await pilot.press("enter")
         await d.settle(pilot)
         assert screen.snapshot.result == "WITHIN_THRESHOLD_IN_THIS_PAIR"
+        # `none` (as the flag takes it, docs/watch.md) is an exploratory comparison: no verdict
+        await pilot.press("t")
+        threshold.value = "none"
+        await pilot.press("enter")
+        await d.settle(pilot)
+        assert screen.threshold_pct is None and screen.snapshot.result is None
     source.close()
 
 

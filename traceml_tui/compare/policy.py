@@ -56,6 +56,14 @@ def parse_threshold(text: Any) -> float:
     return value + 0.0
 
 
+def parse_optional_threshold(text: Any) -> Optional[float]:
+    """A threshold where none may be set (``traceml watch``'s flag, its Compare screen): ``none`` or nothing
+    is None (an exploratory comparison, docs/watch.md), anything else :func:`parse_threshold`'s."""
+    if text is None or str(text).strip().lower() in ("none", ""):
+        return None
+    return parse_threshold(str(text).strip())
+
+
 def classify(pct_change: float, threshold_pct: float) -> str:
     """CI result for a finite Step Time change against a threshold ≥ 0.
 

@@ -138,16 +138,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of `traceml watch`; returns the exit code."""
     args = _parser().parse_args(argv)
     from daemon import locations, service
-    from traceml_tui.compare.policy import ThresholdError, parse_threshold
+    from traceml_tui.compare.policy import ThresholdError, parse_optional_threshold
 
-    threshold: Optional[float]
-    if str(args.threshold).lower() in ("none", ""):
-        threshold = None
-    else:
-        try:
-            threshold = parse_threshold(args.threshold)
-        except ThresholdError as exc:
-            return _fail(f"--max-step-time-regression-pct: {exc}", 2)
+    try:
+        threshold = parse_optional_threshold(args.threshold)
+    except ThresholdError as exc:
+        return _fail(f"--max-step-time-regression-pct: {exc}", 2)
     if not args.web and (args.host is not None or args.port is not None or args.public or args.no_token):
         return _fail("--host, --port, --public and --no-token go with --web", 2)
     host = args.host or "127.0.0.1"

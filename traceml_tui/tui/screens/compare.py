@@ -10,7 +10,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
-from traceml_tui.compare.policy import ThresholdError, parse_threshold
+from traceml_tui.compare.policy import ThresholdError, parse_optional_threshold
 from traceml_tui.tui.messages import CompareThreshold
 from traceml_tui.tui.snapshots import CompareSnapshot
 from traceml_tui.tui.widgets.compare_table import CompareTable, compare_cells
@@ -55,7 +55,7 @@ class CompareScreen(Screen):
     def compose(self) -> ComposeResult:
         yield ScreenHeader(show_clock=False)
         yield Input(value="" if self.threshold_pct is None else f"{self.threshold_pct:g}",
-                    placeholder="max step-time regression % (empty = exploratory)", id="threshold")
+                    placeholder="max step-time regression % (none or empty = exploratory)", id="threshold")
         yield InfoPanel(id="verdict")
         yield CompareTable(id="compare")
         yield Footer()
@@ -66,9 +66,8 @@ class CompareScreen(Screen):
         self.query_one(CompareTable).focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        text = event.value.strip()
         try:
-            value = None if not text else parse_threshold(text)
+            value = parse_optional_threshold(event.value)  # `none` or nothing: exploratory (docs/watch.md)
         except ThresholdError as exc:
             self.notify(str(exc), severity="error")
             return
