@@ -150,7 +150,7 @@ def main(argv: list[str]) -> int:
                 # the figures every surface shows (step time, straggler, steps/s, eval lag, early-stopping best)
                 d["figures"] = reader.figures(r, now).to_json()
                 # who failed first, where and why: the summary's failure section (docs/run.md "Failure forensics")
-                failure = reader.files.failure(r.run_id) if r.status in (RunStatus.FAILED, RunStatus.LOST) else None
+                failure = reader.files.failure(r.run_id) if r.status in (RunStatus.FAILED, RunStatus.LOST, RunStatus.INTERRUPTED) else None
                 d["failure"] = artifacts.to_builtins(failure) if failure is not None else None
                 # streams a rank reported it does not measure, and why (docs/run.md "Unmeasured streams")
                 d["unmeasured"] = list(reader.events.unmeasured(r.run_id))

@@ -333,6 +333,42 @@ def test_after_the_collective_timeout_the_summary_and_status_blame_the_hung_rank
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_a_hung_run_stopped_with_sigterm_keeps_the_hang_in_its_summary(tmp_path, cli_env):
+    """The usual end of a hang is a stop from outside (a scheduler's cancel or time limit comes long before a
+    collective's timeout): the run is `interrupted`, and its summary said only that, while `traceml status` and
+    the metrics named the rank that never arrived (found trying the product). The hang is its failure."""
+    import signal as signals
+
+    env = dict(cli_env, TRACEML_HANG_FLOOR_S="1", OMP_NUM_THREADS="1")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "traceml_tui", "run", str(realruns.DDP_SCRIPT), "--nproc-per-node", "2",
+         "--run-name", "hterm", "--logs-dir", str(tmp_path / "logs"), "--args", "--steps", "6", "--hang-at", "3",
+         "--hang-s", "300", "--timeout", "600"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run_dir = tmp_path / "logs" / "hterm"
+    try:
+        deadline = time.monotonic() + 120
+        while set(_hangs_of(run_dir)) != {0, 1} if run_dir.is_dir() else True:
+            assert launcher.poll() is None and time.monotonic() < deadline, "no hang record of each rank"
+            time.sleep(0.1)
+        launcher.send_signal(signals.SIGTERM)
+        assert launcher.wait(timeout=120) == 143
+    finally:
+        launcher.kill()
+        launcher.wait()
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    assert summary["run_context"]["run"]["status"] == "interrupted"
+    failure = summary["failure"]
+    assert (failure["rank"], failure["cause"], failure["victims"]) == (1, "hang", [0])
+    assert f"ddp_train.py:{SLEEP_LINE} `time.sleep`" in failure["hang"]["text"]
+    assert failure["hang"]["text"] in (run_dir / "final_summary.txt").read_text()
+    index = _index(tmp_path / "logs", tmp_path, cli_env, "term")
+    as_json = json.loads(_cli(["status", "--json", "--index", str(index)], cli_env).stdout)["runs"][0]
+    assert as_json["failure"]["hang"]["text"] == failure["hang"]["text"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_thousand_steps_without_a_hang_write_no_hang_record(tmp_path, cli_env):
     """Real 2-rank DDP, 1,000 tiny steps, the watchdog armed with a 2 s floor (the hang case fires at 1 s)."""
     env = dict(cli_env, TRACEML_HANG_FLOOR_S="2")

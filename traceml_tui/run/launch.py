@@ -600,16 +600,25 @@ class Launcher:
             print(f"traceml run: {coverage.NO_STEP_LINE}", file=sys.stderr, flush=True)
 
     def _failure_section(self) -> Optional[dict]:
-        """Who failed first, where and why (run/failure.py); None for a clean run or when it cannot be told."""
-        if self.manifest is None or self.manifest.status == "interrupted":
+        """Who failed first, where and why (run/failure.py); None for a clean run or when it cannot be told.
+
+        A run stopped from outside (``interrupted``: Ctrl-C, SIGTERM) did not fail by itself, with one
+        exception: it was hung when it was stopped (the usual end of a hang: a scheduler's cancel or time limit
+        comes long before a collective's timeout). Then the hang is its failure, with the line every other
+        surface shows (docs/run.md "Hang forensics"); without it the summary said only `interrupted`.
+        """
+        if self.manifest is None:
             return None
         try:
             from traceml_tui.run.failure import failure_section
 
-            return failure_section(self.run_dir, self.manifest.exit_code)
+            failure = failure_section(self.run_dir, self.manifest.exit_code)
         except Exception as exc:  # noqa: BLE001 - forensics must never cost the run its summary
             _warn(f"could not analyse the failure: {type(exc).__name__}: {exc}")
             return None
+        if self.manifest.status == "interrupted" and (failure is None or failure.get("cause") != "hang"):
+            return None
+        return failure
 
     # -- learning curve (hygiene) -------------------------------------------------------------
     def _curve_cmd(self) -> list[str]:
