@@ -183,7 +183,9 @@ def cut(data: bytes, offset: int, size: int, skipping: int, tail: Optional[str],
         if len(data) > MAX_LINE:
             return Cut(b"", offset, read_end, 1, None, read_end < size, held,
                        (offset, len(data), f"line longer than {MAX_LINE} bytes (≥ {len(data)} so far); skipped"))
-        return Cut(b"", offset, offset, 0, tail, False, held)
+        # Nothing complete here; after a skip ended in this window the rest of the file is still to read (its
+        # next line may cross the window's end): stopping lost every line after it until the file changed.
+        return Cut(b"", offset, offset, 0, tail, read_end < size, held)
     block = data[: nl + 1]
     last_line = block[block.rfind(b"\n", 0, len(block) - 1) + 1:-1]
     end = offset + nl + 1

@@ -105,6 +105,27 @@ def test_long_line_is_one_error_and_the_skip_persists(env):
 
 
 @pytest.mark.faults
+def test_lines_after_a_long_line_ending_near_a_read_windows_end_are_all_stored(env):
+    """Found by fuzzing: a line over the limit and over one read (4 MiB) that ends less than the limit before
+    the next read's end, the next line crossing that end: the read stopped there, and every line after the long
+    one was lost until the file changed (a second ingest read nothing: the size was recorded)."""
+    from daemon import stream
+
+    root, index, ingest = env
+    path = write_steps(root / "r", 0, range(1, 3))
+    start = path.stat().st_size
+    # the long line ends 100 bytes before the end of the second read window from its start
+    append_raw(path, b"x" * (2 * stream.READ_BYTES - 100 - 1) + b"\n")
+    assert path.stat().st_size == start + 2 * stream.READ_BYTES - 100
+    append_raw(path, b"".join(step_line("r", 0, s) for s in range(3, 9)))  # step 3 crosses that end
+    ingest()
+    ingest()
+    _, count, errors, ranks = _run(index, "r")
+    assert count == 8 and ranks[0].last_step == 8
+    assert len(errors) == 1 and "longer than" in errors[0].message
+
+
+@pytest.mark.faults
 def test_long_line_still_being_written_is_skipped_once(env):
     root, index, ingest = env
     path = write_steps(root / "r", 0, range(1, 2))

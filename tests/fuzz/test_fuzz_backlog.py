@@ -159,7 +159,7 @@ def test_looks_at_open_requests_answer_as_reading_every_request(tmp_path_factory
             if kind == "stray":
                 folder = rd.backlog_dir("requests")
                 folder.mkdir(parents=True, exist_ok=True)
-                (folder / args[0]).mkdir() if args[0] == "dir.json" else (folder / args[0]).write_bytes(b"{}")
+                (folder / args[0]).mkdir(exist_ok=True) if args[0] == "dir.json" else (folder / args[0]).write_bytes(b"{}")
                 continue
             if not published:
                 continue

@@ -21,7 +21,7 @@ import os
 import tempfile
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from daemon import stream
@@ -53,7 +53,8 @@ def _consume(data: bytes, window: int, nul_fresh: bool):
         piece = stream.cut(data[offset:offset + window], offset, len(data), skipping, tail, nul_fresh)
         assert offset <= piece.offset <= len(data)  # never backwards, never past the end
         if piece.error is not None:
-            assert not piece.block and piece.error[0] == offset and piece.skipping == 1
+            # at the cursor, or past the rest of a skipped line that ended in this window
+            assert not piece.block and piece.error[0] >= offset and piece.skipping == 1
             delivered.append((piece.error[0], None))
         if piece.block:
             assert piece.block.endswith(b"\n") and piece.at >= offset
@@ -80,6 +81,11 @@ def _tail_held(data: bytes, offset: int, tail) -> bool:
 
 
 @given(_file, st.integers(LIMIT + 2, 4 * LIMIT))
+# A skip that ends in a window with the next line crossing the window's end: the read stopped there and the
+# lines after it were lost (found by a longer search, docs/security.md "Fuzzing")
+@example(([b"\0" * 19, b"\0" * 16], b""), 18)
+# a skip ends and another over-long line starts in one window: its error is at its own start
+@example(([b"\0" * 18], b"\0" * 17), 18)
 def test_every_complete_line_is_delivered_once_in_order(parts, window):
     data, starts, unfinished = _bytes(parts)
     with pytest.MonkeyPatch.context() as mp:
