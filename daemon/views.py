@@ -31,12 +31,12 @@ reader fetched; the SQL is the reader's.
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Optional, Sequence
 
 from traceml_tui.core import artifacts, forensics, steptime, stopping, straggler
+from traceml_tui.core.jsonsafe import finite_number
 from traceml_tui.core.state import LIVE_RUN_STATES, BacklogState, RankState, RunStatus
 from traceml_tui.core.straggler import Spread, SummaryWindow
 
@@ -116,10 +116,7 @@ def summary_parts(window: SummaryWindow, rank: int) -> Optional[dict[str, Any]]:
     return parts
 
 
-def _num(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
+_num = finite_number  # a figure read back from a side file (core/jsonsafe.py)
 
 
 def _int(value: Any) -> Optional[int]:

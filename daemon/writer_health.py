@@ -22,11 +22,12 @@ Pure but for :func:`probe` (which reads the lock file); the clock is passed in.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
+
+from traceml_tui.core.jsonsafe import finite_number
 
 from .lock import DaemonInfo, find_running_daemon
 
@@ -45,9 +46,7 @@ def under(path: str, roots: Iterable[str]) -> bool:
 
 
 def _time(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    return finite_number(value)
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,18 @@ key of any text, or the bytes cut short.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import tempfile
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from daemon import sidefiles
+from daemon import sidefiles, status_cli
+from daemon.reader import Reader
 from traceml_tui.guard.outcome import build_outcome
 
 from support.fuzz_streams import (
@@ -137,8 +140,16 @@ def damaged_side(draw) -> tuple[str, str, bytes]:
     return kind, rel, draw(damaged_json(seed))
 
 
+def _big_row_value() -> tuple[str, str, bytes]:
+    """The summary with a 400-digit integer as rank 0's step time (kept: the row is free-form)."""
+    tree = json.loads(json.dumps(SUMMARY))
+    tree["step_time"]["groups"]["rows"]["0"]["metrics"]["step_time_ms"] = "__BIG__"
+    return "summary", "final_summary.json", json.dumps(tree).replace('"__BIG__"', "1" + "0" * 400).encode()
+
+
 @FEW
 @given(case=damaged_side())
+@example(case=_big_row_value())
 def test_damaged_side_file_is_at_most_one_error_row(case, caplog):
     kind, rel, data = case
     caplog.set_level(logging.WARNING, logger="traceml.daemon")
@@ -152,6 +163,14 @@ def test_damaged_side_file_is_at_most_one_error_row(case, caplog):
         refused = sidefiles.parse(kind, rel, "0" if kind == "outcome" else None, data).error is not None
         assert stored(index, root / "bad") == (CLEAN_STEPS, int(refused))  # its run keeps its streams
         assert stored(index, root / "good") == (CLEAN_STEPS, 0)
+        # … and every reading of the index works, the good run's and the bad one's: a summary kept with a
+        # 400-digit number made every `traceml status` raise (found by fuzzing)
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert status_cli.main(["--index", str(index), "--json"]) == 0
+        with Reader(index) as reader:
+            for run in reader.list_runs():
+                reader.run_detail(run.run_id)
+                reader.figures(run)
 
 
 @given(damaged_side())

@@ -25,9 +25,10 @@ summary's statistic: both call :func:`rows_spread` on the same per-rank rows
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
+
+from traceml_tui.core.jsonsafe import finite_number
 
 #: Skew (%) from which the slowest rank is a straggler (the summary's ``STRAGGLER`` issue).
 STRAGGLER_SKEW_PCT = 10.0
@@ -90,9 +91,7 @@ def row_value(row: Any, metric: str = SUMMARY_METRIC) -> Optional[float]:
     """One summary row's ``metrics[metric]`` as a finite float (None: absent, not a number, or not finite)."""
     metrics = row.get("metrics") if isinstance(row, Mapping) else None
     value = metrics.get(metric) if isinstance(metrics, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    return finite_number(value)
 
 
 def rows_spread(rows: Mapping[str, Any], metric: str = SUMMARY_METRIC) -> Optional[Spread]:
