@@ -238,11 +238,17 @@ class Unmeasured(msgspec.Struct, tag="unmeasured", tag_field="kind"):
     reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)] = ""
 
 
+#: An integer SQLite can store (64 bits): a node sample's counts. JSON has no bound, and one sample's 400-digit
+#: ``ram_used`` made the summary's mean raise and the whole final summary go unwritten (found fuzzing); such a
+#: line is now a bad line, skipped like any other.
+Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+
+
 class GpuSample(msgspec.Struct):
-    index: int
+    index: Int64
     util_pct: Optional[float] = None
-    mem_used: Optional[int] = None
-    mem_total: Optional[int] = None
+    mem_used: Optional[Int64] = None
+    mem_total: Optional[Int64] = None
     temp_c: Optional[float] = None
     power_w: Optional[float] = None
 
@@ -250,11 +256,11 @@ class GpuSample(msgspec.Struct):
 class SystemSample(msgspec.Struct, tag="system", tag_field="kind"):
     v: int
     run: str
-    node_rank: int
+    node_rank: Int64
     ts: float
     cpu_pct: Optional[float] = None
-    ram_used: Optional[int] = None
-    ram_total: Optional[int] = None
+    ram_used: Optional[Int64] = None
+    ram_total: Optional[Int64] = None
     gpus: list[GpuSample] = msgspec.field(default_factory=list)
 
 
