@@ -209,7 +209,7 @@ def refresh_ended_run(run_dir: Path, render_curve: Optional[Callable[[Path], Non
     run_dir = Path(run_dir)
     layout = RunDir(run_dir)
     try:
-        manifest = artifacts.decode_manifest(layout.manifest.read_bytes())
+        manifest = artifacts.read_manifest(layout.manifest)
     except OSError:
         return None
     if manifest is None or not summary_is_current(manifest.status):
@@ -246,7 +246,7 @@ def refresh_ended_qc(run_dir: Path) -> Optional[list[str]]:
 
     layout = RunDir(run_dir)
     try:
-        manifest = artifacts.decode_manifest(layout.manifest.read_bytes())
+        manifest = artifacts.read_manifest(layout.manifest)
     except OSError:
         return None
     if manifest is None or not summary_is_current(manifest.status):

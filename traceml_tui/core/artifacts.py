@@ -19,7 +19,10 @@ stores or shows its numbers (docs/daemon.md, "Damaged input").
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
+import stat
 from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
@@ -468,6 +471,36 @@ def _decode(data: Union[bytes, str, dict, None], kind: type) -> Any:
 def decode_manifest(data: Union[bytes, str, dict, None]) -> Optional[Manifest]:
     """A manifest from its JSON bytes (or a parsed mapping); None when it is not one."""
     return _decode(data, Manifest)
+
+
+#: A manifest is a few KiB: a larger file is not one (and a link to ``/dev/zero`` would be read for ever).
+MAX_MANIFEST_BYTES = 8 << 20
+
+
+def read_manifest(path: Union[str, os.PathLike]) -> Optional[Manifest]:
+    """The manifest file at ``path``, decoded (None: not a traceml manifest).
+
+    ``OSError`` when it cannot be read: missing, not a regular file (a FIFO planted there made
+    ``traceml validate status`` and ``traceml curve`` wait for ever; found fuzzing), or over
+    :data:`MAX_MANIFEST_BYTES`. Opened without blocking, so a FIFO is refused, never waited on.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        chunks, size = [], 0
+        while size <= MAX_MANIFEST_BYTES:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_MANIFEST_BYTES:
+            raise OSError(errno.EFBIG, f"larger than {MAX_MANIFEST_BYTES} bytes", os.fspath(path))
+    finally:
+        os.close(fd)
+    return decode_manifest(b"".join(chunks))
 
 
 def decode_outcome(data: Union[bytes, str, dict, None]) -> Optional[NodeOutcome]:

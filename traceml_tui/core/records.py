@@ -35,6 +35,8 @@ from typing import Annotated, Any, Optional, Union
 
 import msgspec
 
+from traceml_tui.core.bounds import Int64
+
 RECORD_VERSION = 1
 MAX_LINE_BYTES = 1 << 20  # readers refuse longer lines (docs/daemon.md, rule 4)
 
@@ -238,12 +240,9 @@ class Unmeasured(msgspec.Struct, tag="unmeasured", tag_field="kind"):
     reason: Annotated[str, msgspec.Meta(max_length=MAX_REASON_CHARS)] = ""
 
 
-#: An integer SQLite can store (64 bits): a node sample's counts. JSON has no bound, and one sample's 400-digit
-#: ``ram_used`` made the summary's mean raise and the whole final summary go unwritten (found fuzzing); such a
-#: line is now a bad line, skipped like any other.
-Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
-
-
+# A node sample's counts are 64-bit integers (core/bounds.py): JSON has no bound, and one sample's 400-digit
+# ``ram_used`` made the summary's mean raise and the whole final summary go unwritten (found fuzzing); such a
+# line is now a bad line, skipped like any other.
 class GpuSample(msgspec.Struct):
     index: Int64
     util_pct: Optional[float] = None

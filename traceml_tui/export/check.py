@@ -86,7 +86,7 @@ def _plan_from_yaml(path: Path, run_name: Optional[str]) -> Plan:
 def _plan_from_manifest(run_dir: Path, run_name: Optional[str]) -> Plan:
     layout = RunDir(run_dir)
     try:
-        manifest = artifacts.decode_manifest(layout.manifest.read_bytes())
+        manifest = artifacts.read_manifest(layout.manifest)
     except FileNotFoundError:
         raise CheckFailed(f"{run_dir}: no manifest.json (before launch, check the run's traceml.yaml with "
                           "--run-name)") from None

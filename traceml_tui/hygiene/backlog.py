@@ -572,7 +572,7 @@ def declared_validation(run_dir: Path) -> dict[str, float]:
     the rule the index side applies too.
     """
     try:
-        manifest = artifacts.decode_manifest(RunDir(run_dir).manifest.read_bytes())
+        manifest = artifacts.read_manifest(RunDir(run_dir).manifest)
     except OSError:
         manifest = None
     return core_backlog.validation_settings(manifest).as_dict()

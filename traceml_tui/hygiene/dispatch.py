@@ -33,7 +33,7 @@ from traceml_tui.hygiene import backlog
 def load_effective_hygiene(run_dir: Path) -> Optional[dict]:
     """The effective ``hygiene`` config recorded by ``traceml run`` in ``manifest.json`` (None if absent)."""
     try:
-        manifest = artifacts.decode_manifest(RunDir(run_dir).manifest.read_bytes())
+        manifest = artifacts.read_manifest(RunDir(run_dir).manifest)
     except OSError:
         return None
     if manifest is None or not isinstance(manifest.hygiene, dict):

@@ -60,7 +60,7 @@ def is_qc_point(step: int, cadence: Any) -> bool:
 def manifest_qc(run_dir: Path) -> Optional[Mapping[str, Any]]:
     """The run manifest's normalized ``hygiene.qc`` block (None without one)."""
     try:
-        manifest = artifacts.decode_manifest(RunDir(run_dir).manifest.read_bytes())
+        manifest = artifacts.read_manifest(RunDir(run_dir).manifest)
     except OSError:
         return None
     if manifest is None or not isinstance(manifest.hygiene, dict):

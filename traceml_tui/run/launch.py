@@ -110,7 +110,7 @@ class Launcher:
             self._refuse_finished_run(manifest_path)
             if opts.resume:
                 try:  # node 0 may not have resumed it yet; the hygiene block it recorded does not change
-                    recorded = artifacts.decode_manifest(manifest_path.read_bytes())
+                    recorded = artifacts.read_manifest(manifest_path)
                 except OSError:
                     recorded = None
                 if recorded is not None:
@@ -130,7 +130,7 @@ class Launcher:
             return
         if opts.resume:
             try:
-                previous = artifacts.decode_manifest(manifest_path.read_bytes())
+                previous = artifacts.read_manifest(manifest_path)
             except OSError as exc:
                 raise LaunchError(f"--resume: cannot read {manifest_path}: {exc}") from None
             if previous is None:
@@ -273,7 +273,7 @@ class Launcher:
                 "choose a fresh --run-name"
             )
         try:
-            manifest = artifacts.decode_manifest(manifest_path.read_bytes())
+            manifest = artifacts.read_manifest(manifest_path)
         except OSError:
             return  # node 0 has not written it yet: the normal multi-node start
         if manifest is None:

@@ -38,7 +38,7 @@ def _manifest_qc(session: Any) -> dict:
 
         block: dict = {}
         try:
-            manifest = artifacts.decode_manifest(RunDir(session.run_dir).manifest.read_bytes())
+            manifest = artifacts.read_manifest(RunDir(session.run_dir).manifest)
         except (OSError, TypeError):
             manifest = None
         if manifest is not None:
