@@ -139,7 +139,6 @@ class LiveTable:
         self._forget()
         self.round, self.round_started = [], None
         self._round_moved.clear()
-        self.arrived = 0
         self.pending = {(r[0], r[1], r[2]): r[3] for r in self.conn.execute(
             f"SELECT run_id, rank, attempt, count(*) FROM {idx.LIVE_TABLE} GROUP BY run_id, rank, attempt")}
         self.rows = sum(self.pending.values())
@@ -206,8 +205,6 @@ class LiveTable:
                         raise
                     after_commit()
                     del self.round[0]
-                    if not self.rows:
-                        self.round.clear()  # the later slices' ranks were moved on their own meanwhile
                     if step_s is not None and moved >= at_least and time.perf_counter() - started >= step_s:
                         return  # the next pass first (docs/daemon.md "Live path": merges in steps)
                 if step_s is not None:
