@@ -30,7 +30,6 @@ from . import figures, live, rates, sidefiles
 from . import index as idx
 
 RankKey = tuple[int, int, int]  # (run_id, rank, attempt)
-FIGURES_LEAST = 256  # a write whose due figures are held back computes at least this many (``figures_share``)
 _NEWEST_SQL = idx.steps_newest_sql(live.WINDOW_COLUMNS)  # a rank's newest rows, from both step tables
 
 
@@ -46,12 +45,6 @@ class Aggregates:
         #: ``figures_max_s`` (see :meth:`write_rank_live_many`)
         self.figures_new_steps = 0
         self.figures_max_s = 0.0
-        #: A write recomputes at most this share of the ranks whose figures fell due (and at least
-        #: ``FIGURES_LEAST`` of them), the most overdue first; the rest wait for the next pass: ranks started
-        #: together fell due together, every 10 s, and 6,400 of them at once held a pass 0.5–0.9 s. Spread
-        #: once, they stay spread (each is next due from when it was computed). 1: all of them, always.
-        self.figures_share = 1.0
-        self.figures_least = FIGURES_LEAST
         self.tick = time.monotonic  # the clock of those intervals (injectable for tests)
         #: when a rank's figures were computed, its record count and how many steps its window held then
         self._figures: dict[RankKey, tuple[float, int, int]] = {}
@@ -179,7 +172,6 @@ class Aggregates:
         every = self.figures_every
         tick = self.tick()
         texts = self._ratio_texts
-        overdue: list[tuple[float, RankKey, live.RankWindow, Optional[str]]] = []  # due cached figures
         for key in keys:
             w = self.windows[key]
             ratios = None
@@ -200,25 +192,10 @@ class Aggregates:
                     current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now), w.loss,
                                     ratios, steps_per_s, examples_per_s, *key))
                     continue
-                if self.figures_share < 1.0:
-                    overdue.append((due, key, w, ratios))
-                    continue
             if every:
                 self._figures[key] = (tick, w.records, len(w.steps))
                 self.stale.pop(key, None)
             computed.append((key, w, ratios))
-        if overdue:
-            overdue.sort(key=lambda item: item[0])
-            take = max(self.figures_least, math.ceil(len(overdue) * self.figures_share))
-            for _due, key, w, ratios in overdue[:take]:
-                self._figures[key] = (tick, w.records, len(w.steps))
-                self.stale.pop(key, None)
-                computed.append((key, w, ratios))
-            for due, key, w, ratios in overdue[take:]:  # still due: handed back by the next pass's due_stale
-                self._mark_stale(key, due)
-                steps_per_s, examples_per_s = w.rates()
-                current.append((w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now), w.loss,
-                                ratios, steps_per_s, examples_per_s, *key))
         # Every due rank's figures in one pass on arrays (daemon/figures.py: the window's own, bit for bit).
         for (key, w, ratios), fig in zip(computed, figures.figures_many([w for _, w, _ in computed])):
             full.append((*key, w.node, w.records, w.first_step, w.last_step, w.last_ts, w.seen_at(now),

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import msgspec
 
@@ -43,15 +43,6 @@ MERGE_ROWS = 50_000  # … or until this many rows wait, whichever comes first
 #: all go to the WAL before any checkpoint may copy them back: 6,400 ranks in one merge made a WAL of
 #: 100–200 MiB, past the 16 MiB bound (daemon/wal.py). 256 ranks keep a merge's transaction near 5 MiB.
 MERGE_SLICE_KEYS = 256
-#: … and at most this many rows (a rank's own, whole, past it): a slice of 256 ranks at 10 steps/s (13,000 rows)
-#: took ~0.2 s of CPU, a whole merge of 20 × 64 such ranks over a second.
-MERGE_SLICE_ROWS = 4096
-#: A live daemon's merge moves slices for about this long after a pass, then lets the next pass run and goes on
-#: after it (a *round* over the slices cut when it began): a merge done in one go held the serve loop 0.6–1.0 s
-#: every 5 s at 20 × 64 × 10/s and at 100 × 64 × 1/s, every append made meanwhile waiting for it. It pauses only
-#: once it has also moved :data:`MERGE_OUTPACE` times the rows the pass brought, so it never falls behind.
-MERGE_STEP_S = 0.1
-MERGE_OUTPACE = 2
 
 _ROW_COLUMNS = idx.STEP_COLUMNS[1:]  # a row tuple's columns (live.step_rows), in order
 _encode = msgspec.json.Encoder().encode
@@ -101,18 +92,11 @@ class LiveTable:
         self.enabled = False
         self.merge_every = MERGE_EVERY_S
         self.merge_rows = MERGE_ROWS
-        self.merge_keys = MERGE_SLICE_KEYS  # ranks moved per merge transaction (:meth:`slices`) …
-        self.merge_slice_rows = MERGE_SLICE_ROWS  # … and rows
-        #: The slices of the merge round in progress still to move (a live daemon's merge pauses between
-        #: passes: ``Ingester.merge_live``), when it began (``tick``) and the keys it moved since its last pause.
-        self.round: list[Optional[tuple[RankKey, RankKey]]] = []
-        self.round_started: Optional[float] = None
-        self._round_moved: set[RankKey] = set()
+        self.merge_keys = MERGE_SLICE_KEYS  # ranks moved per merge transaction (:meth:`slices`)
         self.tick = time.monotonic  # the clock of merge_every (injectable for tests)
         self.pending: dict[RankKey, int] = {}  # rows waiting per (run, rank, attempt), this transaction included
         self.rows = 0
         self.since: Optional[float] = None  # when the oldest waiting row was inserted (``tick``)
-        self.arrived = 0  # rows inserted since :meth:`take_arrived` (a pass's rows: what a paused merge must outpace)
         self._insert_sql: dict[tuple[int, tuple[int, ...]], str] = {}
         #: New steps of this transaction not inserted yet, per set of columns they carry (:meth:`add`)
         self._buffer: dict[tuple[int, ...], list[tuple]] = {}
@@ -137,8 +121,6 @@ class LiveTable:
         self._buffer.clear()
         self._buffered = 0
         self._forget()
-        self.round, self.round_started = [], None
-        self._round_moved.clear()
         self.pending = {(r[0], r[1], r[2]): r[3] for r in self.conn.execute(
             f"SELECT run_id, rank, attempt, count(*) FROM {idx.LIVE_TABLE} GROUP BY run_id, rank, attempt")}
         self.rows = sum(self.pending.values())
@@ -146,96 +128,18 @@ class LiveTable:
         self._remembered = not self.rows
 
     def due(self) -> bool:
-        """True when the waiting rows should be merged now (:data:`MERGE_EVERY_S`, :data:`MERGE_ROWS`), or a
-        merge round paused after a pass goes on."""
-        return bool(self.rows) and (bool(self.round) or self.rows >= self.merge_rows
-                                    or self.tick() - self.since >= self.merge_every)
+        """True when the waiting rows should be merged now (:data:`MERGE_EVERY_S`, :data:`MERGE_ROWS`)."""
+        return bool(self.rows) and (self.rows >= self.merge_rows or self.tick() - self.since >= self.merge_every)
 
     def slices(self) -> list[Optional[tuple[RankKey, RankKey]]]:
         """How a merge of every waiting row is cut into transactions: spans of at most :attr:`merge_keys`
-        waiting ranks and :attr:`merge_slice_rows` rows (a rank's rows never split), first and last key
-        included, in key order (``[None]``: all of them in one), so that no merge transaction's pages outgrow
-        the WAL's bound (:data:`MERGE_SLICE_KEYS`) and no slice holds the serve loop long
-        (:data:`MERGE_SLICE_ROWS`)."""
-        if len(self.pending) <= self.merge_keys and self.rows <= self.merge_slice_rows:
+        waiting ranks, first and last key included, in key order (``[None]``: all of them in one), so that no
+        merge transaction's pages outgrow the WAL's bound (:data:`MERGE_SLICE_KEYS`)."""
+        if len(self.pending) <= self.merge_keys:
             return [None]
-        pending = self.pending
-        keys = sorted(pending)
-        most_keys, most_rows = max(1, self.merge_keys), self.merge_slice_rows
-        spans: list[Optional[tuple[RankKey, RankKey]]] = []
-        start, rows = 0, 0
-        for i, key in enumerate(keys):
-            n = pending[key]
-            if i > start and (i - start >= most_keys or rows + n > most_rows):
-                spans.append((keys[start], keys[i - 1]))
-                start, rows = i, 0
-            rows += n
-        spans.append((keys[start], keys[-1]))
-        return spans
-
-    def merge(self, agg, after_commit: Callable[[], None], step_s: Optional[float] = None,
-              at_least: int = 0) -> None:
-        """Move waiting rows into ``steps_stored`` and fold them into the series with ``agg``, a slice per
-        transaction of its own (:meth:`slices`; ``after_commit`` runs after each ``COMMIT``), the runs moved
-        marked changed. Without ``step_s``: every waiting row. With it (a live daemon, after a pass): the slices
-        of one round (:meth:`begin_round`) until ``step_s`` seconds have passed and ``at_least`` rows have
-        moved; a paused round goes on at the next call (:data:`MERGE_STEP_S`). A failed slice is rolled back
-        and raised: memory is then ahead of the index and the caller reloads it (:meth:`load`)."""
-        conn = self.conn
-        started = time.perf_counter()
-        moved = 0
-        try:
-            while self.rows:
-                self.begin_round()
-                while self.round:  # a slice per transaction: the WAL stays bounded (MERGE_SLICE_KEYS)
-                    conn.execute("BEGIN IMMEDIATE")
-                    try:
-                        moved += self.rows
-                        runs = self.move(agg, span=self.round[0])
-                        moved -= self.rows
-                        version = idx.bump_version(conn)
-                        conn.executemany("UPDATE runs SET updated_version = ? WHERE run_id = ?",
-                                         [(version, r) for r in runs])
-                        conn.execute("COMMIT")
-                    except BaseException:
-                        try:
-                            conn.execute("ROLLBACK")
-                        except Exception:
-                            pass
-                        raise
-                    after_commit()
-                    del self.round[0]
-                    if step_s is not None and moved >= at_least and time.perf_counter() - started >= step_s:
-                        return  # the next pass first (docs/daemon.md "Live path": merges in steps)
-                if step_s is not None:
-                    return  # the round is done; rows that came meanwhile wait for the next one
-                self.pause_round()
-        finally:
-            self.pause_round()
-
-    def take_arrived(self) -> int:
-        """The rows inserted since the last call (a live pass's new rows)."""
-        arrived, self.arrived = self.arrived, 0
-        return arrived
-
-    def begin_round(self) -> None:
-        """Cut the waiting rows into the slices of a merge round, unless one is in progress."""
-        if not self.round:
-            self.round = self.slices()
-            self.round_started = self.tick()
-
-    def pause_round(self) -> None:
-        """After a merge call, its round done or paused: the rows of the keys it moved leave the log (their
-        keys get new rows while the round waits for the next pass, and must not fold the moved ones again), and
-        a round done with rows left (arrived after their slice moved) times the next one from its start."""
-        if self._round_moved and self.rows:
-            self._drop_logged(self._round_moved)
-            self._sliced = False
-        self._round_moved.clear()
-        if not self.round:
-            if self.rows and self.round_started is not None:
-                self.since = self.round_started  # every row left came after the round began
-            self.round_started = None
+        keys = sorted(self.pending)
+        step = max(1, self.merge_keys)
+        return [(keys[i], keys[min(len(keys), i + step) - 1]) for i in range(0, len(keys), step)]
 
     def insert_sql(self, run_id: int, keep: tuple[int, ...]) -> str:
         """INSERT of live rows carrying the row-tuple columns ``keep`` (always rank, attempt and step first) and
@@ -296,7 +200,6 @@ class LiveTable:
         if not self.rows:
             self.since = self.tick()
         self.rows += n
-        self.arrived += n
 
     def _drop_logged(self, gone: set) -> None:
         """The log without the rows of the keys ``gone`` (moved on their own, before a merge: a cold block or a
@@ -352,7 +255,6 @@ class LiveTable:
         if not self.rows:
             self.since = self.tick()
         self.rows += 1
-        self.arrived += 1
 
     def flush(self) -> None:
         """Insert the new steps :meth:`add` kept (before anything reads the live table, and before COMMIT).
@@ -404,7 +306,6 @@ class LiveTable:
             if not self.rows:
                 self.since = self.tick()
             self.rows += inserted
-            self.arrived += inserted
         return inserted
 
     def keys_of(self, run_id: int, rank: int) -> list[RankKey]:
@@ -461,7 +362,6 @@ class LiveTable:
                 self._remembered = True  # nothing waits: what comes next is remembered as it is inserted
             elif span is not None:
                 self._sliced = True
-                self._round_moved.update(moved)
             elif moved and remembered:
                 self._drop_logged(set(moved))
         return {k[0] for k in moved}

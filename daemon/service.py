@@ -36,22 +36,7 @@ from typing import Callable, Optional
 from traceml_tui.core import rundir
 from traceml_tui.core.signals import shielded
 
-from . import (
-    cold,
-    columns,
-    decode,
-    leases,
-    live,
-    live_table,
-    locations,
-    plan,
-    refusals,
-    sidefiles,
-    store,
-    stream,
-    wal,
-    watcher,
-)
+from . import cold, columns, decode, leases, live, locations, plan, refusals, sidefiles, store, stream, wal, watcher
 from . import index as idx
 from .lock import DaemonInfo, IndexLockedError, acquire_lock, find_running_daemon, lock_path, release_lock
 
@@ -66,8 +51,7 @@ SIDE_MAX_BYTES = sidefiles.SIDE_MAX_BYTES
 BACKOFF_MAX_S = 60.0  # the live daemon retries a failing index at most this far apart
 FIGURES_EVERY_S = 2.0  # the live daemon recomputes a rank's rolling figures at most this often …
 FIGURES_NEW_STEPS = live.WINDOW // 2  # … and then once half of its window is new steps …
-FIGURES_MAX_S = 10.0  # … or this long after the last time, whichever comes first;
-FIGURES_SHARE = 0.25  # a pass computes at most a quarter of the ranks due at once (at least 256 of them)
+FIGURES_MAX_S = 10.0  # … or this long after the last time, whichever comes first
 LIVE_CHECKPOINT_PAGES = 2048  # the live daemon's WAL checkpoints (~8 MiB) apart (docs/daemon.md, "Live path")
 
 
@@ -134,9 +118,6 @@ class Ingester:
         self.cold = cold.ColdPath()
         self.refused = refusals.Refused()  # files refused now: one error row each (docs/daemon.md, "Damaged input")
         self.records_ingested = 0
-        #: A live daemon's merge after a pass moves slices for about this long, then the next pass runs
-        #: (``live_settings``); None: every merge moves every waiting row at once (``--once``, open, stop).
-        self.merge_step_s: Optional[float] = None
         #: Called after each commit while a large backlog is read, with :meth:`cold.Progress.snapshot`'s dict
         #: (the last one: done).
         self.on_progress: Optional[Callable[[dict], None]] = None
@@ -302,14 +283,11 @@ class Ingester:
         # A live pass's step rows go to the append-ordered live table, merged every few seconds
         # (daemon/live_table.py).
         self.store.live.enabled = True
-        # … and merged in steps between passes, so that no merge holds the next pass long.
-        self.merge_step_s = live_table.MERGE_STEP_S
         # A live rank's medians and rates: at most every 2 s, and at least every 10 s while it writes.
         agg = self.store.agg
         agg.figures_every = FIGURES_EVERY_S
         agg.figures_new_steps = FIGURES_NEW_STEPS
         agg.figures_max_s = FIGURES_MAX_S
-        agg.figures_share = FIGURES_SHARE
 
     def start(self) -> None:
         """Serve in a background thread (the TUI's embedded mode)."""
@@ -369,7 +347,7 @@ class Ingester:
         quiet = self._batch is None or not self._batch.records
         self.commit()
         if quiet and self.store.live.rows:
-            self.merge_live(self.merge_step_s)
+            self.merge_live()
 
     def begin(self) -> store.Batch:
         """The open transaction's batch (``BEGIN IMMEDIATE`` when none is open)."""
@@ -394,9 +372,8 @@ class Ingester:
         self.records_ingested += batch.records
         for f, changes in batch.file_updates.items():
             f.take(changes)
-        arrived = self.store.live.take_arrived()
         if self.store.live.due():
-            self.merge_live(self.merge_step_s, live_table.MERGE_OUTPACE * arrived)
+            self.merge_live()
         if progress is not None:
             if progress["done"]:
                 self.cold.progress = None
@@ -404,20 +381,29 @@ class Ingester:
                 self.on_progress(progress)
 
     @_gc_paused_when_live
-    def merge_live(self, step_s: Optional[float] = None, at_least: int = 0) -> None:
-        """Move the rows waiting in the live table into the step table and fold them into the series
-        (``LiveTable.merge``: a slice of the ranks per transaction; the runs it touched are marked changed).
-        Without ``step_s``, every waiting row; with it (a live daemon after a pass), one merge round's slices
-        until ``step_s`` seconds have passed and ``at_least`` rows have moved: the round goes on after the next
-        pass."""
+    def merge_live(self) -> None:
+        """Move every row waiting in the live table into the step table and fold it into the series, in
+        transactions of their own, a slice of the ranks each (daemon/live_table.py); the runs it touched are
+        marked changed."""
         live = self.store.live
         if not live.rows or self._batch is not None:
             return
-        try:
-            live.merge(self.store.agg, self.wal.after_commit, step_s, at_least)
-        except BaseException:
-            self.rollback()  # memory (waiting rows, series widths) went ahead of the index: reload it
-            raise
+        conn = self.conn
+        for span in live.slices():  # a slice of the ranks per transaction: the WAL stays bounded (live_table.py)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                runs = live.move(self.store.agg, span=span)
+                version = idx.bump_version(conn)
+                conn.executemany("UPDATE runs SET updated_version = ? WHERE run_id = ?", [(version, r) for r in runs])
+                conn.execute("COMMIT")
+                self.wal.after_commit()
+            except BaseException:
+                try:
+                    conn.execute("ROLLBACK")
+                except Exception:
+                    pass
+                self.rollback()  # memory (waiting rows, series widths) went ahead of the index: reload it
+                raise
 
     def rollback(self) -> None:
         """Roll the open transaction back; memory may be ahead of the index, so reload what was committed and

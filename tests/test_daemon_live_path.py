@@ -6,7 +6,6 @@ real files, a real SQLite index and the reader.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -722,47 +721,6 @@ def test_figures_left_stale_are_written_after_a_rollback_and_when_the_daemon_sto
     finally:
         live.stop()
     assert whole() == last
-
-
-def test_ranks_whose_figures_fall_due_together_are_recomputed_over_several_passes_and_stay_spread(live):
-    """Ranks started together fall due together (every FIGURES_MAX_S while they write at 1 step/s): 6,400 of
-    them recomputed in one pass held it 0.5–0.9 s. A pass recomputes at most a share of the due ranks (the most
-    overdue first, at least ``figures_least``), the rest in the next passes; each is next due from when it was
-    computed, so they stay spread; every rank gets its figures, and the current columns are always written.
-    Observed through each rank's mean step time (new steps take 200 ms against the first 100)."""
-    root, index, ing = live
-    paths = {k: write_steps(root / "r", k, range(1, 71)) for k in range(12)}
-    ing.open()
-    ing.live_settings()
-    agg = ing.store.agg
-    agg.figures_least = 2  # 12 ranks due: 3, 3, 2, 2, 2 per pass at a quarter each
-    clock = [0.0]
-    agg.tick = lambda: clock[0]
-
-    def fresh_ranks() -> int:
-        conn = sqlite3.connect(f"file:{index}?mode=ro", uri=True)
-        try:
-            rows = conn.execute("SELECT last_step, step_parts FROM rank_live ORDER BY rank").fetchall()
-        finally:
-            conn.close()
-        assert {r[0] for r in rows} == {75}  # the current columns: always
-        return sum(round(json.loads(r[1])["whole"], 4) != 110.0 for r in rows)
-
-    def at(t: float) -> int:
-        clock[0] = t
-        ing.run_once()
-        ing.commit_pass()
-        return fresh_ranks()
-
-    ing.run_once()  # every rank's first figures at once
-    for k, path in paths.items():
-        for s in range(71, 76):
-            append_raw(path, step_line("r", k, s, step_ms=200.0, ts=2000.0 + s))
-    assert at(3.0) == 0  # within FIGURES_MAX_S: the current columns only
-    assert [at(10.0 + 0.5 * i) for i in range(6)] == [3, 6, 8, 10, 12, 12]
-    # spread for good: the first three are due again 10 s after their pass, the next three 0.5 s later …
-    due_at = sorted(agg._figures[k][0] for k in agg.windows)
-    assert due_at == [10.0] * 3 + [10.5] * 3 + [11.0] * 2 + [11.5] * 2 + [12.0] * 2
 
 
 @pytest.mark.parametrize("between", [1, 7, 64, 129, 300])

@@ -205,7 +205,7 @@ def test_merges_while_serving_fold_every_row_once_across_a_bucket_widening(tmp_p
     ing = _live_ingester(index, root, merge_rows=40)
     merges = []
     real_merge = ing.merge_live
-    ing.merge_live = lambda *step: (merges.append(ing.store.live.rows), real_merge(*step))[1]
+    ing.merge_live = lambda: (merges.append(ing.store.live.rows), real_merge())[1]
     try:
         step = 0
         while step < 700:
@@ -494,101 +494,6 @@ def test_sigkill_inside_a_later_slice_of_a_merge_stores_every_line_once(tmp_path
         after.close()
     assert _counts(index) == (distinct_lines, distinct_lines, 0)
     _assert_same(_state(index), _cold(tmp_path, root))
-
-
-@pytest.mark.faults
-def test_sigkill_while_a_merge_round_waits_for_the_next_pass_stores_every_line_once(tmp_path):
-    """A live daemon's merge goes in steps between passes (a round of slices, paused once it has outpaced the
-    pass's rows): SIGKILLed while a round waits, the slices it moved stay moved and folded, the rest waits,
-    every line is stored exactly once, and the next ingester merges what waits, equal to a cold ingest."""
-    root = tmp_path / "logs"
-    make_streams(root)
-    index = tmp_path / "index.sqlite"
-    passes = 12
-    proc = subprocess.run([sys.executable, "-m", "support.live_kill", str(index), str(root), str(passes), "paused",
-                           "1"], env=python_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -9, proc.stderr  # 3: no round was waiting
-    distinct_lines = RUNS * RANKS * sum(1 if p % 5 else 3 for p in range(passes))
-    total, distinct, waiting = _counts(index)
-    assert total == distinct == distinct_lines
-    assert 0 < waiting < distinct_lines  # some ranks moved, some wait
-    after = Ingester(index, [str(root)], use_inotify=False)
-    try:
-        assert after.run_once() == 0
-    finally:
-        after.close()
-    assert _counts(index) == (distinct_lines, distinct_lines, 0)
-    _assert_same(_state(index), _cold(tmp_path, root))
-
-
-# --------------------------------------------------------------------------- a merge in steps between passes
-
-
-@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(passes=st.lists(st.lists(st.integers(0, 4), min_size=6, max_size=6), min_size=3, max_size=14),
-       keys=st.integers(1, 4), rows=st.integers(1, 12), due_every=st.integers(1, 4))
-def test_a_merge_in_steps_between_passes_folds_every_row_once(tmp_path_factory, passes, keys, rows, due_every):
-    """Merges that pause between passes (each moves slices until it has moved twice the pass's rows, then the
-    next pass runs; new rows arrive for ranks already moved in the round and for ranks still waiting): every
-    line is stored once, and after the last merge the rows, rank rows and series equal a cold ingest's."""
-    tmp = tmp_path_factory.mktemp("steps")
-    root = tmp / "logs"
-    paths = {(run, k): root / run / "ranks" / f"rank_{k}" / "steps-0.jsonl" for run in ("a", "b") for k in range(3)}
-    for (run, k), path in paths.items():
-        path.parent.mkdir(parents=True)
-        path.write_bytes(header_line(run, k, uuid=f"{run}{k}"))
-    index = tmp / "live.sqlite"
-    ing = _live_ingester(index, root)
-    ing.merge_step_s = 0.0
-    live = ing.store.live
-    live.merge_keys, live.merge_slice_rows = keys, rows
-    step = dict.fromkeys(paths, 0)
-    paused = 0
-    try:
-        for p, chunks in enumerate(passes):
-            for (key, path), chunk in zip(paths.items(), chunks):
-                lines = b"".join(step_line(key[0], key[1], s, step_ms=50.0 + (s * 7 + key[1]) % 13,
-                                           ratio=0.01 * (s % 9)) for s in range(step[key] + 1, step[key] + 1 + chunk))
-                step[key] += chunk
-                if lines:
-                    append_raw(path, lines)
-            live.merge_every = 0.0 if p % due_every == 0 else math.inf
-            _live_pass(ing)
-            paused += bool(live.round)
-            assert _counts(index)[:2] == (sum(step.values()),) * 2
-        ing.merge_live()
-        assert not live.round and _counts(index) == (sum(step.values()), sum(step.values()), 0)
-    finally:
-        ing.close()
-    _assert_same(_state(index), _cold(tmp, root))
-
-
-def test_a_merge_round_pauses_between_passes_and_outpaces_them(tmp_path):
-    """The round is cut when it begins and goes on after the next pass; a paused merge moves at least twice
-    the rows the pass brought, so the rows waiting shrink pass by pass until the round is done."""
-    root = tmp_path / "logs"
-    make_streams(root)
-    paths = stream_paths(root)
-    index = tmp_path / "live.sqlite"
-    ing = _live_ingester(index, root)
-    ing.merge_step_s = 0.0
-    live = ing.store.live
-    live.merge_keys = 1
-    waiting, rounds = [], []
-    try:
-        for p in range(12):
-            for (run, rank), path in paths.items():
-                append_raw(path, pass_lines(run, rank, p))
-            live.merge_every = 0.0 if p >= 8 else math.inf  # due from the ninth pass on
-            _live_pass(ing)
-            waiting.append(_counts(index)[2])
-            rounds.append(len(live.round))
-    finally:
-        ing.close()
-    assert rounds[:8] == [0] * 8 and all(rounds[8:11])  # a round of 12 slices, paused pass after pass
-    # each pass brings 12 rows (36 every fifth) and its merge moves at least twice as many
-    assert waiting[8] < waiting[7] and waiting[9] < waiting[8] and waiting[10] < waiting[9]
-    assert rounds[11] == 0 or waiting[11] < waiting[10]
 
 
 def _peaks(ing: Ingester) -> list[int]:

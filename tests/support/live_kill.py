@@ -12,10 +12,7 @@ none is merged or folded. Then the process kills itself with SIGKILL:
   ``COMMIT`` …): the merge's transaction is open and part of it written;
 * ``WHERE = <SQL prefix>@N`` — as the N-th statement starting with that prefix begins (a merge cut into
   slices, SLICE ranks per transaction: the N-th slice's, the slices before it committed);
-* ``WHERE = never`` — the merge completes and the process exits 0;
-* ``WHERE = paused`` — the merge falls due at the last pass and goes in steps (``merge_step_s`` 0: it moves
-  slices of SLICE ranks until it has outpaced the pass's rows, ``Ingester.merge_live``); the process is killed
-  there, its round waiting for the next pass (exit 3 when none waits).
+* ``WHERE = never`` — the merge completes and the process exits 0.
 """
 
 from __future__ import annotations
@@ -65,8 +62,6 @@ def main(argv: list[str]) -> None:
     ing.live_settings()
     ing.store.live.merge_every = float("inf")
     ing.store.live.merge_rows = 1 << 40
-    if where == "paused":
-        ing.merge_step_s = 0.0
     if len(argv) > 4:
         ing.store.live.merge_keys = int(argv[4])
     ing.scan()
@@ -77,14 +72,8 @@ def main(argv: list[str]) -> None:
         for (run, rank), path in paths.items():
             append_raw(path, pass_lines(run, rank, p))
         ing.poll(targets)
-        if where == "paused" and p == passes - 1:
-            ing.store.live.merge_every = 0.0
         ing.commit_pass()
     if where == "commit":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if where == "paused":
-        if not ing.store.live.round:
-            sys.exit(3)
         os.kill(os.getpid(), signal.SIGKILL)
 
     seen = [0]
