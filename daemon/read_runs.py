@@ -39,7 +39,7 @@ from traceml_tui.core.state import (
     with_exit_codes,
 )
 
-from . import rates, views
+from . import rates, sidefiles, views
 from .leases import lease_facts
 from .read_query import Rows, loads
 
@@ -104,8 +104,8 @@ class RunSummary:
     interrupted_at: Optional[float] = None
     # a failed run whose ranks all returned from their scripts before one crashed (core.state.crashed_in_teardown)
     teardown_crash: bool = False
-    # The run's first step record (unix s), its age (now − its newest record) and duration (first record to its
-    # newest, or to now while it is live): the Runs screen's Age and Duration columns (views.run_times).
+    # The run's first step record (unix s), its age (now − its newest record) and duration (from its start to its
+    # end, or to now while it is live): every surface's Age and Duration (views.run_times).
     first_ts: Optional[float] = None
     age_s: Optional[float] = None
     duration_s: Optional[float] = None
@@ -413,7 +413,8 @@ class RunsReader:
             interrupted_by, interrupted_at = self._interruption(d, latest)
         missing = d["run_id"] in marks.missing and summary_is_current(d["manifest_status"])
         first_ts = self._first_ts(d["run_id"], d["updated_version"])
-        age, took = views.run_times(status, first_ts, d["last_ts"], now)
+        age, took = views.run_times(status, first_ts, d["last_ts"], now, sidefiles.time_of_text(d["started_at"]),
+                                    sidefiles.time_of_text(d["ended_at"]))
         # One statistic, one rule (docs/contracts.md "One set of figures"): not the ingest-time roll-up's score. Once
         # the run's final summary is current, the summary's own rows, by the function its STRAGGLER verdict called.
         window = marks.windows.get(d["run_id"]) if summary_is_current(d["manifest_status"]) else None
@@ -469,7 +470,8 @@ class RunsReader:
             settled = self._settled.get(r[0])
             if settled is not None and settled[0] == keys[r[0]]:
                 run = settled[1]
-                age, took = views.run_times(run.status, run.first_ts, run.last_ts, now)
+                age, took = views.run_times(run.status, run.first_ts, run.last_ts, now,
+                                            sidefiles.time_of_text(run.started_at), sidefiles.time_of_text(run.ended_at))
                 out.append(replace(run, age_s=age, duration_s=took))
                 continue
             run = self._summary(r, latest.get(r[0], []), now, leases.get(r[0], ()), marks)

@@ -18,6 +18,7 @@ Backlog files and ``early_stopping.json`` are checked by their own decoders
 
 from __future__ import annotations
 
+import calendar
 import time
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Optional, Union
@@ -88,7 +89,25 @@ def time_text(value) -> Optional[str]:
     if isinstance(value, str):
         return value
     seconds = bounds.epoch_or_none(value)
-    return None if seconds is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    if seconds is None:
+        return None
+    # milliseconds when there are any: the run's duration is computed from these (daemon/views.py run_times)
+    whole, ms = divmod(round(seconds * 1000), 1000)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    return f"{text}.{ms:03d}Z" if ms else f"{text}Z"
+
+
+def time_of_text(text: Optional[str]) -> Optional[float]:
+    """Epoch seconds of a :func:`time_text` (``…:SSZ`` or ``…:SS.mmmZ``); None for any other text."""
+    if not isinstance(text, str) or not text.endswith("Z"):
+        return None
+    base, dot, ms = text[:-1].partition(".")
+    if dot and not (len(ms) == 3 and ms.isdigit()):
+        return None
+    try:
+        return calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S")) + (int(ms) / 1000 if dot else 0.0)
+    except (ValueError, OverflowError):
+        return None
 
 
 def _node_of(key: Optional[str]) -> Optional[int]:

@@ -163,13 +163,15 @@ def cut(data: bytes, offset: int, size: int, skipping: int, tail: Optional[str],
     a quiet file, is a bad line like any other (a hole that never fills must not stall the stream).
     """
     read_end = offset + len(data)
+    skip_ended = False  # the rest of a skipped line ended in this window: the cursor moved past it
     if skipping:
         nl = data.find(b"\n")
-        if nl < 0:
-            return Cut(b"", offset, read_end, 1, None, read_end < size, False)
+        if nl < 0:  # (more only when this read moved the cursor: an empty short read must not loop)
+            return Cut(b"", offset, read_end, 1, None, offset < read_end < size, False)
         data = data[nl + 1:]
         offset += nl + 1
         tail = None
+        skip_ended = True
     # (`b"\0" in data` is one memchr; the line-start search only runs when a NUL is there at all)
     hole = _nul_hole(data) if nul_fresh and b"\0" in data else None
     held = hole is not None
@@ -183,9 +185,10 @@ def cut(data: bytes, offset: int, size: int, skipping: int, tail: Optional[str],
         if len(data) > MAX_LINE:
             return Cut(b"", offset, read_end, 1, None, read_end < size, held,
                        (offset, len(data), f"line longer than {MAX_LINE} bytes (≥ {len(data)} so far); skipped"))
-        # Nothing complete here; after a skip ended in this window the rest of the file is still to read (its
-        # next line may cross the window's end): stopping lost every line after it until the file changed.
-        return Cut(b"", offset, offset, 0, tail, read_end < size, held)
+        # Nothing complete here. After a skip that ended in this window (the cursor moved) the rest of the file
+        # is still to read, its next line crossing the window's end: stopping there lost every line after it
+        # until the file changed. Without a skip the cursor did not move: reading again would read the same.
+        return Cut(b"", offset, offset, 0, tail, skip_ended and read_end < size, held)
     block = data[: nl + 1]
     last_line = block[block.rfind(b"\n", 0, len(block) - 1) + 1:-1]
     end = offset + nl + 1

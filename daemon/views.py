@@ -233,15 +233,25 @@ class RunFigures:
                 "rate_rule": self.rate_rule}
 
 
-def run_times(status: RunStatus, first_ts: Optional[float], last_ts: Optional[float], now: float
-              ) -> tuple[Optional[float], Optional[float]]:
-    """(age, duration) of a run at ``now``, in seconds: age since its newest record; duration from its first
-    record to its newest, or to now while it is live (``running``/``stalled``: it is still going)."""
+def run_times(status: RunStatus, first_ts: Optional[float], last_ts: Optional[float], now: float,
+              started: Optional[float] = None, ended: Optional[float] = None) -> tuple[Optional[float], Optional[float]]:
+    """(age, duration) of a run at ``now``, in seconds: age since its newest record; duration from when it
+    started (the launcher's start, else its first record: the earlier) to when it ended (the launcher's end or its
+    newest record: the later), or to now while it is live (``running``/``stalled``: it is still going).
+
+    The one duration every surface shows (the Runs table, the Run screen, Describe): a run that hung 45 s
+    before it was stopped read 1 s in the Runs table (first record to newest) and 53 s on its Run screen
+    (found trying the product)."""
     age = None if last_ts is None else max(0.0, now - last_ts)
-    if first_ts is None:
+    starts = [t for t in (first_ts, started) if t is not None]
+    if not starts:
         return age, None
-    end = now if status in LIVE_RUN_STATES or last_ts is None else last_ts
-    return age, max(0.0, end - first_ts)
+    if status in LIVE_RUN_STATES:
+        end = now
+    else:
+        ends = [t for t in (last_ts, ended) if t is not None]
+        end = max(ends) if ends else now
+    return age, max(0.0, end - min(starts))
 
 
 def step_figures(spread: Optional[Spread]) -> tuple[Optional[float], Optional[int], Optional[float],

@@ -10,9 +10,12 @@ from __future__ import annotations
 import ast
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from daemon import index as idx
 from daemon import sidefiles
@@ -271,3 +274,28 @@ def test_the_daemon_imports_only_the_core():
                 if not ok:
                     bad.append(f"{path.name}: {name}")
     assert bad == []
+
+
+@given(st.floats(0, 4e9, allow_nan=False))
+def test_a_stored_launch_time_reads_back_to_the_millisecond(seconds):
+    """The runs table keeps the manifest's start and end as text (sidefiles.time_text); the run's duration is
+    computed from them (views.run_times), so they keep milliseconds and read back within half of one."""
+    text = sidefiles.time_text(seconds)
+    assert sidefiles.time_of_text(text) == pytest.approx(seconds, abs=5e-4 + 1e-6)
+    if seconds == int(seconds):
+        assert text.endswith(":" + time.strftime("%S", time.gmtime(seconds)) + "Z")  # whole seconds as before
+
+
+def test_a_run_lasts_from_its_launch_to_its_end_on_every_surface():
+    """A run that hung 45 s after its last record and was then stopped read 1 s in the Runs table (first record
+    to newest) and 53 s on its Run screen (the manifest's start and end): one rule, the launch's span
+    widened by its records, to now while it is live (found trying the product)."""
+    from daemon.views import run_times
+    from traceml_tui.core.state import RunStatus
+
+    # launched at 100, records from 106 to 107, stopped at 153
+    assert run_times(RunStatus.INTERRUPTED, 106.0, 107.0, 500.0, 100.0, 153.0) == (393.0, 53.0)
+    assert run_times(RunStatus.COMPLETED, 106.0, 107.0, 500.0) == (393.0, 1.0)  # no launcher: the records
+    assert run_times(RunStatus.STALLED, 106.0, 107.0, 500.0, 100.0, 90.0) == (393.0, 400.0)  # live: to now
+    assert run_times(RunStatus.RUNNING, None, None, 500.0, 100.0, None) == (None, 400.0)  # launched, no record
+    assert run_times(RunStatus.LOST, 106.0, 107.0, 500.0, 100.0, None) == (393.0, 7.0)

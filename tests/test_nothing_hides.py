@@ -287,10 +287,15 @@ async def test_age_and_duration_columns_from_the_reader_sortable_by_the_picker(c
             for name, run in runs.items():
                 assert ages[name] == textplot.duration(fr.SHOWN_AT - run.last_ts)  # since its newest record
                 assert durations[name] == textplot.duration(run.duration_s)
-            hung = runs[fr.name_of("hung")]  # live (stalled): its duration runs to now
-            assert hung.duration_s == pytest.approx(fr.SHOWN_AT - hung.first_ts)
-            done = runs[fr.name_of("completed")]  # over: first record to its newest
-            assert done.duration_s == pytest.approx(done.last_ts - done.first_ts) and done.duration_s > 0
+            def launch(case: str) -> dict:
+                return json.loads((fr.FIXTURE_RUNS / fr.name_of(case) / "manifest.json").read_text())
+
+            hung = runs[fr.name_of("hung")]  # live (stalled): from the launcher's start (before any record) to now
+            assert hung.duration_s == pytest.approx(fr.SHOWN_AT - launch("hung")["started_at"], abs=1e-3)
+            assert hung.duration_s > fr.SHOWN_AT - hung.first_ts
+            done = runs[fr.name_of("completed")]  # over: the launcher's start to its end (after the last record)
+            took = launch("completed")["ended_at"] - launch("completed")["started_at"]
+            assert done.duration_s == pytest.approx(took, abs=1e-3) and took > done.last_ts - done.first_ts > 0
             for label, key in (("Age", lambda r: r.age_s), ("Duration", lambda r: r.duration_s)):
                 await pilot.press("O")
                 for _ in range(200):

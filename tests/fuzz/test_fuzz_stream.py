@@ -52,6 +52,9 @@ def _consume(data: bytes, window: int, nul_fresh: bool):
     for _ in range(10 * len(data) + 10):
         piece = stream.cut(data[offset:offset + window], offset, len(data), skipping, tail, nul_fresh)
         assert offset <= piece.offset <= len(data)  # never backwards, never past the end
+        # `more` only with progress: the service reads again while it is set (a cut that says more without moving
+        # would loop for ever, e.g. on a file truncated mid-line after the pass's stat)
+        assert not piece.more or piece.offset > offset
         if piece.error is not None:
             # at the cursor, or past the rest of a skipped line that ended in this window
             assert not piece.block and piece.error[0] >= offset and piece.skipping == 1
@@ -238,3 +241,14 @@ def test_the_live_case_in_one_step_equals_the_usual_read(ops):
         for name in os.listdir(root):
             os.unlink(os.path.join(root, name))
         os.rmdir(root)
+
+
+@given(_line, st.integers(0, 100), st.integers(0, 100), st.integers(0, 1), st.booleans())
+def test_a_cut_says_more_only_when_its_cursor_moved(data, offset, extra, skipping, nul_fresh):
+    """Whatever a read returned (a short read of a file truncated after the pass's stat: fewer bytes than the
+    size says), `more` means the cursor moved: the service reads again while it is set, and a cut of a partial
+    line that said more without moving made a pass loop for ever (found by an independent review)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stream, "MAX_LINE", LIMIT)
+        piece = stream.cut(data, offset, offset + len(data) + extra, skipping, None, nul_fresh)
+    assert not piece.more or piece.offset > offset

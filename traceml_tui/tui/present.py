@@ -217,4 +217,5 @@ def describe_snapshot(run: Any, manifest: Any, content: Optional[bytes]) -> Desc
         run_id=run.run_id, name=run.name, status=run.status, folder=run_folder(run.dir, run.root, run.name),
         manifest=msgspec.to_builtins(manifest) if manifest is not None else None,
         declaration=declaration if isinstance(declaration, dict) else None,
-        environment=environment if isinstance(environment, dict) else None, has_summary=content is not None)
+        environment=environment if isinstance(environment, dict) else None, has_summary=content is not None,
+        duration_s=getattr(run, "duration_s", None))

@@ -357,3 +357,4 @@ class DescribeSnapshot:
     declaration: Optional[dict] = field(default=None, hash=False)  # the final summary's run_context.declaration
     environment: Optional[dict] = field(default=None, hash=False)  # the final summary's environment (versions)
     has_summary: bool = False
+    duration_s: Optional[float] = None  # the reader's (daemon/views.py run_times), as every surface shows it

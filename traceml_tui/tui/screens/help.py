@@ -56,7 +56,7 @@ RUNS_COLUMN_HELP: dict[str, str] = {
     "Backlog": "validation requests without a receipt (pending, claimed, failed, blocked, stale-claim)",
     "Err": "ingest errors: records or files the index could not read (listed on the Run screen)",
     "Age": "time since the run's newest record",
-    "Duration": "from the run's first step record to its newest, or to now while it runs",
+    "Duration": "from the launch's start (or its first step record) to its end (or its newest record), or to now while it runs",
 }
 
 #: What each run state means (the rules of traceml_tui/core/state.py), in attention order.

@@ -62,10 +62,8 @@ def timing(detail: RunDetail) -> str:
     r = detail.run
     if detail.started_at is None:
         return "started – (no manifest yet)"
-    end = detail.ended_at if detail.ended_at is not None else (
-        detail.now if r.status in LIVE_RUN_STATES or r.last_ts is None else r.last_ts)
     parts = [f"started {textplot.clock_time(detail.started_at)}",
-             f"duration {textplot.duration(max(0.0, end - detail.started_at))}"]
+             f"duration {textplot.duration(r.duration_s)}"]  # the reader's, as the Runs table shows it
     if detail.eta_s is not None:
         parts.append(f"ETA {textplot.duration(detail.eta_s)} (to step {r.declared_steps} at "
                      f"{textplot.fmt_num(r.steps_per_s)} steps/s)")

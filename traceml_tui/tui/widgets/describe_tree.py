@@ -40,8 +40,8 @@ def describe_sections(snap: DescribeSnapshot) -> list[Section]:
         started, ended = m.get("started_at"), m.get("ended_at")
         run["started"] = _when(started)
         run["ended"] = _when(ended)
-        if isinstance(started, (int, float)) and isinstance(ended, (int, float)):
-            run["duration"] = textplot.duration(max(0.0, ended - started))
+        if snap.duration_s is not None:
+            run["duration"] = textplot.duration(snap.duration_s)  # the reader's, as the Runs table shows it
         run.update(_pick(m, "exit_code", "mode", "attempts", "history_enabled", "history_retention_s",
                          "trace_max_steps", "schema_version"))
     sections: list[Section] = [("Run", run)]
