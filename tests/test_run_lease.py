@@ -247,3 +247,35 @@ def test_a_node_whose_launcher_was_killed_is_named_lost(daemon: Daemon) -> None:
         assert oneline.startswith("traceml: 1 failed") and oneline.endswith("lost node 1"), oneline
         _wait(lambda: daemon.metrics(name) == ("failed", {"1"}), WAIT_S, "the metrics naming node 1 lost")
         assert os.path.exists(RunDir(run_dir).lease(1))
+
+
+def test_a_resume_judges_the_lease_by_its_folders_clock_and_its_own_length(tmp_path, monkeypatch):
+    """`--resume` refuses while the run's lease beats (run/lease.py still_beating). Found by an independent review:
+    it compared the lease's mtime with this machine's clock, so a node 90 s ahead of the file server took a
+    beating lease for an old one; and it gave up after two beats where the daemon waits a lease length."""
+    import os
+    import time as clock
+
+    from traceml_tui.core import lease as core_lease
+    from traceml_tui.run.lease import LeaseKeeper, still_beating
+
+    path = tmp_path / "node_0" / "launcher.lease"
+    path.parent.mkdir()
+    keeper = LeaseKeeper(path, 0, lease_s=1.2).start()  # beats every 0.2 s
+    real = clock.time
+    monkeypatch.setattr(clock, "time", lambda: real() + 90.0)  # this node's clock 90 s ahead
+    said: list[str] = []
+    try:
+        assert still_beating(path, said.append) is True
+    finally:
+        keeper.finish()
+        monkeypatch.setattr(clock, "time", real)
+    assert still_beating(path, said.append) is False  # done: at once
+    # a launch killed moments ago: `live`, changed just now, then no more beats: gone once a lease length passed
+    path.write_bytes(core_lease.encode(node=0, launch="k", beat=3, lease_s=1.2))
+    started = clock.monotonic()
+    assert still_beating(path, said.append) is False
+    assert clock.monotonic() - started >= 1.0 and "lease of 1.2 s" in said[-1]
+    path.unlink()
+    os.mkfifo(path)  # a FIFO planted there is never waited on
+    assert still_beating(path, said.append) is False

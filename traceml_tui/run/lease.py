@@ -13,7 +13,10 @@ stderr and tried again at the next beat; it never stops the launcher.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -86,45 +89,73 @@ class LeaseKeeper:
             self._thread.join(timeout=5.0)
 
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["LeaseKeeper", "still_beating"]
 
 
 def _read(path: Path) -> Optional[bytes]:
+    """The lease file's bytes (None: missing, unreadable, or not a regular file: a FIFO is never waited on)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read(core_lease.MAX_LEASE_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, core_lease.MAX_LEASE_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _folder_clock(folder: Path) -> Optional[float]:
+    """Now by the clock that stamps files in ``folder`` (the file server's, on a shared filesystem): the
+    modification time of a file made there now. The lease's own mtime is compared with this, never with this
+    machine's clock (clocks of different nodes need not agree: core/lease.py)."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".clock.", dir=folder)
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
 
 
 def still_beating(path: Path, say: Callable[[str], None]) -> bool:
     """Whether the launcher that keeps the lease at ``path`` is still running (``traceml run --resume`` refuses
     then: two launchers would train into one run folder, docs/run.md "Resume").
 
-    A lease that is missing, unreadable, ``done``, or not changed for twice its length is not beating. One changed
-    more recently (a launch killed moments ago, or one still running) is watched for up to two beat intervals
-    (5–10 s at the default 30 s lease; ``say`` tells the user why it waits): a new beat means it is running.
-    Only the lease's own bytes decide, as for the daemon (core/lease.py); the file's age only spares the wait for
-    a lease left long ago.
+    The daemon's rule (core/lease.py): a lease not seen to change for its length has expired. A lease that is
+    missing, unreadable, ``done``, or last changed a lease length ago or more (by the clock of its own folder:
+    :func:`_folder_clock`) is not beating. One changed more recently is watched until it has gone a lease
+    length without a change (``say`` tells the user why it waits): a new beat means the launch is running.
     """
     data = _read(path)
     beat = core_lease.decode(data) if data is not None else None
     if beat is None or beat.done:
         return False
     try:
-        age = time.time() - path.stat().st_mtime
+        changed = path.stat().st_mtime
     except OSError:
         return False
-    if age > 2 * beat.lease_s:
+    now = _folder_clock(path.parent)
+    age = max(0.0, (now if now is not None else time.time()) - changed)
+    if age >= beat.lease_s:
         return False
-    wait = 2 * core_lease.beat_interval_s(beat.lease_s)
-    say(f"its launcher's lease changed {max(0.0, age):.0f} s ago; watching it for up to {wait:.0f} s to see "
-        "whether that launch still runs")
+    wait = beat.lease_s - age
+    say(f"its launcher's lease changed {age:.0f} s ago; watching it for up to {wait:.0f} s (its lease of "
+        f"{beat.lease_s:g} s) to see whether that launch still runs")
     deadline = time.monotonic() + wait
+    step = min(0.25, core_lease.beat_interval_s(beat.lease_s) / 4)
     while time.monotonic() < deadline:
-        time.sleep(min(0.1, wait / 20))
-        now = _read(path)
-        if now is not None and now != data:
-            later = core_lease.decode(now)
-            return later is not None and not later.done
+        time.sleep(step)
+        later = _read(path)
+        if later is not None and later != data:
+            decoded = core_lease.decode(later)
+            return decoded is not None and not decoded.done
     return False
