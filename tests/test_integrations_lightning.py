@@ -130,7 +130,9 @@ def test_explicit_callback_records_what_the_automatic_path_does_once(pl):
 def test_a_trace_step_inside_the_traced_update_is_ignored_the_run_is_traced_once(pl):
     """Found trying the product: a Lightning script that also wraps its training_step in traceml.trace_step (as
     the README shows for a hand-written loop) recorded each of 20 updates as two steps, one a ~0.1 ms phantom:
-    step time halved, steps/s doubled, the guard's figures wrong, without a word."""
+    step time halved, steps/s doubled, the guard's figures wrong, without a word. Its validation_step calling
+    training_step (validation every 3 updates, and the sanity check) records no step either (found by an
+    independent review: a phantom step per validation batch)."""
     _, runs = pl
     proc, run_dir = runs["wrapped"]
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -286,8 +286,10 @@ class _Tracer:
     @guarded(NAME)
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         u = self._u
-        if self._val_ref is None and u.live and u.stepped is None:  # (no validation loop wrapped: its hooks)
-            u.session.pause_update(u, perf_counter())
+        if self._val_ref is None:  # (no validation loop wrapped: its hooks)
+            sdk.not_steps_begin()
+            if u.live and u.stepped is None:
+                u.session.pause_update(u, perf_counter())
         self._publish_saved(trainer)
         if self._fitting and not trainer.sanity_checking:
             self._before_val = dict(trainer.callback_metrics)
@@ -295,8 +297,10 @@ class _Tracer:
     @guarded(NAME)
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         u = self._u
-        if self._val_ref is None and u.live and u.paused is not None:
-            u.session.resume_update(u, perf_counter())
+        if self._val_ref is None:
+            sdk.not_steps_end()
+            if u.live and u.paused is not None:
+                u.session.resume_update(u, perf_counter())
         if not self._fitting or trainer.sanity_checking:
             return
         before = self._before_val
@@ -519,9 +523,11 @@ def _validation_run(original: Callable, u: _Update, tracer: Callable) -> Callabl
                 paused = True
             except Exception as exc:  # noqa: BLE001 - fail-open
                 _fail(tracer, "validation", exc)
+        sdk.not_steps_begin()  # a trace_step in validation (validation_step calling training_step) is no step
         try:
             return original(*args, **kwargs)
         finally:
+            sdk.not_steps_end()
             if paused and u.live and u.paused is not None:
                 try:
                     u.session.resume_update(u, perf_counter())

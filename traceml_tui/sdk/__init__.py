@@ -113,6 +113,10 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
         self._model = model
 
     def __enter__(self) -> "trace_step":
+        if _not_steps:  # inside a trainer's validation (a validation_step calling training_step): no step
+            self._state = None
+            _say_nested_once()
+            return self
         session = _session if _session is not None else init()
         self._session = session
         if session.current is not None:
@@ -140,6 +144,23 @@ class trace_step:  # noqa: N801 - used as a context manager, reads like a functi
 
 
 _said_nested = False
+#: How deep the process is in a trainer's work that is no training step (its validation loop: a trainer
+#: integration says so with :func:`not_steps_begin` / :func:`not_steps_end`); ``trace_step`` records nothing there.
+_not_steps = 0
+
+
+def not_steps_begin() -> None:
+    """A trainer's work that is no training step begins (its validation): ``trace_step`` is ignored until
+    :func:`not_steps_end`. A Lightning ``validation_step`` that calls a ``training_step`` wrapped in ``trace_step``
+    recorded a phantom step per validation batch."""
+    global _not_steps
+    _not_steps += 1
+
+
+def not_steps_end() -> None:
+    """The work :func:`not_steps_begin` began has ended."""
+    global _not_steps
+    _not_steps = max(0, _not_steps - 1)
 
 
 def _say_nested_once() -> None:
@@ -147,7 +168,8 @@ def _say_nested_once() -> None:
     if not _said_nested:
         _said_nested = True
         print("traceml: trace_step inside a step already traced (an outer trace_step, or the update a trainer "
-              "integration traces) is ignored: the run is traced once", file=sys.stderr, flush=True)
+              "integration traces) or inside a trainer's validation is ignored: the run is traced once",
+              file=sys.stderr, flush=True)
 
 
 def _global_grad_norm(session: Any) -> Any:
