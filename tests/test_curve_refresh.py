@@ -106,3 +106,18 @@ def test_a_stopped_render_leaves_no_temp_file_in_the_run_folder(tmp_path):
     refresher.stop()
     assert not render.is_running()
     assert sorted(p.name for p in run_dir.iterdir()) == ["ranks"]  # no curve, no temp file
+
+
+def test_the_final_render_past_its_time_is_ended_without_leaving_its_temp_file(tmp_path):
+    """The launcher's final render (run/curve_refresh.py ``render``, no stop event) past its time gets SIGTERM too:
+    it was ended by SIGKILL (subprocess.run's timeout), which left the hidden temp file (an independent review)."""
+    from traceml_tui.run.curve_refresh import render
+
+    run_dir, started = tmp_path / "run", tmp_path / "started"
+    (run_dir / "ranks").mkdir(parents=True)
+    warnings: list[str] = []
+    render([sys.executable, "-c", CURVE_HELD_IN_ITS_WRITE, str(started), str(run_dir)], warnings.append,
+           timeout_s=3.0)
+    assert started.exists()  # it was inside its write when its time ran out
+    assert sorted(p.name for p in run_dir.iterdir()) == ["ranks"]
+    assert warnings == ["could not render the learning curve: no result within 3 s"]

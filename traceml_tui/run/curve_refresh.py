@@ -70,24 +70,36 @@ class CurveRefresher:
                 self._render_once()
 
     def _render_once(self) -> None:
-        try:
-            with unshielded():  # the render keeps its own signals (this thread blocks them)
-                proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        except OSError as exc:
-            self.warn(f"could not render the learning curve: {exc}")
-            return
-        deadline = time.monotonic() + RENDER_TIMEOUT_S
-        try:
-            while proc.poll() is None:
-                if self._stop.wait(0.05):
-                    _end(proc)  # stopped: the launcher's final render supersedes this one
-                    break
-                if time.monotonic() > deadline:
-                    _end(proc)
-                    self.warn(f"could not render the learning curve: no result within {RENDER_TIMEOUT_S:.0f} s")
-                    break
-        finally:
-            proc.wait()
+        render(self.command, self.warn, stop=self._stop)
+
+
+def render(command: Sequence[str], warn: Callable[[str], None], timeout_s: float = RENDER_TIMEOUT_S,
+           stop: Optional[threading.Event] = None) -> None:
+    """Run one render (``traceml curve``) to its end; ended as :func:`_end` ends it when ``stop`` is set or after
+    ``timeout_s`` (the launcher's final render too: a SIGKILL left the render's temp file in the run folder)."""
+    try:
+        with unshielded():  # the render keeps its own signals (a shielded thread blocks them)
+            proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    except OSError as exc:
+        warn(f"could not render the learning curve: {exc}")
+        return
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None:
+            if stop is not None and stop.wait(0.05):
+                _end(proc)  # stopped: the launcher's final render supersedes this one
+                break
+            if stop is None:
+                try:
+                    proc.wait(0.05)
+                except subprocess.TimeoutExpired:
+                    pass
+            if time.monotonic() > deadline:
+                _end(proc)
+                warn(f"could not render the learning curve: no result within {timeout_s:.0f} s")
+                break
+    finally:
+        proc.wait()
 
 
 def _end(proc: subprocess.Popen) -> None:

@@ -37,8 +37,9 @@ import msgspec
 
 from traceml_tui.core import artifacts, atomic, coverage, lifeline
 from traceml_tui.core.rundir import MAX_RUN_NAME_CHARS, RunDir
-from traceml_tui.core.signals import shielded, unshielded
+from traceml_tui.core.signals import shielded
 from traceml_tui.run.curve_refresh import CurveRefresher
+from traceml_tui.run.curve_refresh import render as render_curve
 from traceml_tui.run.lease import LeaseKeeper, still_beating
 from traceml_tui.run.options import LaunchError, LaunchOptions
 from traceml_tui.run.rank_logs import NodeLog, PipeTee, RankLogs
@@ -625,11 +626,7 @@ class Launcher:
         return [sys.executable, "-m", "traceml_tui", "curve", str(self.run_dir)]
 
     def _render_curve(self) -> None:
-        try:
-            with unshielded():  # the render keeps its own signals, whichever thread runs this
-                subprocess.run(self._curve_cmd(), check=False, timeout=120, stdout=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            _warn(f"could not render the learning curve: {exc}")
+        render_curve(self._curve_cmd(), _warn)  # ended by SIGTERM past its time: it removes its temp file
 
     def _start_curve_refresher(self) -> Optional[CurveRefresher]:
         """Refresh learning_curve.png every ``hygiene.curve.cadence`` updates while training runs (node 0)."""
