@@ -318,3 +318,21 @@ def test_a_crash_after_training_reads_as_a_teardown_crash_on_every_surface(real_
 
     marks, panel = asyncio.run(screen())
     assert marks == "after training" and line in panel
+
+
+def test_an_interrupted_run_without_a_hang_is_not_analysed_further(monkeypatch):
+    """A run stopped from outside has a failure only when it was hung (run/launch.py): without a hang record the
+    analysis ends before the node logs are read and host names looked up (DNS in a scheduler's grace period)."""
+    from pathlib import Path
+
+    from traceml_tui.run.failure import failure_section
+
+    run = Path(__file__).resolve().parent / "fixtures" / "runs" / "interrupted"
+    manifest = json.loads((run / "manifest.json").read_text())
+
+    def no_lookup(*_args):
+        raise AssertionError("host names looked up")
+
+    monkeypatch.setattr(socket, "getfqdn", no_lookup)
+    monkeypatch.setattr(socket, "gethostname", no_lookup)
+    assert failure_section(run, manifest.get("exit_code"), only_hang=True) is None

@@ -103,14 +103,20 @@ def with_flight_recorder(trail: forensics.RankTrail, path: Path, attempt: int,
     return replace(trail, hang=hang) if hang is not None else trail
 
 
-def failure_section(run_dir: Path, exit_code: Optional[int]) -> Optional[dict]:
-    """The ``failure`` section for a finished run (None when nothing failed). Never raises on bad files."""
+def failure_section(run_dir: Path, exit_code: Optional[int], only_hang: bool = False) -> Optional[dict]:
+    """The ``failure`` section for a finished run (None when nothing failed). Never raises on bad files.
+
+    ``only_hang`` (a run stopped from outside: only a hang is its failure): None at once when no rank recorded
+    a hang, before the node logs are read and the host names looked up (DNS, inside a scheduler's grace period).
+    """
     layout = RunDir(run_dir)
     newest: dict[int, tuple[Path, int]] = {}
     for stream in layout.step_files():  # by rank, then attempt: the newest attempt wins
         newest[stream.rank] = (stream.path, stream.attempt)
     trails = [with_flight_recorder(rank_trail(path, rank), path, attempt)
               for rank, (path, attempt) in sorted(newest.items())]
+    if only_hang and not any(t.hang is not None for t in trails):
+        return None
     logs = []
     for node in layout.node_ranks():
         path = layout.stderr_log(node)

@@ -613,7 +613,8 @@ class Launcher:
         try:
             from traceml_tui.run.failure import failure_section
 
-            failure = failure_section(self.run_dir, self.manifest.exit_code)
+            failure = failure_section(self.run_dir, self.manifest.exit_code,
+                                      only_hang=self.manifest.status == "interrupted")
         except Exception as exc:  # noqa: BLE001 - forensics must never cost the run its summary
             _warn(f"could not analyse the failure: {type(exc).__name__}: {exc}")
             return None
