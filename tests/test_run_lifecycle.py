@@ -289,10 +289,10 @@ def test_resume_is_refused_while_the_run_is_still_running_and_taken_after_a_kill
             time.sleep(0.05)
         return proc
 
-    def files() -> dict[str, str]:
-        # what the running launch itself still writes apart: its lease's beats and its held step records
-        return {k: v for k, v in _digest(tmp_path / "logs").items()
-                if not k.endswith(("launcher.lease", "steps-0.jsonl"))}
+    def files() -> tuple[set[str], bytes]:
+        # what a resume would write (a manifest with one more attempt, a new attempt's files), not what the running
+        # launch itself goes on writing (its lease's beats, its node samples, its held step records)
+        return set(_digest(tmp_path / "logs")), (tmp_path / "logs/r/manifest.json").read_bytes()
 
     first = launch()
     try:
