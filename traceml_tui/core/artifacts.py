@@ -19,10 +19,8 @@ stores or shows its numbers (docs/daemon.md, "Damaged input").
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
-import stat
 from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
@@ -30,6 +28,7 @@ import msgspec
 from traceml_tui.core import jsonsafe
 from traceml_tui.core.bounds import INT64_MAX, Count, Epoch, Int64, IntKey, parse_int_key
 from traceml_tui.core.hygiene_files import MAX_SECONDS
+from traceml_tui.core.regular_file import read_regular
 
 MANIFEST_SCHEMA_VERSION = 1
 
@@ -484,23 +483,7 @@ def read_manifest(path: Union[str, os.PathLike]) -> Optional[Manifest]:
     ``traceml validate status`` and ``traceml curve`` wait for ever; found fuzzing), or over
     :data:`MAX_MANIFEST_BYTES`. Opened without blocking, so a FIFO is refused, never waited on.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
-        chunks, size = [], 0
-        while size <= MAX_MANIFEST_BYTES:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_MANIFEST_BYTES:
-            raise OSError(errno.EFBIG, f"larger than {MAX_MANIFEST_BYTES} bytes", os.fspath(path))
-    finally:
-        os.close(fd)
-    return decode_manifest(b"".join(chunks))
+    return decode_manifest(read_regular(path, MAX_MANIFEST_BYTES))
 
 
 def decode_outcome(data: Union[bytes, str, dict, None]) -> Optional[NodeOutcome]:

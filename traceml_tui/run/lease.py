@@ -14,7 +14,6 @@ stderr and tried again at the next beat; it never stops the launcher.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import tempfile
 import threading
@@ -24,6 +23,7 @@ from typing import Callable, Optional
 
 from traceml_tui.core import atomic
 from traceml_tui.core import lease as core_lease
+from traceml_tui.core.regular_file import read_regular
 from traceml_tui.core.signals import shielded
 
 
@@ -93,19 +93,11 @@ __all__ = ["LeaseKeeper", "still_beating"]
 
 
 def _read(path: Path) -> Optional[bytes]:
-    """The lease file's bytes (None: missing, unreadable, or not a regular file: a FIFO is never waited on)."""
+    """The lease file's bytes (None: missing, unreadable, not a regular file, too large: a FIFO is never waited on)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return read_regular(path, core_lease.MAX_LEASE_BYTES)
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, core_lease.MAX_LEASE_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _folder_clock(folder: Path) -> Optional[float]:
