@@ -42,3 +42,17 @@ def test_a_damaged_node_sample_never_costs_the_summary(line, field, value):
         summary = build_summary(run, manifest)
         write_summary(run, summary)
         json.loads((run / "final_summary.json").read_text())
+
+
+@given(st.one_of(VALUES, st.text(max_size=8), st.integers(-(10 ** 500), 10 ** 500)))
+@example(10 ** 400)
+def test_a_decoded_number_reads_as_a_finite_float_or_none(value):
+    """``records.finite_or_none`` (the curve's reading of losses, ratios and eval metrics) and
+    ``jsonsafe.finite_number`` never raise: an integer beyond a float's range made ``float()`` raise
+    OverflowError (found reviewing this round's fuzz fixes)."""
+    from traceml_tui.core.jsonsafe import finite_number
+    from traceml_tui.core.records import finite_or_none
+
+    for read in (finite_or_none, finite_number):
+        number = read(value)
+        assert number is None or (isinstance(number, float) and number - number == 0.0)

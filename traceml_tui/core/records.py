@@ -286,7 +286,7 @@ def finite_or_none(value: Any) -> Optional[float]:
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # an integer beyond a float's range too (core/jsonsafe.py)
         return None
     return number if math.isfinite(number) else None
 
