@@ -19,6 +19,7 @@ Backlog files and ``early_stopping.json`` are checked by their own decoders
 from __future__ import annotations
 
 import calendar
+import functools
 import time
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Optional, Union
@@ -97,6 +98,7 @@ def time_text(value) -> Optional[str]:
     return f"{text}.{ms:03d}Z" if ms else f"{text}Z"
 
 
+@functools.lru_cache(maxsize=4096)  # every listing reads each run's two texts again (the durations move with now)
 def time_of_text(text: Optional[str]) -> Optional[float]:
     """Epoch seconds of a :func:`time_text` (``…:SSZ`` or ``…:SS.mmmZ``); None for any other text."""
     if not isinstance(text, str) or not text.endswith("Z"):
